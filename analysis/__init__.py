@@ -1,0 +1,1 @@
+"""Loaders of result rows and the roofline and phase figures (data only: no torch)."""

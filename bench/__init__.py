@@ -1,0 +1,1 @@
+"""Cases, cost model, timers, measured roofline, runner, CLI and the pytest-benchmark suite."""

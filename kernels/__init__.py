@@ -1,0 +1,39 @@
+"""Attention implementations behind one calling convention (BHSD, GQA, bottom-right causal)."""
+
+from __future__ import annotations
+
+# isort: off
+from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
+from . import flash, naive  # noqa: F401  (registers the implementations)
+# isort: on
+from .errors import Unsupported
+from .registry import IMPLS, AttentionCall, Impl, available_impls, describe_impls, get_impl
+from .request import AttentionRequest, validate
+
+try:
+    from . import triton_attention  # noqa: F401
+except ImportError as err:  # no triton on this platform: the other implementations still work
+    TRITON_IMPORT_ERROR = str(err)
+else:
+    TRITON_IMPORT_ERROR = None
+
+__all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
+           "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate"]
+
+
+def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> AttentionCall:
+    """Validate and plan a call without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl)
+    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None):
+    """Attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D]; returns [B, Hq, Sq, D] in q's dtype."""
+    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens).run()
+
+
+def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> str:
+    """The concrete backend that `attention` with the same arguments uses."""
+    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens).backend

@@ -1,0 +1,103 @@
+"""The registry of attention implementations and what each one supports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import Unsupported
+from .request import AttentionRequest
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """A planned call: the concrete backend that will serve it and a thunk that runs it."""
+
+    impl: str
+    backend: str
+    run: Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation name and the requests it declares it can serve."""
+
+    name: str
+    summary: str
+    devices: frozenset[str]
+    dtypes: frozenset[torch.dtype]
+    plan: Callable[[AttentionRequest], AttentionCall]
+    causal: bool = True
+    gqa: bool = True
+    ragged: bool = True
+    max_head_dim: int = 256
+    # returns None when usable on a device type, else why not (e.g. a package is missing)
+    unavailable: Callable[[str], str | None] = field(default=lambda device_type: None)
+    # the concrete backend name(s) it would use on a device type, for `phasebench list`
+    backends: Callable[[str], str] = field(default=lambda device_type: "")
+
+    def why_not(self, device_type: str) -> str | None:
+        if device_type not in self.devices:
+            return f"{self.name} does not run on {device_type} (runs on {', '.join(sorted(self.devices))})"
+        return self.unavailable(device_type)
+
+    def check(self, req: AttentionRequest) -> None:
+        """Raise Unsupported when the request is outside what this implementation declares."""
+        reason = self.why_not(req.device_type)
+        if reason is None and req.dtype not in self.dtypes:
+            reason = f"{self.name} does not support dtype {req.dtype} on {req.device_type}"
+        if reason is None and req.head_dim > self.max_head_dim:
+            reason = f"{self.name} supports head dims up to {self.max_head_dim}, got {req.head_dim}"
+        if reason is None and req.causal and not self.causal:
+            reason = f"{self.name} does not support causal masks"
+        if reason is None and req.kv_heads != req.q_heads and not self.gqa:
+            reason = f"{self.name} does not support GQA/MQA"
+        if reason is None and req.ragged and not self.ragged:
+            reason = f"{self.name} does not support ragged cache_seqlens"
+        if reason is not None:
+            raise Unsupported(reason)
+
+
+IMPLS: dict[str, Impl] = {}
+
+
+def register(impl: Impl) -> Impl:
+    IMPLS[impl.name] = impl
+    return impl
+
+
+def get_impl(name: str) -> Impl:
+    try:
+        return IMPLS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"impl: unknown implementation {name!r}, choose from {', '.join(IMPLS)}") from None
+
+
+def _device_type(device) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type
+        except RuntimeError:
+            raise ValueError(f"device: unknown device {device!r}, expected e.g. 'cpu' or 'cuda'") from None
+    raise ValueError(f"device: must be a str or torch.device, got {type(device).__name__}")
+
+
+def available_impls(device="cpu") -> list[str]:
+    """Names of the implementations that can run on `device` here."""
+    dev = _device_type(device)
+    return [name for name, impl in IMPLS.items() if impl.why_not(dev) is None]
+
+
+def describe_impls(device="cpu") -> list[dict]:
+    """One dict per registered implementation: availability, backend(s) or the reason it is missing."""
+    dev = _device_type(device)
+    rows = []
+    for name, impl in IMPLS.items():
+        reason = impl.why_not(dev)
+        rows.append({"impl": name, "available": reason is None, "backend": impl.backends(dev) if reason is None else "",
+                     "reason": reason or "", "summary": impl.summary})
+    return rows

@@ -1,0 +1,46 @@
+"""Decides, before any Triton kernel is defined, whether Triton compiles or runs in its interpreter."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+# Triton decides interpreter or compiler when each @triton.jit function is defined, its own
+# standard library included, so the variable must be set before `triton` is first imported.
+LATE_REASON: str | None = None
+
+
+def configure() -> None:
+    """Turn on Triton's interpreter on machines with no GPU, unless the user chose already."""
+    global LATE_REASON
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        if "triton" in sys.modules:
+            LATE_REASON = ("triton was imported before phasebench.kernels could set TRITON_INTERPRET=1; "
+                           "set it in the environment or import phasebench.kernels first")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def mode() -> str:
+    """`interpreter` or `compiled`: how Triton rows were produced."""
+    return "interpreter" if interpreted() else "compiled"
+
+
+def device_types() -> frozenset[str]:
+    """Where Triton kernels can take their tensors: the host in the interpreter, CUDA when compiled."""
+    return frozenset({"cpu"}) if interpreted() else frozenset({"cuda"})
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Streaming multiprocessors on a CUDA device; host cores stand in for them in the interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return os.cpu_count() or 1
+
+
+configure()

@@ -1,0 +1,1 @@
+"""NVTX annotation, profile capture (nsys or torch.profiler) and parsers of profiles into pandas."""

@@ -1,0 +1,51 @@
+"""Float64 reference attention and the tolerance rules the kernel tests apply."""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_qkv(batch, q_heads, kv_heads, q_len, kv_len, head_dim, *, dtype=torch.float32, device="cpu", seed=0):
+    """Fresh standard-normal q, k, v (never zeros) from a fixed seed."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_shape = (batch, kv_heads, kv_len, head_dim)
+    shapes = [(batch, q_heads, q_len, head_dim), kv_shape, kv_shape]
+    return [torch.randn(s, generator=gen).to(dtype=dtype, device=device) for s in shapes]
+
+
+def reference(q, k, v, *, causal=False, scale=None, seqlens=None, dtype=torch.float64):
+    """Attention computed by the textbook formula in `dtype` (softmax in at least fp32)."""
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    qq, kk, vv = (t.to(dtype) for t in (q, k, v))
+    kk = kk.repeat_interleave(group, dim=1)
+    vv = vv.repeat_interleave(group, dim=1)
+    scores = (qq @ kk.transpose(-1, -2)).to(torch.promote_types(dtype, torch.float32)) * (scale or d ** -0.5)
+    lengths = torch.tensor(seqlens if seqlens is not None else [sk] * b, device=q.device)
+    keys = torch.arange(sk, device=q.device)
+    keep = keys[None, None, :] < lengths[:, None, None]
+    if causal:
+        last = lengths[:, None] - sq + torch.arange(sq, device=q.device)[None, :]
+        keep = keep & (keys[None, None, :] <= last[:, :, None])
+    scores = scores.masked_fill(~keep[:, None], float("-inf"))
+    return torch.softmax(scores, dim=-1).to(dtype) @ vv
+
+
+def max_error(out, ref) -> float:
+    return (out.double() - ref.double()).abs().max().item()
+
+
+def assert_matches_reference(out, q, k, v, *, causal=False, scale=None, seqlens=None):
+    """fp32: relative error <= 1e-4; fp16/bf16: at most twice the error of the same naive math in that dtype."""
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all(), "output has NaN/inf: unwritten (poisoned) or overflowed elements"
+    exact = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens)
+    err = max_error(out, exact)
+    if q.dtype in (torch.float32, torch.float64):
+        rel = err / exact.abs().max().item()
+        assert rel <= 1e-4, f"relative error {rel:.3g} > 1e-4"
+    else:
+        low = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens, dtype=q.dtype)
+        budget = 2 * max_error(low, exact) + 1e-5
+        assert err <= budget, f"error {err:.3g} > 2 x naive {q.dtype} error + eps = {budget:.3g}"
