@@ -1,1 +1,1 @@
-"""NVTX annotation, profile capture (nsys or torch.profiler) and parsers of profiles into pandas."""
+"""Profiling support: NVTX ranges (nvtx_ranges), case-key names, nsys / torch.profiler parsers and a summary."""

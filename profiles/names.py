@@ -1,0 +1,97 @@
+"""NVTX range names for phasebench cases: build and parse the case key and its stage prefixes."""
+
+from __future__ import annotations
+
+import operator
+import re
+
+SETUP = "setup"
+CHECK = "check"
+TIMING = "timing"
+L2FLUSH = "l2flush"  # nested range around the L2 flush between timed calls
+STAGES = (SETUP, CHECK, TIMING)
+FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")
+
+_INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
+_IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+_KEY = re.compile(
+    r"(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
+    r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
+    r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?"
+)
+
+
+def _word(field: str, value, pattern=_WORD) -> str:
+    text = str(value)
+    if not pattern.fullmatch(text):
+        allowed = "letters, digits, '_', '-' or '.'" if pattern is _IMPL else "letters, digits or '_'"
+        raise ValueError(f"{field}={value!r}: must be {allowed}, and not empty")
+    return text
+
+
+def case_key(impl, phase, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal) -> str:
+    """The NVTX name of the timed region of one (case, impl), e.g. 'flash/prefill/b1-hq32-...-bfloat16-causal'."""
+    ints = {}
+    for field, value in zip(_INT_FIELDS, (batch, q_heads, kv_heads, q_len, kv_len, head_dim), strict=True):
+        if isinstance(value, bool):
+            raise ValueError(f"{field}={value!r}: must be a non-negative int")
+        try:
+            ints[field] = operator.index(value)
+        except TypeError:
+            raise ValueError(f"{field}={value!r}: must be a non-negative int") from None
+        if ints[field] < 0:
+            raise ValueError(f"{field}={value!r}: must be a non-negative int")
+    dtype = str(dtype).removeprefix("torch.")  # accept a torch.dtype without importing torch
+    key = "{}/{}/b{batch}-hq{q_heads}-hkv{kv_heads}-q{q_len}-k{kv_len}-d{head_dim}-{}".format(
+        _word("impl", impl, _IMPL), _word("phase", phase), _word("dtype", dtype), **ints
+    )
+    return key + ("-causal" if causal else "")
+
+
+def case_key_for(case, impl: str) -> str:
+    """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase)."""
+    return case_key(
+        impl, case.phase, case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len,
+        case.head_dim, case.dtype, case.causal,
+    )
+
+
+def parse_case_key(name) -> dict | None:
+    """The fields of a case key (ints as int, causal as bool), or None when `name` is not exactly one."""
+    if not isinstance(name, str):
+        return None
+    m = _KEY.fullmatch(name)
+    if m is None:
+        return None
+    out = m.groupdict()
+    for field in _INT_FIELDS:
+        out[field] = int(out[field])
+    out["causal"] = out["causal"] is not None
+    return {field: out[field] for field in FIELDS}
+
+
+def stage_name(stage: str, key: str) -> str:
+    """The range name of `key` in a stage: 'setup: <key>', 'check: <key>', or the bare key for timing."""
+    if stage == TIMING:
+        return key
+    if stage not in STAGES:
+        raise ValueError(f"stage={stage!r}: must be one of {', '.join(STAGES)}")
+    return f"{stage}: {key}"
+
+
+def stage_of(name) -> tuple[str, str] | None:
+    """(stage, key) for a case range name ('timing' for the bare key), None when it names no case."""
+    if not isinstance(name, str):
+        return None
+    stage, key = TIMING, name
+    for prefix in (SETUP, CHECK):
+        if name.startswith(prefix + ": "):
+            stage, key = prefix, name[len(prefix) + 2:]
+            break
+    return (stage, key) if parse_case_key(key) is not None else None
+
+
+def is_timed_case(name) -> bool:
+    """True for a bare case key (the timed region), False for stage ranges and other names."""
+    return parse_case_key(name) is not None

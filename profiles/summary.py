@@ -1,0 +1,69 @@
+"""Per-case summary of a profile: kernel time, wall time and launch overhead of each timed range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .names import FIELDS, L2FLUSH, TIMING, parse_case_key, stage_of
+
+SUMMARY_COLUMNS = ["key", *FIELDS, "ranges", "wall_ns", "kernel_count", "kernel_time_ns", "launch_overhead_ns"]
+
+
+def _case_of_path(path) -> str | None:
+    """The timed case key a kernel belongs to, from its enclosing ranges (innermost last)."""
+    for name in reversed(tuple(path)):
+        if name == L2FLUSH:
+            return None  # the flush between timed calls is not the case's work
+        stage = stage_of(name)
+        if stage is not None:
+            return name if stage[0] == TIMING else None
+    return None  # ranges that name no case (e.g. an op inside the kernel call) are looked through
+
+
+def attribute(kernels: pd.DataFrame) -> pd.Series:
+    """The timed case key of each kernel (None when it ran in no timed range, or in 'l2flush')."""
+    if "nvtx_path" in kernels:
+        keys = [_case_of_path(p) if isinstance(p, (tuple, list)) else None for p in kernels["nvtx_path"]]
+    else:
+        keys = [n if isinstance(n, str) and parse_case_key(n) else None for n in kernels["nvtx_range"]]
+    return pd.Series(keys, index=kernels.index, dtype=object)
+
+
+def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """One row per timed case key found in `ranges` (columns: SUMMARY_COLUMNS), in order of first start.
+
+    kernels: from nsys.read_kernels / torch_trace.read_kernels; ranges: from nsys.read_nvtx /
+    torch_trace.read_ranges. wall_ns sums the range's occurrences, kernel_time_ns the durations of
+    the kernels launched in it; launch_overhead_ns is their difference.
+    """
+    timed = ranges[np.array([parse_case_key(n) is not None for n in ranges["name"]], dtype=bool)]
+    if "start_ns" in timed:
+        timed = timed.sort_values("start_ns", kind="stable")
+    walls = timed.groupby("name", sort=False).agg(ranges=("duration_ns", "size"), wall_ns=("duration_ns", "sum"))
+    owned = kernels.assign(key=attribute(kernels)).dropna(subset=["key"])
+    work = owned.groupby("key", sort=False).agg(kernel_count=("duration_ns", "size"),
+                                                kernel_time_ns=("duration_ns", "sum"))
+    out = walls.join(work, how="left").fillna({"kernel_count": 0, "kernel_time_ns": 0})
+    out = out.rename_axis("key").reset_index()
+    fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(FIELDS))
+    out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
+    out = out.astype({"ranges": "int64", "wall_ns": "int64", "kernel_count": "int64", "kernel_time_ns": "int64",
+                      **{f: "int64" for f in FIELDS if f not in ("impl", "phase", "dtype", "causal")},
+                      "causal": bool})
+    out["launch_overhead_ns"] = out["wall_ns"] - out["kernel_time_ns"]
+    return out[SUMMARY_COLUMNS]
+
+
+def summarize_file(path, kind: str = "auto") -> pd.DataFrame:
+    """summarize() of an nsys SQLite export or a torch.profiler trace (.json / .json.gz)."""
+    try:
+        with open(path, "rb") as f:
+            is_sqlite = f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        is_sqlite = False  # let the trace reader name the problem
+    if is_sqlite:
+        from . import nsys
+        return summarize(nsys.read_kernels(path), nsys.read_nvtx(path))
+    from . import torch_trace
+    return summarize(torch_trace.read_kernels(path, kind=kind), torch_trace.read_ranges(path))

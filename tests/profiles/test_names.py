@@ -1,0 +1,82 @@
+"""Case keys and stage prefixes of the NVTX range names."""
+
+from types import SimpleNamespace
+
+import pytest
+from phasebench.profiles.names import (
+    CHECK,
+    SETUP,
+    TIMING,
+    case_key,
+    case_key_for,
+    is_timed_case,
+    parse_case_key,
+    stage_name,
+    stage_of,
+)
+
+FIELDS = dict(impl="flash", phase="prefill", batch=1, q_heads=32, kv_heads=8, q_len=512, kv_len=512,
+              head_dim=128, dtype="bfloat16", causal=True)
+
+
+def test_case_key_matches_schema_example():
+    assert case_key(**FIELDS) == "flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16-causal"
+    assert case_key(**{**FIELDS, "causal": False}) == "flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16"
+
+
+@pytest.mark.parametrize("fields", [
+    FIELDS,
+    {**FIELDS, "causal": False},
+    dict(impl="sdpa_efficient", phase="chunked_prefill", batch=3, q_heads=40, kv_heads=40, q_len=97,
+         kv_len=1025, head_dim=80, dtype="float16", causal=True),
+    dict(impl="triton", phase="decode", batch=64, q_heads=32, kv_heads=1, q_len=1, kv_len=131072,
+         head_dim=64, dtype="float32", causal=False),
+])
+def test_round_trip(fields):
+    key = case_key(**fields)
+    parsed = parse_case_key(key)
+    assert parsed == fields
+    assert list(parsed) == list(FIELDS)  # fields come in the schema's order
+    assert type(parsed["causal"]) is bool and all(type(parsed[f]) is int for f in ("batch", "head_dim"))
+    assert case_key(**parsed) == key
+
+
+def test_case_key_accepts_torch_dtype_names_and_case_objects():
+    assert case_key(**{**FIELDS, "dtype": "torch.bfloat16"}) == case_key(**FIELDS)
+    case = SimpleNamespace(**{k: v for k, v in FIELDS.items() if k != "impl"})
+    assert case_key_for(case, "flash") == case_key(**FIELDS)
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"batch": -1}, "batch"), ({"q_len": 2.5}, "q_len"), ({"head_dim": True}, "head_dim"),
+    ({"impl": "a/b"}, "impl"), ({"impl": ""}, "impl"), ({"dtype": "bfloat-16"}, "dtype"),
+    ({"phase": "pre fill"}, "phase"),
+])
+def test_case_key_rejects_bad_fields_naming_them(bad, field):
+    with pytest.raises(ValueError, match=field) as err:
+        case_key(**{**FIELDS, **bad})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", [
+    None, 3, "", "l2flush", "aten::mm", "flash/prefill", f"setup: {case_key(**FIELDS)}",
+    "flash/prefill/b1-hq32-hkv8-q512-k512-d128", "flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16-causal-x",
+    "flash/prefill/bX-hq32-hkv8-q512-k512-d128-bfloat16", " flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16",
+])
+def test_parse_rejects_other_names(name):
+    assert parse_case_key(name) is None
+    assert not is_timed_case(name)
+
+
+def test_stages():
+    key = case_key(**FIELDS)
+    assert stage_of(key) == (TIMING, key)
+    assert stage_of(f"setup: {key}") == (SETUP, key)
+    assert stage_of(f"check: {key}") == (CHECK, key)
+    assert stage_name(SETUP, key) == f"setup: {key}" and stage_name(TIMING, key) == key
+    assert all(stage_of(stage_name(s, key)) == (s, key) for s in (SETUP, CHECK, TIMING))
+    for other in ("l2flush", "setup: l2flush", f"setup:{key}", f"warmup: {key}", None):
+        assert stage_of(other) is None
+    assert is_timed_case(key) and not is_timed_case(f"check: {key}")
+    with pytest.raises(ValueError, match="stage"):
+        stage_name("warmup", key)
