@@ -1,0 +1,129 @@
+"""Shared plotting helpers: Agg-backed figures, stable impl colours, phase markers, 'no data' figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .schema import PHASES
+
+# Figures are built without pyplot: no global state, no GUI backend, nothing to close;
+# Jupyter still renders a returned Figure inline.
+
+IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn")
+PHASE_MARKERS = {"prefill": "o", "chunked_prefill": "s", "decode": "^"}
+EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", ":", "-.")
+SERIES_GID = "series"  # gid of lines that carry data (tests and callers can find them)
+CEILING_GID = "ceiling"
+
+_PALETTE = (
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+    "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+)
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, squeeze: bool = False, **kwargs):
+    """A Figure with an Agg canvas and its axes grid (a 2-D array unless squeeze)."""
+    if figsize is None:
+        figsize = (4.8 * ncols + 1.2, 3.8 * nrows + 0.6)
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
+    return fig, axes
+
+
+def no_data(title: str, why: str, *, figsize=(6.0, 3.0)) -> Figure:
+    """A figure that says there is nothing to plot, instead of raising."""
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"no data: {why}", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return fig
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows with status 'ok' (the only ones with performance figures)."""
+    if "status" not in df.columns:
+        return df.iloc[0:0]
+    return df[df["status"] == "ok"]
+
+
+def ordered_impls(impls) -> list[str]:
+    known = [name for name in IMPL_ORDER if name in set(impls)]
+    return known + sorted(set(impls) - set(known))
+
+
+def impl_colors(impls) -> dict[str, str]:
+    """One colour per impl; the known impls keep the same colour in every plot."""
+    names = list(IMPL_ORDER) + sorted(set(impls) - set(IMPL_ORDER))
+    return {name: _PALETTE[index % len(_PALETTE)] for index, name in enumerate(names)}
+
+
+def phase_marker(phase: str) -> str:
+    if phase in PHASE_MARKERS:
+        return PHASE_MARKERS[phase]
+    return EXTRA_MARKERS[sum(map(ord, phase)) % len(EXTRA_MARKERS)]  # stable across processes
+
+
+def ordered_phases(phases) -> list[str]:
+    present = set(phases)
+    return [phase for phase in PHASES if phase in present] + sorted(present - set(PHASES))
+
+
+def floats(series: pd.Series) -> np.ndarray:
+    """A column as a float array (nullable ints and booleans included), NA as NaN."""
+    return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def varying(df: pd.DataFrame, columns) -> list[str]:
+    """The columns (of those given and present) that hold more than one value in df."""
+    return [name for name in columns if name in df.columns and df[name].nunique(dropna=False) > 1]
+
+
+def describe(values: dict) -> str:
+    """'impl · bfloat16 · b4' style label from {column: value}."""
+    parts = []
+    for name, value in values.items():
+        if name in ("batch",):
+            parts.append(f"b{value}")
+        elif name in ("q_heads", "kv_heads", "head_dim"):
+            parts.append(f"{name}={value}")
+        elif name == "causal":
+            parts.append("causal" if value else "non-causal")
+        elif value == "":
+            parts.append("(none)")
+        else:
+            parts.append(str(value))
+    return " · ".join(parts)
+
+
+def categories(df: pd.DataFrame, extra=("device", "dtype")) -> pd.Series:
+    """Per-row category label: the impl, plus device/dtype only where those vary in df."""
+    shown = varying(df, extra)
+    if not shown:
+        return df["impl"].astype(str)
+    return df[["impl", *shown]].apply(lambda row: describe(row.to_dict()), axis=1)
+
+
+def series_fields(df: pd.DataFrame, fields) -> list[str]:
+    """The fields that take several values within one impl: they must split an impl's lines."""
+    present = [name for name in fields if name in df.columns]
+    return [name for name in present if (df.groupby("impl")[name].nunique(dropna=False) > 1).any()]
+
+
+def spread(count: int, width: float = 0.5) -> np.ndarray:
+    """Deterministic horizontal offsets for a strip of `count` points."""
+    if count <= 1:
+        return np.zeros(count)
+    return np.linspace(-width / 2, width / 2, count)
+
+
+def interpreter_note(df: pd.DataFrame) -> str:
+    """A title suffix when Triton-interpreter rows are in the plot (their timings are not performance)."""
+    if "mode" in df.columns and (df["mode"] == "interpreter").any():
+        return "\n(includes interpreter-mode rows: timings are not performance)"
+    return ""

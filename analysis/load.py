@@ -1,0 +1,365 @@
+"""Load result rows from run folders, results files and pytest-benchmark JSON into one DataFrame."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .schema import (
+    PROFILE_FLOAT_COLUMNS,
+    PROFILE_INT_COLUMNS,
+    PROFILE_REQUIRED_COLUMNS,
+    REQUIRED_COLUMNS,
+    SCHEMA_VERSION,
+    STRING_COLUMNS,
+    coerce_columns,
+    conform,
+)
+
+__all__ = ["DataFileError", "load", "load_profile"]
+
+RESULTS_NAMES = ("results.parquet", "results.csv")  # preferred first
+RUN_JSON = "run.json"
+
+# "flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16-causal" (NVTX case key, SCHEMA.md);
+# the same grammar as profiles/names.py, restated because analysis imports no other folder.
+_CASE_KEY = re.compile(
+    r"^(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
+    r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
+    r"-d(?P<head_dim>\d+)-(?P<element>[A-Za-z0-9_]+?)(?P<causal>-causal)?$"
+)
+
+
+class DataFileError(ValueError):
+    """A file that cannot be loaded; the one-line message starts with the file's path."""
+
+
+def load(*sources) -> pd.DataFrame:
+    """One tidy frame of result rows from any mix of sources.
+
+    A source is a path (str or os.PathLike) or a list/tuple of them:
+    - a `phasebench run` folder (results.parquet, else results.csv, plus run.json), or a
+      folder holding several of them, searched recursively; pytest-benchmark JSON files
+      found there are read too (other JSON files are ignored);
+    - a results.parquet / results.csv file (run.json is looked up beside it);
+    - a pytest-benchmark JSON file (`pytest bench --benchmark-json F`).
+    Profile summary tables are not result rows: `load` refuses them with a message that
+    points to `load_profile`.
+
+    Columns: those of the runner's rows (schema.RESULT_COLUMNS, same names and order),
+    then schema.RUN_COLUMNS (source file, versions, git commit, datasheet ceilings for the
+    row's dtype), then any extra columns the files carried. Rows of several runs, from
+    several machines, are keyed by `run_id` and `device`.
+    A malformed file, or a run.json with a newer schema, raises ValueError with one line
+    naming the file; a missing path raises FileNotFoundError.
+    """
+    paths = _flatten(sources)
+    if not paths:
+        raise ValueError("load() needs at least one path")
+    files: dict[Path, Path] = {}  # resolved -> as given, so a file named twice is read once
+    for path in paths:
+        for found in _expand(path):
+            files.setdefault(found.resolve(), found)
+    frames = [_read_any(path) for path in files.values()]
+    # Extra columns that only some files carry come out of concat as NaN: conform again.
+    return conform(pd.concat(frames, ignore_index=True, sort=False))
+
+
+def load_profile(*sources) -> pd.DataFrame:
+    """Profile summary tables (columns key, impl, phase, ..., kernel_count, kernel_time_ns,
+    wall_ns, launch_overhead_ns) from parquet/CSV files or folders of them, in one frame.
+
+    Case fields missing from a table are parsed from the NVTX case key. Adds `source` and
+    the times in milliseconds: kernel_time_ms, wall_ms, launch_overhead_ms.
+    """
+    paths = _flatten(sources)
+    if not paths:
+        raise ValueError("load_profile() needs at least one path")
+    files: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".csv"))
+            found = [p for p in found if _has_profile_columns(p)]
+            if not found:
+                needed = ", ".join(PROFILE_REQUIRED_COLUMNS)
+                raise ValueError(f"{path}: no profile summary table (.parquet/.csv with {needed}) in this folder")
+            files.extend(found)
+        else:
+            files.append(path)
+    return pd.concat([_read_profile(path) for path in files], ignore_index=True, sort=False)
+
+
+# ---------------------------------------------------------------- finding files
+
+
+def _flatten(sources) -> list[Path]:
+    paths: list[Path] = []
+    for source in sources:
+        if isinstance(source, (list, tuple)):
+            paths.extend(_flatten(source))
+        elif isinstance(source, (str, os.PathLike)):
+            paths.append(Path(source))
+        else:
+            raise TypeError(f"load(): expected a path or a list of paths, got {type(source).__name__}")
+    return paths
+
+
+def _expand(path: Path) -> list[Path]:
+    """The results files a path stands for."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if path.is_file():
+        if path.name == RUN_JSON:  # a run.json names its run folder
+            return _expand(path.parent)
+        return [path]
+    found: list[Path] = []
+    folders = sorted({p.parent for name in RESULTS_NAMES for p in path.rglob(name)})
+    for folder in folders:
+        found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
+    found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and _is_pytest_benchmark(p))
+    if not found:
+        raise ValueError(f"{path}: no results.parquet, results.csv or pytest-benchmark JSON found in this folder")
+    return found
+
+
+def _is_pytest_benchmark(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return False  # a folder may hold unrelated or broken JSON; only named files must parse
+    return isinstance(data, dict) and "benchmarks" in data and "machine_info" in data
+
+
+def _read_any(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix == ".json":
+            return _read_pytest_benchmark(path)
+        if path.suffix in (".parquet", ".csv"):
+            return _read_results(path)
+        raise ValueError("not a results file (expected .parquet, .csv or pytest-benchmark .json)")
+    except DataFileError:
+        raise
+    except ValueError as error:
+        message = " ".join(str(error).split())
+        raise DataFileError(f"{path}: {message}") from None
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        # As the runner writes it: an empty field is missing, "NA" is text; text columns stay
+        # text so a run id like "20250101" is not read as a number.
+        return pd.read_csv(path, dtype={name: str for name in STRING_COLUMNS}, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise ValueError("file is empty") from None
+    except ValueError:
+        raise
+    except Exception as error:  # pyarrow and the CSV parser raise many types
+        raise ValueError(f"cannot be read as {path.suffix[1:]} ({type(error).__name__}: {error})") from None
+
+
+def _has_profile_columns(path: Path) -> bool:
+    try:
+        columns = _read_table(path).columns
+    except ValueError:
+        return False
+    return set(PROFILE_REQUIRED_COLUMNS) <= set(columns)
+
+
+# ---------------------------------------------------------------- runner output
+
+
+def _read_results(path: Path) -> pd.DataFrame:
+    table = _read_table(path)
+    if set(PROFILE_REQUIRED_COLUMNS) <= set(table.columns) and "latency_ms" not in table.columns:
+        raise ValueError("this is a profile summary table, not result rows; read it with load_profile()")
+    missing = [name for name in REQUIRED_COLUMNS if name not in table.columns]
+    if missing:
+        raise ValueError(f"missing result column(s) {', '.join(missing)}")
+    run = _read_run_json(path.parent / RUN_JSON)
+    table = conform(table)
+    table["source"] = str(path)
+    if run is not None:
+        _merge_run(table, run)
+    if (table["run_id"] == "").any():
+        table.loc[table["run_id"] == "", "run_id"] = path.parent.name
+    return table
+
+
+def _read_run_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            run = json.load(handle)
+    except ValueError as error:
+        raise DataFileError(f"{path}: not valid JSON ({' '.join(str(error).split())})") from None
+    if not isinstance(run, dict):
+        raise DataFileError(f"{path}: expected a JSON object, got {type(run).__name__}")
+    schema = run.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise DataFileError(f"{path}: 'schema' must be an integer, got {schema!r}")
+    if schema > SCHEMA_VERSION:
+        raise DataFileError(
+            f"{path}: schema {schema} is newer than this phasebench reads ({SCHEMA_VERSION}); update phasebench"
+        )
+    for key in ("device", "versions", "ceilings"):
+        if run.get(key) is not None and not isinstance(run[key], dict):
+            raise DataFileError(f"{path}: {key!r} must be an object")
+    return run
+
+
+def _fill_blank(table: pd.DataFrame, column: str, value) -> None:
+    if value is None:
+        return
+    if column in STRING_COLUMNS:
+        table.loc[table[column] == "", column] = str(value)
+    else:
+        table[column] = table[column].fillna(value)
+
+
+def _merge_run(table: pd.DataFrame, run: dict) -> None:
+    """Fill run-level columns from run.json; values already in the rows win."""
+    device = run.get("device") or {}
+    versions = run.get("versions") or {}
+    _fill_blank(table, "run_id", run.get("run_id"))
+    _fill_blank(table, "suite", run.get("suite"))
+    _fill_blank(table, "device", device.get("name"))
+    _fill_blank(table, "device_kind", device.get("kind"))
+    for package in ("python", "torch", "triton", "flash_attn", "phasebench"):
+        _fill_blank(table, f"{package}_version", versions.get(package))
+    _fill_blank(table, "git_commit", run.get("git_commit"))
+    datasheet = (run.get("ceilings") or {}).get("datasheet")
+    if isinstance(datasheet, dict):
+        _fill_blank(table, "datasheet_name", datasheet.get("name"))
+        _fill_blank(table, "datasheet_gbps", _number(datasheet.get("peak_gbps")))
+        per_dtype = datasheet.get("peak_tflops") or {}
+        if isinstance(per_dtype, dict):
+            by_dtype = table["dtype"].map(lambda dtype: _number(per_dtype.get(dtype)))
+            table["datasheet_tflops"] = table["datasheet_tflops"].fillna(by_dtype.astype(float))
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+# ---------------------------------------------------------------- pytest-benchmark
+
+
+def _read_pytest_benchmark(path: Path) -> pd.DataFrame:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except ValueError as error:
+        raise ValueError(f"not valid JSON ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise ValueError("not a pytest-benchmark file (no 'benchmarks' list)")
+    machine = data.get("machine_info") or {}
+    commit = data.get("commit_info") or {}
+    stamp = str(data.get("datetime") or path.stem)
+    cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or machine.get("node") or ""
+    rows = []
+    for index, bench in enumerate(data["benchmarks"]):
+        extra = bench.get("extra_info") or {}
+        if "impl" not in extra:
+            continue  # not an attention benchmark of this suite
+        stats = bench.get("stats")
+        if not isinstance(stats, dict) or "median" not in stats:
+            raise ValueError(f"benchmark {index} ({bench.get('name', '?')}) has no stats.median")
+        row = dict(extra)
+        row.update(
+            latency_ms=_number(stats.get("median")) * 1e3,
+            # pytest-benchmark keeps quartiles, not p20/p80: these two columns hold q1 and q3 here.
+            latency_p20_ms=_number(stats.get("q1")) * 1e3,
+            latency_p80_ms=_number(stats.get("q3")) * 1e3,
+            samples=stats.get("rounds"),
+            status=extra.get("status", "ok"),
+            reason=extra.get("reason", ""),
+            benchmark=bench.get("fullname") or bench.get("name", ""),
+        )
+        row.setdefault("run_id", f"pytest-benchmark:{stamp}")
+        row.setdefault("time", stamp)
+        row.setdefault("device", cpu)
+        row.setdefault("device_kind", "cpu" if "device" not in extra else "")
+        row.setdefault("suite", bench.get("group") or "pytest-benchmark")
+        row.setdefault("python_version", machine.get("python_version", ""))
+        row.setdefault("git_commit", commit.get("id", ""))
+        rows.append(row)
+    if not rows:
+        raise ValueError("no phasebench benchmarks in it (no entry has extra_info.impl)")
+    table = pd.DataFrame(rows)
+    missing = [name for name in REQUIRED_COLUMNS if name not in table.columns]
+    if missing:
+        raise ValueError(f"extra_info lacks field(s) {', '.join(missing)}")
+    table = conform(table)
+    _derive_figures(table)
+    table["source"] = str(path)
+    return table
+
+
+def _derive_figures(table: pd.DataFrame) -> None:
+    """Fill the figures extra_info did not carry from the cost model columns and the median."""
+    seconds = table["latency_ms"] / 1e3
+    table["intensity"] = table["intensity"].fillna(table["flops"] / table["bytes"])
+    table["tflops"] = table["tflops"].fillna(table["flops"] / seconds / 1e12)
+    table["gbps"] = table["gbps"].fillna(table["bytes"] / seconds / 1e9)
+    roof = np.minimum(table["peak_tflops"], table["intensity"] * table["peak_gbps"] / 1e3)
+    table["roof_tflops"] = table["roof_tflops"].fillna(roof)
+    table["pct_roofline"] = table["pct_roofline"].fillna(100 * table["tflops"] / table["roof_tflops"])
+    memory_bound = table["intensity"] * table["peak_gbps"] / 1e3 < table["peak_tflops"]
+    derived_bound = np.where(table["roof_tflops"].isna(), "", np.where(memory_bound, "memory", "compute"))
+    table["bound"] = table["bound"].where(table["bound"] != "", derived_bound)
+
+
+# ---------------------------------------------------------------- profile tables
+
+
+def _read_profile(path: Path) -> pd.DataFrame:
+    try:
+        if path.suffix not in (".parquet", ".csv"):
+            raise ValueError("expected a .parquet or .csv profile summary table")
+        table = _read_table(path)
+        missing = [name for name in PROFILE_REQUIRED_COLUMNS if name not in table.columns]
+        if missing:
+            raise ValueError(f"not a profile summary table: missing column(s) {', '.join(missing)}")
+        table = _fill_from_case_key(table)
+        table = coerce_columns(
+            table,
+            ints=PROFILE_INT_COLUMNS,
+            floats=PROFILE_FLOAT_COLUMNS,
+            strings=("key", "impl", "phase", "dtype", "device", "run_id"),
+        )
+    except ValueError as error:
+        raise DataFileError(f"{path}: {' '.join(str(error).split())}") from None
+    for name in PROFILE_FLOAT_COLUMNS:
+        table[name.replace("_ns", "_ms")] = table[name] / 1e6
+    table["source"] = str(path)
+    return table
+
+
+def _fill_from_case_key(table: pd.DataFrame) -> pd.DataFrame:
+    # The group is "element", not "dtype": pandas 2.2's str.extract mistakes a result column
+    # named "dtype" for the frame's dtype attribute.
+    parsed = table["key"].astype(str).str.extract(_CASE_KEY).rename(columns={"element": "dtype"})
+    # The key says "-causal" or nothing; unparsable keys leave causal unknown.
+    parsed["causal"] = parsed["causal"].notna().astype(object).where(parsed["impl"].notna(), None)
+    out = table.copy()
+    for name in parsed.columns:
+        if name not in out.columns:
+            out[name] = parsed[name]
+        else:
+            out[name] = out[name].where(out[name].notna(), parsed[name])
+    return out
+

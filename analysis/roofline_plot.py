@@ -1,0 +1,176 @@
+"""Roofline plot: achieved TFLOP/s against arithmetic intensity, under the measured (and datasheet) ceilings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from ._figures import (
+    CEILING_GID,
+    floats,
+    impl_colors,
+    interpreter_note,
+    new_figure,
+    no_data,
+    ok_rows,
+    ordered_impls,
+    ordered_phases,
+    phase_marker,
+)
+
+_CEILING_SHADES = ("0.1", "0.45", "0.3", "0.6", "0.2", "0.5")
+
+
+def roofline(
+    df: pd.DataFrame,
+    *,
+    datasheet: dict | None = None,
+    title: str = "Roofline",
+    figsize=(9.5, 6.0),
+) -> Figure:
+    """Log-log roofline of the ok rows: one point per row, colour = impl, marker = phase.
+
+    For each (device, dtype) the measured ceilings (median of the rows' peak_gbps and
+    peak_tflops) are drawn as one solid roof with its ridge point marked; datasheet ceilings
+    are dashed. `datasheet` is either {"peak_gbps": float, "peak_tflops": {dtype: float}}
+    (applies to every device, the layout of run.json ceilings.datasheet) or a dict of those
+    keyed by device name; without it the loader's datasheet_gbps/datasheet_tflops columns
+    are used, and nothing is drawn where they are missing.
+    """
+    rows = ok_rows(df)
+    if rows.empty:
+        return no_data(title, "no rows with status 'ok'")
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+
+    colors = impl_colors(rows["impl"].unique())
+    for (impl, phase), group in rows.groupby(["impl", "phase"], sort=False):
+        ax.scatter(
+            floats(group["intensity"]), floats(group["tflops"]),
+            color=colors[impl], marker=phase_marker(phase), s=40, alpha=0.85,
+            edgecolors="white", linewidths=0.6, zorder=3,
+        )
+
+    ceilings = _ceilings(rows, datasheet)
+    x_low, x_high = _x_range(rows, ceilings)
+    ceiling_handles = []
+    for index, ceiling in enumerate(ceilings):
+        shade = _CEILING_SHADES[index % len(_CEILING_SHADES)]
+        name = f"{ceiling['device']} · {ceiling['dtype']}"
+        handle = _draw_roof(ax, ceiling["gbps"], ceiling["tflops"], x_low, x_high, shade, "-", 1.6, (4, 4))
+        if handle is not None:
+            handle.set_label(f"{name} measured ({_describe_roof(ceiling['gbps'], ceiling['tflops'])})")
+            ceiling_handles.append(handle)
+        handle = _draw_roof(
+            ax, ceiling["sheet_gbps"], ceiling["sheet_tflops"], x_low, x_high, shade, "--", 1.0, (4, -10)
+        )
+        if handle is not None:
+            handle.set_label(f"{name} datasheet ({_describe_roof(ceiling['sheet_gbps'], ceiling['sheet_tflops'])})")
+            ceiling_handles.append(handle)
+
+    ax.set_xlim(x_low, x_high)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, minimum bytes)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.set_title(title + interpreter_note(rows))
+    ax.grid(True, which="major", alpha=0.3)
+    impl_handles = [
+        Line2D([], [], linestyle="", marker="o", color=colors[impl], label=impl)
+        for impl in ordered_impls(rows["impl"].unique())
+    ]
+    phase_handles = [
+        Line2D([], [], linestyle="", marker=phase_marker(phase), color="0.35", label=phase)
+        for phase in ordered_phases(rows["phase"].unique())
+    ]
+    ax.legend(
+        handles=impl_handles + phase_handles + ceiling_handles,
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False,
+    )
+    return fig
+
+
+def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
+    """Measured and datasheet ceilings per (device, dtype) of the plotted rows."""
+    found = []
+    for (device, dtype), group in rows.groupby(["device", "dtype"], sort=True):
+        sheet_gbps, sheet_tflops = _datasheet_for(group, device, dtype, datasheet)
+        found.append({
+            "device": device or "(unknown device)",
+            "dtype": dtype,
+            "gbps": _median(group, "peak_gbps"),
+            "tflops": _median(group, "peak_tflops"),
+            "sheet_gbps": sheet_gbps,
+            "sheet_tflops": sheet_tflops,
+        })
+    return found
+
+
+def _datasheet_for(group: pd.DataFrame, device: str, dtype: str, datasheet: dict | None):
+    if datasheet is None:
+        return _median(group, "datasheet_gbps"), _median(group, "datasheet_tflops")
+    entry = datasheet if ("peak_gbps" in datasheet or "peak_tflops" in datasheet) else datasheet.get(device)
+    if not isinstance(entry, dict):
+        return np.nan, np.nan
+    per_dtype = entry.get("peak_tflops")
+    tflops = per_dtype.get(dtype) if isinstance(per_dtype, dict) else per_dtype
+    return _positive(entry.get("peak_gbps")), _positive(tflops)
+
+
+def _median(group: pd.DataFrame, column: str) -> float:
+    if column not in group.columns:
+        return np.nan
+    return _positive(np.nanmedian(floats(group[column]))) if group[column].notna().any() else np.nan
+
+
+def _positive(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return np.nan
+    return value if np.isfinite(value) and value > 0 else np.nan
+
+
+def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
+    xs = floats(rows["intensity"])
+    xs = list(xs[np.isfinite(xs) & (xs > 0)])
+    for ceiling in ceilings:
+        for gbps, tflops in ((ceiling["gbps"], ceiling["tflops"]), (ceiling["sheet_gbps"], ceiling["sheet_tflops"])):
+            if np.isfinite(gbps) and np.isfinite(tflops):
+                xs.append(tflops * 1e3 / gbps)  # ridge point
+    if not xs:
+        return 0.1, 1000.0
+    return min(xs) / 4, max(xs) * 4
+
+
+def _draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset):
+    """Draw min(x * gbps / 1000, tflops) with its ridge point; returns the roof line (or None)."""
+    has_memory, has_compute = np.isfinite(gbps), np.isfinite(tflops)
+    style_kw = dict(color=shade, linestyle=style, linewidth=width, gid=CEILING_GID, zorder=2)
+    if has_memory and has_compute:
+        ridge = tflops * 1e3 / gbps
+        xs = [x for x in (x_low, ridge, x_high) if x_low <= x <= x_high]
+        (line,) = ax.plot(xs, np.minimum(np.array(xs) * gbps / 1e3, tflops), **style_kw)
+        ax.plot([ridge], [tflops], marker="o", markersize=6, markerfacecolor="white",
+                markeredgecolor=shade, linestyle="", gid=CEILING_GID, zorder=4)
+        ax.annotate(f"ridge {ridge:.3g}", (ridge, tflops), textcoords="offset points", xytext=text_offset,
+                    fontsize="x-small", color=shade)
+        return line
+    if has_memory:
+        (line,) = ax.plot([x_low, x_high], [x_low * gbps / 1e3, x_high * gbps / 1e3], **style_kw)
+        return line
+    if has_compute:
+        (line,) = ax.plot([x_low, x_high], [tflops, tflops], **style_kw)
+        return line
+    return None
+
+
+def _describe_roof(gbps: float, tflops: float) -> str:
+    parts = []
+    if np.isfinite(gbps):
+        parts.append(f"{gbps:.4g} GB/s")
+    if np.isfinite(tflops):
+        parts.append(f"{tflops:.4g} TFLOP/s")
+    return ", ".join(parts)

@@ -1,0 +1,85 @@
+"""Speedup of each implementation over a baseline implementation on identical cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from ._figures import (
+    categories,
+    floats,
+    impl_colors,
+    interpreter_note,
+    new_figure,
+    no_data,
+    ok_rows,
+    ordered_impls,
+    ordered_phases,
+    spread,
+)
+from .schema import CASE_FIELDS
+
+MATCH_FIELDS = CASE_FIELDS + ("device", "dtype")
+
+
+def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
+    """One row per (case, device, dtype, impl) that the baseline also ran ok: the median
+    latencies of both (over runs) and speedup = baseline latency / impl latency."""
+    keys = list(MATCH_FIELDS)
+    columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup"]
+    rows = ok_rows(df)
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    per_impl = rows.groupby(keys + ["impl"], dropna=False, observed=True)["latency_ms"].median().reset_index()
+    base = per_impl[per_impl["impl"] == baseline].drop(columns="impl")
+    base = base.rename(columns={"latency_ms": "baseline_latency_ms"})
+    others = per_impl[per_impl["impl"] != baseline]
+    matched = others.merge(base, on=keys, how="inner")
+    matched["speedup"] = matched["baseline_latency_ms"] / matched["latency_ms"]
+    matched = matched[np.isfinite(matched["speedup"].to_numpy(dtype=float))]
+    return matched[columns].reset_index(drop=True)
+
+
+def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figure:
+    """Per phase: the speedup of every other impl over `baseline` (log scale; 1 = as fast).
+
+    Cases match on the case fields, device and dtype; one point per matched case, the bar
+    is the median (also written as text).
+    """
+    title = f"Speedup over {baseline} (same case, device and dtype)"
+    table = speedup_table(df, baseline)
+    if table.empty:
+        return no_data(title, f"no case ran ok with both {baseline!r} and another impl")
+    table = table.assign(category=categories(table))
+    phases = ordered_phases(table["phase"].unique())
+    colors = impl_colors(table["impl"].unique())
+    fig, axes = new_figure(1, len(phases), figsize=figsize)
+    for column, phase in enumerate(phases):
+        ax = axes[0, column]
+        in_phase = table[table["phase"] == phase]
+        rank = {impl: index for index, impl in enumerate(ordered_impls(in_phase["impl"].unique()))}
+        order = sorted(
+            in_phase[["category", "impl"]].drop_duplicates().itertuples(index=False),
+            key=lambda pair: (rank[pair.impl], pair.category),
+        )
+        for position, (category, impl) in enumerate(order):
+            values = floats(in_phase.loc[in_phase["category"] == category, "speedup"])
+            ax.scatter(position + spread(len(values)), values, color=colors[impl], s=22, alpha=0.8, zorder=3)
+            median = np.nanmedian(values)
+            ax.hlines(median, position - 0.32, position + 0.32, color=colors[impl], linewidth=2.2)
+            ax.annotate(f"{median:.3g}×", (position + 0.34, median), va="center", fontsize="x-small")
+        ax.axhline(1.0, color="0.4", linestyle=":", linewidth=1)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}×"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(range(len(order)), [pair.category for pair in order], rotation=30, ha="right")
+        ax.set_xlim(-0.6, len(order) - 0.1)
+        ax.set_xlabel("implementation")
+        ax.set_ylabel(f"speedup over {baseline} (×)")
+        ax.set_title(phase)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title + interpreter_note(ok_rows(df)))
+    return fig

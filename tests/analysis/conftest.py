@@ -1,0 +1,176 @@
+"""Fixtures for the analysis tests: synthetic result rows, run folders and pytest-benchmark files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from phasebench.analysis.schema import RESULT_COLUMNS
+
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PEAKS = {  # (device, dtype) -> (peak_tflops, peak_gbps), "measured"
+    ("NVIDIA H200", "bfloat16"): (720.0, 4300.0),
+    ("NVIDIA H200", "float16"): (730.0, 4300.0),
+    ("AMD EPYC 9654", "float32"): (2.5, 180.0),
+    ("AMD EPYC 9654", "bfloat16"): (1.2, 180.0),
+}
+NAN_PERF = ("latency_ms", "latency_p20_ms", "latency_p80_ms", "tflops", "gbps", "pct_roofline")
+
+
+def _case_cost(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, dtype):
+    if causal:
+        pairs = q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
+    else:
+        pairs = q_len * kv_len
+    flops = 4.0 * batch * q_heads * head_dim * pairs
+    moved = ELEMENT_BYTES[dtype] * (2 * batch * q_heads * q_len * head_dim + 2 * batch * kv_heads * kv_len * head_dim)
+    return flops, float(moved)
+
+
+def make_rows(
+    rng: np.random.Generator,
+    *,
+    run_id: str = "run-a",
+    device: str = "NVIDIA H200",
+    device_kind: str = "cuda",
+    impls=("naive", "flash", "triton"),
+    dtype: str = "bfloat16",
+    model: str = "llama3-8b",
+    prefill_lens=(128, 256, 512),
+    decode_kv_lens=(256, 1024, 4096),
+    decode_batches=(1, 8),
+    not_ok: bool = True,
+) -> pd.DataFrame:
+    """Result rows as the runner writes them, with random (seeded) latencies and consistent figures."""
+    peak_tflops, peak_gbps = PEAKS[(device, dtype)]
+    shapes = [(1, length, length, True) for length in prefill_lens]
+    shapes += [(batch, 1, kv_len, False) for batch in decode_batches for kv_len in decode_kv_lens]
+    rows = []
+    for impl in impls:
+        for batch, q_len, kv_len, causal in shapes:
+            flops, moved = _case_cost(batch, 32, 8, q_len, kv_len, 128, causal, dtype)
+            intensity = flops / moved
+            roof = min(peak_tflops, intensity * peak_gbps / 1e3)
+            achieved = roof * rng.uniform(0.05, 0.9)
+            latency_ms = flops / (achieved * 1e12) * 1e3
+            rows.append({
+                "run_id": run_id, "time": "2025-06-01T12:00:00+00:00", "device": device,
+                "device_kind": device_kind, "suite": "quick", "model": model, "impl": impl,
+                "backend": {"naive": "torch", "flash": "sdpa-flash"}.get(impl, "triton-prefill"),
+                "mode": "eager" if impl == "naive" else "compiled",
+                "phase": "prefill" if q_len == kv_len else "decode",
+                "batch": batch, "q_heads": 32, "kv_heads": 8, "q_len": q_len, "kv_len": kv_len,
+                "head_dim": 128, "causal": causal, "dtype": dtype,
+                "flops": flops, "bytes": moved, "intensity": intensity,
+                "latency_ms": latency_ms,
+                "latency_p20_ms": latency_ms * (1 - rng.uniform(0.005, 0.05)),
+                "latency_p80_ms": latency_ms * (1 + rng.uniform(0.005, 0.05)),
+                "samples": int(rng.integers(20, 200)),
+                "tflops": flops / (latency_ms / 1e3) / 1e12, "gbps": moved / (latency_ms / 1e3) / 1e9,
+                "peak_tflops": peak_tflops, "peak_gbps": peak_gbps, "roof_tflops": roof,
+                "pct_roofline": 100 * achieved / roof,
+                "bound": "memory" if intensity * peak_gbps / 1e3 < peak_tflops else "compute",
+                "max_rel_err": float(rng.uniform(1e-4, 5e-3)), "status": "ok", "reason": "",
+            })
+    frame = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+    if not_ok:
+        statuses = [("skipped", "Unsupported: triton decode needs head_dim <= 256"),
+                    ("failed", "RuntimeError: out of memory"),
+                    ("incorrect", "max_rel_err 0.3 > tolerance 0.02")]
+        picks = rng.choice(len(frame), size=len(statuses), replace=False)
+        for index, (status, reason) in zip(picks, statuses, strict=True):
+            frame.loc[index, ["status", "reason"]] = [status, reason]
+            frame.loc[index, list(NAN_PERF)] = np.nan
+    return frame
+
+
+def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int = 1, datasheet=True) -> Path:
+    """A `phasebench run` output folder: results files plus run.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if "csv" in formats:
+        rows.to_csv(folder / "results.csv", index=False)
+    if "parquet" in formats:
+        rows.to_parquet(folder / "results.parquet", index=False)
+    device = rows["device"].iloc[0]
+    sheet = {"name": "H200 SXM", "peak_gbps": 4800.0, "peak_tflops": {"bfloat16": 989.0, "float16": 989.0}}
+    run = {
+        "schema": schema, "run_id": rows["run_id"].iloc[0], "started": "2025-06-01T11:59:00+00:00",
+        "finished": "2025-06-01T12:10:00+00:00", "command": ["phasebench", "run", "--suite", "quick"],
+        "suite": "quick", "device": {"name": device, "kind": rows["device_kind"].iloc[0]},
+        "versions": {"python": "3.11.7", "torch": "2.5.1", "triton": "3.1.0", "flash_attn": None,
+                     "phasebench": "0.1.0"},
+        "git_commit": "0123abc",
+        "ceilings": {"device": device, "peak_gbps": 4300.0, "peak_tflops": {"bfloat16": 720.0},
+                     "datasheet": sheet if datasheet and device == "NVIDIA H200" else None},
+    }
+    (folder / "run.json").write_text(json.dumps(run))
+    return folder
+
+
+def _stats(rng: np.random.Generator, median_s: float, q1_s: float, q3_s: float, rounds: int) -> dict:
+    low, high = median_s * rng.uniform(0.8, 0.95), median_s * rng.uniform(1.1, 1.5)
+    mean = (q1_s + median_s + q3_s) / 3
+    iqr = q3_s - q1_s
+    return {
+        "min": low, "max": high, "mean": mean, "stddev": iqr / 1.35, "rounds": rounds,
+        "median": median_s, "iqr": iqr, "q1": q1_s, "q3": q3_s, "iqr_outliers": 1,
+        "stddev_outliers": 2, "outliers": "2;1", "ld15iqr": low, "hd15iqr": high,
+        "ops": 1.0 / mean, "total": mean * rounds, "iterations": 1,
+    }
+
+
+def write_pytest_benchmark(path: Path, rows: pd.DataFrame, rng: np.random.Generator, *,
+                           stamp: str = "2025-06-02T08:30:00.123456+00:00", extra_benchmarks=()) -> Path:
+    """A pytest-benchmark JSON file in the layout pytest-benchmark writes (ok rows only)."""
+    info_fields = [name for name in RESULT_COLUMNS if name not in (
+        "run_id", "time", "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "status", "reason")]
+    benchmarks = []
+    for row in rows[rows["status"] == "ok"].itertuples(index=False):
+        row = row._asdict()
+        extra = {name: (row[name].item() if hasattr(row[name], "item") else row[name]) for name in info_fields}
+        param = f"{row['impl']}-{row['phase']}-b{row['batch']}-k{row['kv_len']}"
+        benchmarks.append({
+            "group": row["phase"], "name": f"test_attention[{param}]",
+            "fullname": f"bench/test_attention.py::test_attention[{param}]",
+            "params": {"impl": row["impl"], "case": param}, "param": param, "extra_info": extra,
+            "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 5, "max_time": 1.0,
+                        "min_time": 5e-06, "warmup": False},
+            "stats": _stats(rng, row["latency_ms"] / 1e3, row["latency_p20_ms"] / 1e3,
+                            row["latency_p80_ms"] / 1e3, row["samples"]),
+        })
+    benchmarks.extend(extra_benchmarks)
+    document = {
+        "machine_info": {
+            "node": "bench-host", "processor": "x86_64", "machine": "x86_64", "python_compiler": "GCC 12.2.0",
+            "python_implementation": "CPython", "python_version": "3.11.7", "release": "6.1.0", "system": "Linux",
+            "cpu": {"arch": "X86_64", "bits": 64, "count": 16, "brand_raw": "AMD EPYC 9654"},
+        },
+        "commit_info": {"id": "0123abc", "time": "2025-06-01T10:00:00+00:00", "dirty": False,
+                        "project": "phasebench", "branch": "main"},
+        "benchmarks": benchmarks,
+        "datetime": stamp,
+        "version": "5.1.0",
+    }
+    path.write_text(json.dumps(document, indent=2))
+    return path
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20250601)
+
+
+@pytest.fixture
+def rows(rng) -> pd.DataFrame:
+    return make_rows(rng)
+
+
+@pytest.fixture
+def helpers():
+    """The builders above, for tests that need several runs or files."""
+
+    return SimpleNamespace(make_rows=make_rows, write_run=write_run, write_pytest_benchmark=write_pytest_benchmark)
