@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit status 2, no traceback."""
 
 
 def package_version() -> str:
@@ -14,13 +21,44 @@ def package_version() -> str:
         return "unknown"
 
 
+def resolve_device(name: str | None):
+    """The named device, or the best one here (CUDA if present, else the host)."""
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"device: unknown device {name!r}, expected cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise UsageError(f"device: {name} does not exist here ({count} CUDA device(s))")
+        return torch.device("cuda", device.index or 0)
+    if device.type != "cpu":
+        raise UsageError(f"device: {name} is not supported here, use cpu or cuda")
+    return device
+
+
+def default_dtype(device) -> str:
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
 def cmd_list(args) -> int:
     import torch
 
     from ..kernels import describe_impls
+    from .cases import MODELS, SUITES, suite_cases
 
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
+    print("suites (cases on this machine's best device):")
+    best = resolve_device(None)
+    for name in SUITES:
+        print(f"  {name:<8} {len(suite_cases(name, best.type, default_dtype(best)))} cases")
+    print("model presets (q heads / kv heads / head dim):")
+    for name, m in MODELS.items():
+        print(f"  {name:<12} {m.q_heads}/{m.kv_heads}/{m.head_dim}")
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         print(f"implementations on {device}:")
         for row in describe_impls(device):
             where = row["backend"] if row["available"] else f"unavailable: {row['reason']}"
@@ -28,12 +66,125 @@ def cmd_list(args) -> int:
     return 0
 
 
+def build_cases(args, device):
+    from .cases import DTYPES, MODELS, parse_shape, suite_cases
+
+    dtype = args.dtype or default_dtype(device)
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype: unknown dtype {dtype!r}, choose from {', '.join(DTYPES)}")
+    for model in args.model or ():
+        if model not in MODELS:
+            raise UsageError(f"model: unknown model {model!r}, choose from {', '.join(MODELS)}")
+    try:
+        if args.shape:
+            model = args.model[0] if args.model else None
+            return [parse_shape(text, dtype, model) for text in args.shape], "custom"
+        return suite_cases(args.suite, device.type, dtype, tuple(args.model) if args.model else None), args.suite
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def resolve_impls(names, device) -> list[str]:
+    from ..kernels import IMPLS, available_impls
+
+    if not names:
+        return available_impls(device)
+    for name in names:
+        if name not in IMPLS:
+            raise UsageError(f"impl: unknown implementation {name!r}, choose from {', '.join(IMPLS)}")
+    return list(dict.fromkeys(names))
+
+
+def out_dir_for(args) -> Path:
+    if args.out:
+        return Path(args.out)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / stamp
+
+
+def check_writable(path: Path) -> None:
+    """Fail before measuring anything when the results cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".phasebench-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"out: cannot write to {path}: {err.strerror or err}") from None
+
+
+def cmd_run(args) -> int:
+    device = resolve_device(args.device)
+    cases, suite = build_cases(args, device)
+    impls = resolve_impls(args.impl, device)
+    out = out_dir_for(args)
+    if args.resume and not args.out:
+        raise UsageError("resume: needs --out DIR of the run to resume")
+    check_writable(out)
+
+    from .console import Progress, format_table
+    from .runner import RunConfig, run
+
+    print(f"phasebench run: {len(cases)} cases x {len(impls)} impls on {device} -> {out}", file=sys.stderr)
+    df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume,
+                       refresh_ceilings=args.refresh_ceilings, on_row=Progress()))
+    print(format_table(df))
+    counts = df["status"].value_counts().to_dict() if not df.empty else {}
+    print(f"\nrows: {', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}; "
+          f"results in {out}/results.csv, results.parquet, run.json")
+    return 0
+
+
+def cmd_ceilings(args) -> int:
+    from .cases import DTYPES
+    from .roofline import ceilings
+
+    device = resolve_device(args.device)
+    dtypes = args.dtype or (["float32"] if device.type == "cpu" else ["float32", "float16", "bfloat16"])
+    for d in dtypes:
+        if d not in DTYPES:
+            raise UsageError(f"dtype: unknown dtype {d!r}, choose from {', '.join(DTYPES)}")
+    ceil = ceilings(device, tuple(dtypes), refresh=args.refresh)
+    if args.json:
+        print(json.dumps(ceil.to_json()))
+        return 0
+    print(f"device: {ceil.device} ({ceil.kind})")
+    sheet = ceil.datasheet
+    print(f"  copy bandwidth   {ceil.peak_gbps:10.1f} GB/s measured"
+          + (f"   {sheet.peak_gbps:10.1f} GB/s datasheet ({sheet.name})" if sheet else ""))
+    for d, tf in ceil.peak_tflops.items():
+        ds = f"   {sheet.peak_tflops[d]:10.1f} TFLOP/s datasheet" if sheet and d in sheet.peak_tflops else ""
+        print(f"  matmul {d:<9} {tf:10.3f} TFLOP/s measured{ds}   ridge {ceil.ridge(d):.1f} FLOP/B")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasebench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"phasebench {package_version()}")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    listing = verbs.add_parser("list", help="implementations available here and their concrete backends")
+
+    listing = verbs.add_parser("list", help="suites, model presets, implementations here and their backends")
     listing.set_defaults(func=cmd_list)
+
+    run = verbs.add_parser("run", help="measure cases x impls and write results (default: quick suite, best device)")
+    run.add_argument("--suite", default="quick", help="quick (default), prefill, chunked, decode, verify, full")
+    run.add_argument("--impl", nargs="+", metavar="I", help="implementations (default: all available here)")
+    run.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
+    run.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    run.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    run.add_argument("--shape", action="append", metavar="K=V,...",
+                     help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
+    run.add_argument("--out", help="results folder (default: a new ./results/<timestamp>/)")
+    run.add_argument("--resume", action="store_true", help="skip the rows already in --out")
+    run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
+    run.set_defaults(func=cmd_run)
+
+    ceil = verbs.add_parser("ceilings", help="measured bandwidth and matmul peaks (cached per machine)")
+    ceil.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    ceil.add_argument("--dtype", nargs="+", help="matmul dtypes (default: float32 on CPU; all three on CUDA)")
+    ceil.add_argument("--json", action="store_true", help="print one JSON object")
+    ceil.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
+    ceil.set_defaults(func=cmd_ceilings)
     return parser
 
 
@@ -43,7 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as err:
+        print(f"phasebench {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"phasebench {args.verb}: interrupted; rows written so far are kept", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""Attention cases, public model presets, and the benchmark suites written as data."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """The attention shape of one public model: query heads, KV heads, head dim."""
+
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+
+
+MODELS: dict[str, ModelPreset] = {
+    "llama-3-8b": ModelPreset(32, 8, 128),
+    "llama-3-70b": ModelPreset(64, 8, 128),
+    "mistral-7b": ModelPreset(32, 8, 128),
+    "qwen2.5-7b": ModelPreset(28, 4, 128),
+    "gemma-2-9b": ModelPreset(16, 8, 256),
+    "llama-2-7b": ModelPreset(32, 32, 128),
+}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention shape as it flows from a preset through the kernel call into a result row."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool
+    dtype: str
+    model: str = ""
+
+    def __post_init__(self):
+        for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive int, got {value!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads: must be a multiple of kv_heads, got {self.q_heads} and {self.kv_heads}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.causal and self.q_len > self.kv_len:
+            raise ValueError(f"q_len: must not exceed kv_len with causal=True, got {self.q_len} > {self.kv_len}")
+
+    @property
+    def phase(self) -> str:
+        if self.q_len == self.kv_len:
+            return "prefill"
+        if self.q_len == 1:
+            return "decode"
+        return "chunked_prefill"
+
+    @property
+    def shape_label(self) -> str:
+        """Short shape text for tables: b1 h32/8 q512 k512 d128."""
+        return (f"b{self.batch} h{self.q_heads}/{self.kv_heads} q{self.q_len} k{self.kv_len} "
+                f"d{self.head_dim}{' causal' if self.causal else ''}")
+
+    def fields(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A cartesian product of sizes for the given model presets; pairs of (q_len, kv_len) or prefixes."""
+
+    models: tuple[str, ...]
+    batch: tuple[int, ...]
+    causal: tuple[bool, ...] = (True,)
+    seq: tuple[int, ...] = ()            # prefill: q_len == kv_len
+    chunk: tuple[int, ...] = ()          # chunked prefill / verify: q_len ...
+    prefix: tuple[int, ...] = ()         # ... against this many cached keys (kv_len = prefix + chunk)
+    kv: tuple[int, ...] = ()             # decode: q_len 1 against kv_len
+
+    def lengths(self) -> list[tuple[int, int]]:
+        pairs = [(s, s) for s in self.seq]
+        pairs += [(c, p + c) for c in self.chunk for p in self.prefix]
+        pairs += [(1, n) for n in self.kv]
+        return pairs
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
+        out = []
+        for model, batch, causal, (q_len, kv_len) in itertools.product(
+                models or self.models, self.batch, self.causal, self.lengths()):
+            m = MODELS[model]
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, causal, dtype, model))
+        return out
+
+
+K = 1024
+# Each suite has a GPU and a CPU variant: the CPU sizes keep interpreter rows to seconds.
+SUITES: dict[str, dict[str, list[Sweep]]] = {
+    "quick": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), seq=(2 * K,)),
+                 Sweep(("llama-3-8b",), (1,), chunk=(512,), prefix=(4 * K,)),
+                 Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(4 * K,)),
+                 Sweep(("llama-3-8b",), (8,), kv=(8 * K,))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), seq=(128,)),
+                Sweep(("llama-3-8b",), (1,), chunk=(32,), prefix=(224,)),
+                Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(252,)),
+                Sweep(("llama-3-8b",), (2,), kv=(512,))],
+    },
+    "prefill": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(512, K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(64, 128, 256))],
+    },
+    "chunked": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), chunk=(256, K, 4 * K), prefix=(4 * K, 16 * K, 28 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(32, 64), prefix=(192, 448))],
+    },
+    "decode": {
+        "cuda": [Sweep(("llama-3-8b",), (1, 4, 16, 64, 256), kv=(K, 4 * K, 16 * K, 32 * K, 64 * K, 128 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1, 4), kv=(256, 1 * K))],
+    },
+    "verify": {
+        "cuda": [Sweep(("llama-3-8b",), (1, 8), chunk=(2, 4, 8, 16), prefix=(4 * K, 32 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(2, 8, 16), prefix=(256,))],
+    },
+}
+SUITES["full"] = {dev: [s for name in ("prefill", "chunked", "decode", "verify") for s in SUITES[name][dev]]
+                  for dev in ("cuda", "cpu")}
+
+
+def suite_cases(suite: str, device_type: str, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
+    """The cases of a suite for a device type ('cuda' or 'cpu'), optionally for other model presets."""
+    if suite not in SUITES:
+        raise ValueError(f"suite: unknown suite {suite!r}, choose from {', '.join(SUITES)}")
+    for model in models or ():
+        if model not in MODELS:
+            raise ValueError(f"model: unknown model {model!r}, choose from {', '.join(MODELS)}")
+    sweeps = SUITES[suite]["cuda" if device_type == "cuda" else "cpu"]
+    seen, cases = set(), []
+    for case in itertools.chain.from_iterable(s.cases(dtype, models) for s in sweeps):
+        if case not in seen:
+            seen.add(case)
+            cases.append(case)
+    return cases
+
+
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model")
+
+
+def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCase:
+    """A case from `batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128[,causal=0]`.
+
+    Heads and head dim may come from `model=NAME` (or the --model preset) instead; batch
+    defaults to 1 and causal to true.
+    """
+    values: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SHAPE_KEYS or not value.strip():
+            raise ValueError(f"shape: malformed {part!r} in {text!r}; "
+                             f"expected key=value with keys {', '.join(SHAPE_KEYS)}")
+        values[key] = value.strip()
+    name = values.pop("model", model)
+    preset = {}
+    if name is not None:
+        if name not in MODELS:
+            raise ValueError(f"model: unknown model {name!r}, choose from {', '.join(MODELS)}")
+        m = MODELS[name]
+        preset = {"q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim}
+    args: dict = {"batch": 1, "causal": True, **preset}
+    for key, value in values.items():
+        if key == "causal":
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(f"shape: causal must be 0/1/true/false, got {value!r}")
+            args[key] = value.lower() in ("1", "true", "yes")
+        else:
+            try:
+                args[key] = int(value)
+            except ValueError:
+                raise ValueError(f"shape: {key} must be an integer, got {value!r}") from None
+    missing = [k for k in ("q_heads", "kv_heads", "q_len", "kv_len", "head_dim") if k not in args]
+    if missing:
+        raise ValueError(f"shape: {text!r} lacks {', '.join(missing)} (give them, or a model)")
+    return AttentionCase(dtype=dtype, model=name or "", **args)

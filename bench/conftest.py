@@ -1,0 +1,27 @@
+"""Options of the pytest-benchmark suite: `pytest bench [--suite S] [--impl I] [--device D]`."""
+
+from __future__ import annotations
+
+import os
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("phasebench")
+    group.addoption("--suite", default=os.environ.get("PHASEBENCH_SUITE", "quick"),
+                    help="phasebench suite to benchmark (default quick; env PHASEBENCH_SUITE)")
+    group.addoption("--impl", action="append", default=None,
+                    help="implementation to benchmark, repeatable (default: all available; env PHASEBENCH_IMPL=a,b)")
+    group.addoption("--device", default=os.environ.get("PHASEBENCH_DEVICE"),
+                    help="cpu, cuda or cuda:N (default: the best device here; env PHASEBENCH_DEVICE)")
+    group.addoption("--dtype", default=os.environ.get("PHASEBENCH_DTYPE"),
+                    help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+
+
+def pytest_generate_tests(metafunc):
+    if not {"case", "impl"} <= set(metafunc.fixturenames):
+        return
+    from phasebench.bench.bench_params import bench_params
+
+    cases, impls = bench_params(metafunc.config)
+    metafunc.parametrize("case", cases, ids=[c.shape_label.replace(" ", "-") + f"-{c.phase}" for c in cases])
+    metafunc.parametrize("impl", impls)

@@ -1,0 +1,49 @@
+"""Terminal output of a run: a progress bar on stderr and the closing table of rows."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pandas as pd
+
+
+class Progress:
+    """One line per finished row, led by a bar; redrawn in place on a terminal."""
+
+    def __init__(self, stream=None, width: int = 20):
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def __call__(self, row: dict, index: int, total: int) -> None:
+        filled = self.width * index // max(total, 1)
+        bar = "#" * filled + "-" * (self.width - filled)
+        status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms"
+        text = (f"[{bar}] {index}/{total} {row['impl']:<8} {row['phase']:<15} "
+                f"b{row['batch']} q{row['q_len']} k{row['kv_len']}  {status}")
+        if self.tty:
+            end = "\n" if index == total else ""
+            self.stream.write("\r" + text.ljust(100)[:100] + end)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _num(value, fmt: str) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """Per row: impl, phase, shape, latency, TFLOP/s, GB/s, % of roofline, bound, status."""
+    if df.empty:
+        return "(no rows)"
+    lines = []
+    for r in df.itertuples(index=False):
+        shape = (f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
+                 f"{' c' if r.causal else ''} {r.dtype}")
+        status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
+        lines.append({"impl": r.impl, "phase": r.phase, "shape": shape, "latency ms": _num(r.latency_ms, ".3f"),
+                      "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
+                      "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
+    return pd.DataFrame(lines).to_string(index=False)

@@ -1,0 +1,129 @@
+"""Runner resilience: failures become rows, the sweep goes on, a killed run resumes without losing rows."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+from phasebench.bench import memory, runner
+from phasebench.bench.cases import AttentionCase
+from phasebench.bench.results import COLUMNS
+from phasebench.kernels import IMPLS, AttentionCall, Impl, Unsupported
+from phasebench.kernels.naive import naive_attention
+
+CASES = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32")]
+FLOAT32 = frozenset({torch.float32})
+
+
+def fake(name, plan):
+    return Impl(name=name, summary="test double", devices=frozenset({"cpu"}), dtypes=FLOAT32, plan=plan)
+
+
+def raising_plan(req):
+    def boom():
+        raise RuntimeError("kernel exploded\nsecond line")
+    return AttentionCall("raises", "fake", boom)
+
+
+def wrong_plan(req):
+    return AttentionCall("wrong", "fake", lambda: naive_attention(req) + 0.5)
+
+
+def unsupported_plan(req):
+    raise Unsupported("this fake serves nothing")
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    for impl in (fake("raises", raising_plan), fake("wrong", wrong_plan), fake("unsupported", unsupported_plan)):
+        monkeypatch.setitem(IMPLS, impl.name, impl)
+
+
+def run(tmp_path, impls, cases=CASES, **kw):
+    return runner.run(runner.RunConfig(cases, impls, torch.device("cpu"), tmp_path, suite="test", **kw))
+
+
+def test_failures_become_rows_and_the_sweep_goes_on(tmp_path, fakes):
+    df = run(tmp_path, ["raises", "wrong", "unsupported", "naive"])
+    assert list(df.columns) == COLUMNS and len(df) == 8
+    by = {(r.impl, r.phase): r for r in df.itertuples()}
+    failed = by[("raises", "prefill")]
+    assert failed.status == "failed" and failed.reason == "RuntimeError: kernel exploded"
+    wrong = by[("wrong", "decode")]
+    assert wrong.status == "incorrect" and wrong.max_rel_err > 0.01 and "tolerance" in wrong.reason
+    skipped = by[("unsupported", "prefill")]
+    assert skipped.status == "skipped" and skipped.reason == "this fake serves nothing"
+    for r in (failed, wrong, skipped):
+        assert all(math.isnan(getattr(r, c)) for c in ("latency_ms", "tflops", "gbps", "pct_roofline"))
+    ok = df[df.impl == "naive"]
+    assert (ok.status == "ok").all() and (ok.tflops > 0).all() and (ok.samples >= 5).all()
+    assert (ok.max_rel_err < 1e-5).all() and set(ok.backend) == {"torch-matmul"}
+    assert (tmp_path / "results.parquet").exists() and (tmp_path / "run.json").exists()
+
+
+def test_rows_carry_consistent_figures(tmp_path):
+    df = run(tmp_path, ["naive", "flash"])
+    r = df.iloc[0]
+    assert r.flops / (r.latency_ms / 1e3) / 1e12 == pytest.approx(r.tflops)
+    assert r.bytes / (r.latency_ms / 1e3) / 1e9 == pytest.approx(r.gbps)
+    assert r.roof_tflops == pytest.approx(min(r.peak_tflops, r.intensity * r.peak_gbps / 1000))
+    assert r.pct_roofline == pytest.approx(100 * r.tflops / r.roof_tflops)
+    assert r.latency_p20_ms <= r.latency_ms <= r.latency_p80_ms
+    assert set(df.bound) <= {"compute", "memory"} and set(df.phase) == {"prefill", "decode"}
+
+
+def test_cases_that_do_not_fit_are_skipped_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 1000)
+    df = run(tmp_path, ["naive"])
+    assert (df.status == "skipped").all() and df.reason.str.contains("needs about").all()
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import torch
+    from phasebench.kernels import IMPLS, AttentionCall, Impl
+    from phasebench.kernels.naive import naive_attention
+    from phasebench.bench import runner
+    from phasebench.bench.cases import AttentionCase
+
+    die = sys.argv[2] == "die"
+    def plan(req):
+        def call():
+            if die and req.q_len == 1:  # the second case: kill -9 in the middle of the sweep
+                os.kill(os.getpid(), signal.SIGKILL)
+            return naive_attention(req)
+        return AttentionCall("flaky", "fake", call)
+    IMPLS["flaky"] = Impl("flaky", "test double", frozenset({"cpu"}), frozenset({torch.float32}), plan)
+    cases = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32"),
+             AttentionCase(1, 2, 2, 8, 24, 32, True, "float32")]
+    runner.run(runner.RunConfig(cases, ["naive", "flaky"], torch.device("cpu"), Path(sys.argv[1]),
+                                suite="test", resume=not die))
+""")
+
+
+def test_a_killed_run_resumes_without_losing_or_repeating_rows(tmp_path):
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    out = tmp_path / "run"
+    killed = subprocess.run([sys.executable, str(script), str(out), "die"], capture_output=True, text=True)
+    assert killed.returncode == -9
+    before = pd.read_csv(out / "results.csv")
+    assert len(before) == 3  # case 1 for both impls, case 2 for naive; flaky died on case 2
+    run_id = __import__("json").loads((out / "run.json").read_text())["run_id"]
+    resumed = subprocess.run([sys.executable, str(script), str(out), "resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = pd.read_parquet(out / "results.parquet")
+    assert len(after) == 6 and (after.status == "ok").all()
+    keys = after[["impl", "q_len", "kv_len", "batch"]].apply(tuple, axis=1)
+    assert keys.is_unique
+    assert before.time.tolist() == after.time.tolist()[:3]  # the rows measured before the kill are kept as they were
+    assert set(after.run_id) == {run_id}
+    meta = __import__("json").loads((out / "run.json").read_text())
+    assert meta["finished"] and meta["run_id"] == run_id

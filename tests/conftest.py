@@ -1,0 +1,34 @@
+"""Session-wide test settings: one ceilings cache for the whole run, a quick run shared by end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    # ceilings are measured once per test session and shared with subprocesses through the env
+    if "PHASEBENCH_CACHE" not in os.environ:
+        os.environ["PHASEBENCH_CACHE"] = tempfile.mkdtemp(prefix="phasebench-cache-")
+
+
+def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
+    """`phasebench ARGS` in a fresh interpreter, as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "phasebench.bench.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory) -> Path:
+    """The default `phasebench run` (quick suite, best device here) into a temp folder, run once per session."""
+    out = tmp_path_factory.mktemp("quick-run")
+    proc = run_cli("run", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
