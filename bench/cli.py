@@ -126,8 +126,13 @@ def cmd_run(args) -> int:
     from .runner import RunConfig, run
 
     print(f"phasebench run: {len(cases)} cases x {len(impls)} impls on {device} -> {out}", file=sys.stderr)
+    capture = None
+    if args.cuda_profiler_range:
+        if device.type != "cuda":
+            raise UsageError("cuda-profiler-range: needs a CUDA device")
+        from ..profiles.capture import cuda_profiler_range as capture
     df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume,
-                       refresh_ceilings=args.refresh_ceilings, on_row=Progress()))
+                       refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture))
     print(format_table(df))
     counts = df["status"].value_counts().to_dict() if not df.empty else {}
     print(f"\nrows: {', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}; "
@@ -158,6 +163,58 @@ def cmd_ceilings(args) -> int:
     return 0
 
 
+def add_case_arguments(verb: argparse.ArgumentParser) -> None:
+    verb.add_argument("--suite", default="quick", help="quick (default), prefill, chunked, decode, verify, full")
+    verb.add_argument("--impl", nargs="+", metavar="I", help="implementations (default: all available here)")
+    verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
+    verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    verb.add_argument("--shape", action="append", metavar="K=V,...",
+                      help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
+
+
+def case_argv(args) -> list[str]:
+    """The case-selection arguments again, for a `phasebench run` started under nsys."""
+    argv = ["--suite", args.suite]
+    for flag in ("impl", "model"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", *getattr(args, flag)]
+    for flag in ("device", "dtype"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", getattr(args, flag)]
+    for shape in args.shape or ():
+        argv += ["--shape", shape]
+    return argv
+
+
+def cmd_profile(args) -> int:
+    device = resolve_device(args.device)
+    cases, suite = build_cases(args, device)
+    impls = resolve_impls(args.impl, device)
+    from ..profiles import capture
+
+    tool = args.tool or ("nsys" if device.type == "cuda" and capture.nsys_path() else "torch")
+    if tool == "nsys" and (device.type != "cuda" or not capture.nsys_path()):
+        raise UsageError("tool: nsys needs a CUDA device and `nsys` on the PATH; use --tool torch")
+    out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("profile-%Y%m%d-%H%M%S")
+    check_writable(out)
+    if tool == "nsys":
+        program = [sys.executable, "-m", "phasebench.bench.cli", "run", *case_argv(args),
+                   "--out", str(out / "run"), "--cuda-profiler-range"]
+        profile_path = capture.run_nsys(out / "profile", program)
+    else:
+        from .console import Progress
+        from .runner import PROFILE_TIMER, RunConfig, run
+
+        profile_path = out / "trace.json"
+        run(RunConfig(cases, impls, device, out / "run", suite=suite, timer=PROFILE_TIMER, on_row=Progress(),
+                      capture=lambda: capture.torch_profiler_capture(profile_path, device.type == "cuda")))
+    summary = capture.write_tables(profile_path, out)
+    print(capture.format_summary(summary))
+    print(f"\nprofile: {profile_path}; tables: {out}/kernels, ranges, summary (.parquet, .csv); rows: {out}/run")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasebench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"phasebench {package_version()}")
@@ -167,17 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(func=cmd_list)
 
     run = verbs.add_parser("run", help="measure cases x impls and write results (default: quick suite, best device)")
-    run.add_argument("--suite", default="quick", help="quick (default), prefill, chunked, decode, verify, full")
-    run.add_argument("--impl", nargs="+", metavar="I", help="implementations (default: all available here)")
-    run.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
-    run.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
-    run.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
-    run.add_argument("--shape", action="append", metavar="K=V,...",
-                     help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
+    add_case_arguments(run)
     run.add_argument("--out", help="results folder (default: a new ./results/<timestamp>/)")
     run.add_argument("--resume", action="store_true", help="skip the rows already in --out")
     run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
+    run.add_argument("--cuda-profiler-range", action="store_true",
+                     help="wrap the cases in cudaProfilerStart/Stop (for nsys --capture-range=cudaProfilerApi)")
     run.set_defaults(func=cmd_run)
+
+    prof = verbs.add_parser("profile", help="profile cases with nsys (CUDA) or torch.profiler, tables per case")
+    add_case_arguments(prof)
+    prof.add_argument("--tool", choices=("nsys", "torch"),
+                      help="nsys (default where CUDA and nsys exist) or torch (torch.profiler)")
+    prof.add_argument("--out", help="profile folder (default: a new ./results/profile-<timestamp>/)")
+    prof.set_defaults(func=cmd_profile)
 
     ceil = verbs.add_parser("ceilings", help="measured bandwidth and matmul peaks (cached per machine)")
     ceil.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")

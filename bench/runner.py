@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import math
@@ -27,6 +28,7 @@ from .timing import TimerConfig, time_call
 
 CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False)
 CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
+PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
 
 
@@ -58,6 +60,7 @@ class RunConfig:
     resume: bool = False
     timer: TimerConfig | None = None
     refresh_ceilings: bool = False
+    capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
 
 
@@ -169,20 +172,22 @@ def run(cfg: RunConfig):
     timer = cfg.timer or (CUDA_TIMER if device.type == "cuda" else CPU_TIMER)
     total = len(cfg.cases) * len(cfg.impls)
     index = 0
+    capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
     try:
-        for case in cfg.cases:
-            state = CaseState(case, device)
-            for impl in cfg.impls:
-                index += 1
-                row = base_row(case, impl, run_id, cfg.suite, ceil)
-                if store.is_done(row):
-                    continue
-                row = measure(state, impl, row, timer)
-                row["time"] = now()
-                store.append(row)
-                if cfg.on_row:
-                    cfg.on_row(row, index, total)
-            del state
+        with capture:  # a profiler records the cases only, not the ceilings or the setup of the run
+            for case in cfg.cases:
+                state = CaseState(case, device)
+                for impl in cfg.impls:
+                    index += 1
+                    row = base_row(case, impl, run_id, cfg.suite, ceil)
+                    if store.is_done(row):
+                        continue
+                    row = measure(state, impl, row, timer)
+                    row["time"] = now()
+                    store.append(row)
+                    if cfg.on_row:
+                        cfg.on_row(row, index, total)
+                del state
     finally:
         df = store.write_parquet()
         meta["finished"] = now()

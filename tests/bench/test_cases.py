@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from phasebench.bench.cases import MODELS, SUITES, AttentionCase, parse_shape, suite_cases
 
 

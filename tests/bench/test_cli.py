@@ -6,7 +6,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from phasebench.bench.cli import main
 from phasebench.bench.results import COLUMNS
 

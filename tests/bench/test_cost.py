@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from phasebench.bench.cases import AttentionCase
 from phasebench.bench.cost import flops, intensity, min_bytes, pairs
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from phasebench.bench import roofline
 
 from ..conftest import run_cli
@@ -21,7 +20,8 @@ def test_cpu_ceilings_are_sane(cpu_ceilings):
     assert 0.5 < cpu_ceilings.peak_gbps < 5000
     assert 1e-4 < cpu_ceilings.peak_tflops["float32"] < 100
     assert cpu_ceilings.kind == "cpu" and cpu_ceilings.device
-    assert cpu_ceilings.ridge("float32") == pytest.approx(cpu_ceilings.peak_tflops["float32"] * 1000 / cpu_ceilings.peak_gbps)
+    peak = cpu_ceilings.peak_tflops["float32"]
+    assert cpu_ceilings.ridge("float32") == pytest.approx(peak * 1000 / cpu_ceilings.peak_gbps)
     low = cpu_ceilings.roof_tflops("float32", 1e-3)
     assert low == pytest.approx(1e-3 * cpu_ceilings.peak_gbps / 1000)
     assert cpu_ceilings.roof_tflops("float32", 1e9) == cpu_ceilings.peak_tflops["float32"]

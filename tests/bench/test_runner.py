@@ -10,7 +10,6 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-
 from phasebench.bench import memory, runner
 from phasebench.bench.cases import AttentionCase
 from phasebench.bench.results import COLUMNS

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from phasebench.bench.timing import Timing, TimerConfig, _sample_count, time_cpu
+from phasebench.bench.timing import TimerConfig, Timing, _sample_count, time_cpu
 
 
 def test_percentiles_and_median_of_known_samples():
