@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -67,10 +68,16 @@ def _warm_up(fn: Callable[[], object], cfg: TimerConfig, sync: Callable[[], None
 def time_cpu(fn: Callable[[], object], cfg: TimerConfig = TimerConfig()) -> Timing:
     per_call = _warm_up(fn, cfg, lambda: None)
     samples = []
-    for _ in range(_sample_count(per_call, cfg)):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
+    gc_was_on = gc.isenabled()
+    gc.disable()  # as timeit does: a collection would land inside a random sample
+    try:
+        for _ in range(_sample_count(per_call, cfg)):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+    finally:
+        if gc_was_on:
+            gc.enable()
     return Timing(tuple(samples), "perf_counter_ns")
 
 
