@@ -215,6 +215,25 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from ..analysis import load, write_report
+    from ..analysis.report import summary_table
+
+    sources = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
+    if not sources:
+        raise UsageError("results: none given and no ./results/ folders; run `phasebench run` first")
+    try:
+        df = load(*sources)
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    out = Path(args.out)
+    check_writable(out)
+    paths = write_report(df, out)
+    print(summary_table(df).to_string())
+    print(f"\n{len(df)} rows from {df['run_id'].nunique()} run(s); report: {paths['html']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasebench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"phasebench {package_version()}")
@@ -238,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="nsys (default where CUDA and nsys exist) or torch (torch.profiler)")
     prof.add_argument("--out", help="profile folder (default: a new ./results/profile-<timestamp>/)")
     prof.set_defaults(func=cmd_profile)
+
+    report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
+    report.add_argument("results", nargs="*", help="run folders, results files or pytest-benchmark JSON "
+                                                   "(default: every folder under ./results/)")
+    report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
+    report.set_defaults(func=cmd_report)
 
     ceil = verbs.add_parser("ceilings", help="measured bandwidth and matmul peaks (cached per machine)")
     ceil.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")

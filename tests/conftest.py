@@ -26,6 +26,19 @@ def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="session")
+def bench_json(tmp_path_factory) -> Path:
+    """`pytest bench --benchmark-json` on the quick CPU cases (naive and flash), run once per session."""
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    env = {**os.environ, "PHASEBENCH_IMPL": "naive,flash"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p", "no:cacheprovider",
+                           f"--benchmark-json={out}", "--benchmark-columns=median,rounds"],
+                          capture_output=True, text=True, env=env, cwd=out.parent, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
 def quick_run(tmp_path_factory) -> Path:
     """The default `phasebench run` (quick suite, best device here) into a temp folder, run once per session."""
     out = tmp_path_factory.mktemp("quick-run")

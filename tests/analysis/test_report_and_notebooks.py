@@ -1,0 +1,60 @@
+"""`phasebench report` on real runner and pytest-benchmark output, and the notebooks executed headless."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from phasebench.analysis import load
+from phasebench.bench.cli import main
+
+from ..conftest import REPO, run_cli
+
+NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
+SAMPLES = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir())
+
+
+def test_report_on_a_fresh_quick_run(quick_run, tmp_path):
+    proc = run_cli("report", str(quick_run), "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pngs = {p.name for p in tmp_path.glob("*.png")}
+    assert "roofline.png" in pngs and len(pngs) >= 5
+    page = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64," in page and "best_pct_roofline" in page
+    assert "prefill" in proc.stdout and "decode" in proc.stdout
+
+
+def test_report_on_a_pytest_benchmark_json(bench_json, tmp_path):
+    assert main(["report", str(bench_json), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "roofline.png").stat().st_size > 1000 and (tmp_path / "report.html").exists()
+
+
+def test_runner_and_benchmark_rows_combine(quick_run, bench_json):
+    df = load(quick_run, bench_json)
+    assert df.run_id.nunique() == 2 and len(df) == 12 + 8
+    assert set(df.impl) == {"naive", "flash", "triton"}
+
+
+def test_report_refuses_a_broken_file(tmp_path, capsys):
+    broken = tmp_path / "results.csv"
+    broken.write_text("this,is\nnot,a result")
+    assert main(["report", str(broken), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(broken) in err and len(err.strip().splitlines()) == 1
+
+
+def test_committed_samples_load():
+    assert SAMPLES, "analysis/sample/ holds the sample result sets"
+    df = load(SAMPLES)
+    assert (df.status == "ok").sum() > 0 and {"prefill", "decode"} <= set(df.phase)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    images = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) >= 6  # roofline, phases, tokens/s, two scaling figures, speedup
