@@ -73,7 +73,9 @@ def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: st
             return out
         return AttentionCall(impl, label + "+per-seq", per_sequence)
     if chunk_causal:
-        bias = causal_lower_right(req.q_len, req.kv_len)
+        # On CUDA, causal_lower_right dispatches to the flash kernel with its bottom-right alignment.
+        # On the host it would rebuild a boolean mask on every call, so it is built once here.
+        bias = allowed_keys(req)[:, None] if req.device_type == "cpu" else causal_lower_right(req.q_len, req.kv_len)
         return AttentionCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, k, v, attn_mask=bias))
     return AttentionCall(impl, label, lambda: _sdpa(req, backend, q, k, v, is_causal=causal_square))
 

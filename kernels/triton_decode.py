@@ -15,7 +15,7 @@ import triton.language as tl
 from . import buffers
 from .triton_mode import interpreted, multiprocessor_count
 
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * log2(e))
 MAX_SPLITS = 128
 
 
@@ -30,8 +30,8 @@ def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
                     BLOCK_N: tl.constexpr):
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // kv_heads
-    kv_h = pid_bh % kv_heads
+    b = (pid_bh // kv_heads).to(tl.int64)  # int64 offsets: batch x stride can pass 2**31 elements
+    kv_h = (pid_bh % kv_heads).to(tl.int64)
     if HAS_SEQLENS:
         kv_limit = tl.load(SEQLENS + b)
     else:
@@ -90,7 +90,7 @@ def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
 @triton.jit
 def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om, stride_od,
                   q_heads, q_len, D, num_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)  # flat (b, h, token)
+    row = tl.program_id(0).to(tl.int64)  # flat (b, h, token)
     tok = row % q_len
     h = (row // q_len) % q_heads
     b = row // (q_len * q_heads)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_decode import LOG2E
 from .triton_mode import interpreted
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -57,12 +56,13 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, qk_scale,
                    stride_ob, stride_oh, stride_om, stride_od,
                    q_heads, group, q_len, kv_len, D,
                    HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-                   PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // q_heads
-    h = pid_bh % q_heads
+    # int64 offsets: batch x stride passes 2**31 elements in large decode and prefill batches
+    b = (pid_bh // q_heads).to(tl.int64)
+    h = (pid_bh % q_heads).to(tl.int64)
     kv_h = h // group
     if HAS_SEQLENS:
         kv_limit = tl.load(SEQLENS + b)
@@ -72,7 +72,6 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, qk_scale,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    EVEN_D: tl.constexpr = BLOCK_D == D
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < D), other=0.0)
@@ -138,7 +137,7 @@ def launch_prefill(req, out, block_d: int, upcast: bool, precision: str) -> None
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             req.q_heads, req.q_heads // req.kv_heads, req.q_len, req.kv_len, req.head_dim)
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal, UPCAST=upcast,
-                 PRECISION=precision, BLOCK_D=block_d)
+                 PRECISION=precision, BLOCK_D=block_d, EVEN_D=block_d == req.head_dim)
     if interpreted():
         grid = (triton.cdiv(req.q_len, INTERPRETER_CONFIG["BLOCK_M"]), req.batch * req.q_heads)
         prefill_kernel[grid](*args, **flags, **INTERPRETER_CONFIG)

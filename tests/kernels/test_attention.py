@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 
 import pytest
@@ -70,7 +71,7 @@ def run_case(shape: Shape, impl: str, dtype: torch.dtype, device: str, seed: int
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
 def test_matches_float64_reference(name, dtype, impl, device):
-    run_case(SHAPES[name], impl, dtype, device, seed=hash(name) % 1000)
+    run_case(SHAPES[name], impl, dtype, device, seed=zlib.crc32(name.encode()))
 
 
 def random_shape(rng: random.Random, phase: str) -> Shape:
