@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..profiles.names import FIELDS as CASE_KEY_FIELDS
+from ..profiles.names import parse_case_key  # pure Python: no torch behind it
 from .schema import (
     PROFILE_FLOAT_COLUMNS,
     PROFILE_INT_COLUMNS,
@@ -26,13 +27,6 @@ __all__ = ["DataFileError", "load", "load_profile"]
 RESULTS_NAMES = ("results.parquet", "results.csv")  # preferred first
 RUN_JSON = "run.json"
 
-# "flash/prefill/b1-hq32-hkv8-q512-k512-d128-bfloat16-causal" (NVTX case key, SCHEMA.md);
-# the same grammar as profiles/names.py, restated because analysis imports no other folder.
-_CASE_KEY = re.compile(
-    r"^(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
-    r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
-    r"-d(?P<head_dim>\d+)-(?P<element>[A-Za-z0-9_]+?)(?P<causal>-causal)?$"
-)
 
 
 class DataFileError(ValueError):
@@ -350,11 +344,9 @@ def _read_profile(path: Path) -> pd.DataFrame:
 
 
 def _fill_from_case_key(table: pd.DataFrame) -> pd.DataFrame:
-    # The group is "element", not "dtype": pandas 2.2's str.extract mistakes a result column
-    # named "dtype" for the frame's dtype attribute.
-    parsed = table["key"].astype(str).str.extract(_CASE_KEY).rename(columns={"element": "dtype"})
-    # The key says "-causal" or nothing; unparsable keys leave causal unknown.
-    parsed["causal"] = parsed["causal"].notna().astype(object).where(parsed["impl"].notna(), None)
+    # unparsable keys leave the case fields unknown
+    parsed = pd.DataFrame([parse_case_key(k) or {} for k in table["key"].astype(str)],
+                          columns=list(CASE_KEY_FIELDS), index=table.index)
     out = table.copy()
     for name in parsed.columns:
         if name not in out.columns:

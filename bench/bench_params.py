@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from .cli import UsageError, build_cases, resolve_device, resolve_impls
 from .roofline import Ceilings, ceilings
+from .selection import UsageError, build_cases, resolve_device, resolve_impls
 
 
 class _Options:

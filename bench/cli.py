@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-
-class UsageError(Exception):
-    """A bad command line: printed as one line, exit status 2, no traceback."""
+from .selection import UsageError, build_cases, default_dtype, resolve_device, resolve_impls
 
 
 def package_version() -> str:
@@ -21,28 +20,8 @@ def package_version() -> str:
         return "unknown"
 
 
-def resolve_device(name: str | None):
-    """The named device, or the best one here (CUDA if present, else the host)."""
-    import torch
-
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"device: unknown device {name!r}, expected cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            raise UsageError(f"device: {name} does not exist here ({count} CUDA device(s))")
-        return torch.device("cuda", device.index or 0)
-    if device.type != "cpu":
-        raise UsageError(f"device: {name} is not supported here, use cpu or cuda")
-    return device
 
 
-def default_dtype(device) -> str:
-    return "bfloat16" if device.type == "cuda" else "float32"
 
 
 def cmd_list(args) -> int:
@@ -66,33 +45,8 @@ def cmd_list(args) -> int:
     return 0
 
 
-def build_cases(args, device):
-    from .cases import DTYPES, MODELS, parse_shape, suite_cases
-
-    dtype = args.dtype or default_dtype(device)
-    if dtype not in DTYPES:
-        raise UsageError(f"dtype: unknown dtype {dtype!r}, choose from {', '.join(DTYPES)}")
-    for model in args.model or ():
-        if model not in MODELS:
-            raise UsageError(f"model: unknown model {model!r}, choose from {', '.join(MODELS)}")
-    try:
-        if args.shape:
-            model = args.model[0] if args.model else None
-            return [parse_shape(text, dtype, model) for text in args.shape], "custom"
-        return suite_cases(args.suite, device.type, dtype, tuple(args.model) if args.model else None), args.suite
-    except ValueError as err:
-        raise UsageError(str(err)) from None
 
 
-def resolve_impls(names, device) -> list[str]:
-    from ..kernels import IMPLS, available_impls
-
-    if not names:
-        return available_impls(device)
-    for name in names:
-        if name not in IMPLS:
-            raise UsageError(f"impl: unknown implementation {name!r}, choose from {', '.join(IMPLS)}")
-    return list(dict.fromkeys(names))
 
 
 def out_dir_for(args) -> Path:
@@ -131,7 +85,13 @@ def cmd_run(args) -> int:
         if device.type != "cuda":
             raise UsageError("cuda-profiler-range: needs a CUDA device")
         from ..profiles.capture import cuda_profiler_range as capture
-    df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume,
+    timer = None
+    if args.cuda_graph:
+        if device.type != "cuda":
+            raise UsageError("cuda-graph: needs a CUDA device")
+        from .runner import CUDA_TIMER
+        timer = dataclasses.replace(CUDA_TIMER, cuda_graph=True)
+    df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, timer=timer,
                        refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture))
     print(format_table(df))
     counts = df["status"].value_counts().to_dict() if not df.empty else {}
@@ -247,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="results folder (default: a new ./results/<timestamp>/)")
     run.add_argument("--resume", action="store_true", help="skip the rows already in --out")
     run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
+    run.add_argument("--cuda-graph", action="store_true",
+                     help="time CUDA-graph replays of each call (no host launch cost inside the events)")
     run.add_argument("--cuda-profiler-range", action="store_true",
                      help="wrap the cases in cudaProfilerStart/Stop (for nsys --capture-range=cudaProfilerApi)")
     run.set_defaults(func=cmd_run)

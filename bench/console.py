@@ -35,7 +35,8 @@ def _num(value, fmt: str) -> str:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    """Per row: impl, phase, shape, latency, TFLOP/s, GB/s, % of roofline, bound, status."""
+    """Per row: impl, phase, shape, latency with its p20-p80 spread and sample count, TFLOP/s, GB/s,
+    % of roofline, bound, status."""
     if df.empty:
         return "(no rows)"
     lines = []
@@ -43,7 +44,9 @@ def format_table(df: pd.DataFrame) -> str:
         shape = (f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
                  f"{' c' if r.causal else ''} {r.dtype}")
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
+        spread = "" if r.status != "ok" else f"{_num(r.latency_p20_ms, '.3f')}-{_num(r.latency_p80_ms, '.3f')}"
         lines.append({"impl": r.impl, "phase": r.phase, "shape": shape, "latency ms": _num(r.latency_ms, ".3f"),
+                      "p20-p80 ms": spread, "n": r.samples if r.status == "ok" else "",
                       "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
                       "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
     return pd.DataFrame(lines).to_string(index=False)

@@ -42,7 +42,12 @@ def reference_dtype(case: AttentionCase, device: torch.device) -> torch.dtype:
 
 
 def reference(case: AttentionCase, inputs: CaseInputs, device: torch.device) -> torch.Tensor:
-    """Naive attention in higher precision, a chunk of query rows at a time (bottom-right causal kept)."""
+    """Naive attention in higher precision, a chunk of query rows at a time (bottom-right causal kept).
+
+    It reuses the `naive` implementation's masking and GQA folding, so the runner checks `naive`
+    rows against its own math in higher precision; the unit tests check `naive` against an
+    independent textbook formula (tests/kernels/reference.py).
+    """
     dtype = reference_dtype(case, device)
     q, k, v = (t.to(dtype) for t in (inputs.q, inputs.k, inputs.v))
     elem = torch.finfo(dtype).bits // 8

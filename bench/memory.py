@@ -8,15 +8,14 @@ import torch
 
 from .cases import AttentionCase
 from .correctness import REFERENCE_SCORE_BYTES, reference_dtype
-from .cost import ELEMENT_BYTES
+from .cost import ELEMENT_BYTES, min_bytes
 
 HEADROOM = 0.85  # leave room for the allocator, the L2 flush buffer and fragmentation
 
 
 def tensors_bytes(case: AttentionCase) -> int:
-    """q, k, v and the output."""
-    elem = ELEMENT_BYTES[case.dtype]
-    return elem * case.batch * case.head_dim * (2 * case.q_heads * case.q_len + 2 * case.kv_heads * case.kv_len)
+    """q, k, v and the output: the cost model's minimum traffic is exactly their size."""
+    return int(min_bytes(case))
 
 
 def reference_bytes(case: AttentionCase, device: torch.device) -> int:

@@ -89,11 +89,15 @@ def _csv_value(value):
     return value
 
 
+TEXT_COLUMNS = ("run_id", "time", "device", "device_kind", "suite", "model", "impl", "backend", "mode", "phase",
+                "dtype", "timer", "bound", "status", "reason")
+
+
 def read_results_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    for col in ("model", "reason", "backend", "timer", "suite"):
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={c: str for c in TEXT_COLUMNS})
+    for col in TEXT_COLUMNS:
         if col in df:
-            df[col] = df[col].fillna("").astype(str)
+            df[col] = df[col].fillna("")
     if "causal" in df:
         df["causal"] = df["causal"].astype(str).str.lower().isin(["true", "1"])
     return df

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -130,6 +131,11 @@ def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig) -> float:
 CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_samples=200, flush_l2=False)
 
 
+def on_device(device: torch.device):
+    """Make `device` current: events, synchronize() and Triton launches act on the current device."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False) -> Ceilings:
     """Measured ceilings of `device` for `dtypes`, from the cache unless `refresh` or a dtype is missing."""
     path = cache_dir() / f"ceilings-{fingerprint(device)}.json"
@@ -140,14 +146,15 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False) -
         except (OSError, ValueError):
             cached = None
     name = device_name(device)
-    if cached is not None:
-        result = Ceilings(name, device.type, float(cached["peak_gbps"]),
-                          {k: float(v) for k, v in cached["peak_tflops"].items()}, datasheet_for(name))
-    else:
-        result = Ceilings(name, device.type, measure_bandwidth(device, CEILING_TIMER), {}, datasheet_for(name))
-    missing = [d for d in dtypes if d not in result.peak_tflops]
-    for dtype in missing:
-        result.peak_tflops[dtype] = measure_matmul(device, dtype, CEILING_TIMER)
+    with on_device(device):
+        if cached is not None:
+            result = Ceilings(name, device.type, float(cached["peak_gbps"]),
+                              {k: float(v) for k, v in cached["peak_tflops"].items()}, datasheet_for(name))
+        else:
+            result = Ceilings(name, device.type, measure_bandwidth(device, CEILING_TIMER), {}, datasheet_for(name))
+        missing = [d for d in dtypes if d not in result.peak_tflops]
+        for dtype in missing:
+            result.peak_tflops[dtype] = measure_matmul(device, dtype, CEILING_TIMER)
     if cached is None or missing:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

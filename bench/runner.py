@@ -23,7 +23,7 @@ from .correctness import TOLERANCE, CaseInputs, make_inputs, reference, relative
 from .memory import does_not_fit
 from .metadata import run_metadata
 from .results import ResultsStore
-from .roofline import Ceilings, ceilings
+from .roofline import Ceilings, ceilings, on_device
 from .timing import TimerConfig, time_call
 
 CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False)
@@ -174,7 +174,7 @@ def run(cfg: RunConfig):
     index = 0
     capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
     try:
-        with capture:  # a profiler records the cases only, not the ceilings or the setup of the run
+        with on_device(device), capture:  # a profiler records the cases only, not the ceilings or the setup of the run
             for case in cfg.cases:
                 state = CaseState(case, device)
                 for impl in cfg.impls:
@@ -188,6 +188,8 @@ def run(cfg: RunConfig):
                     if cfg.on_row:
                         cfg.on_row(row, index, total)
                 del state
+                if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
+                    torch.cuda.empty_cache()
     finally:
         df = store.write_parquet()
         meta["finished"] = now()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..profiles.names import L2FLUSH
 from ..profiles.nvtx_ranges import nvtx_range
 
 
@@ -108,7 +109,7 @@ def time_cuda(fn: Callable[[], object], device: torch.device, cfg: TimerConfig =
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for start, end in zip(starts, ends, strict=True):
         if flush is not None:
-            with nvtx_range("l2flush"):
+            with nvtx_range(L2FLUSH):
                 flush.zero_()
         start.record()
         run()

@@ -7,7 +7,8 @@ import pandas as pd
 
 from .names import FIELDS, L2FLUSH, TIMING, parse_case_key, stage_of
 
-SUMMARY_COLUMNS = ["key", *FIELDS, "ranges", "wall_ns", "kernel_count", "kernel_time_ns", "launch_overhead_ns"]
+SUMMARY_COLUMNS = ["key", *FIELDS, "ranges", "wall_ns", "flush_ns", "kernel_count", "kernel_time_ns",
+                   "launch_overhead_ns"]
 
 
 def _case_of_path(path) -> str | None:
@@ -30,17 +31,37 @@ def attribute(kernels: pd.DataFrame) -> pd.Series:
     return pd.Series(keys, index=kernels.index, dtype=object)
 
 
+def _flush_inside(timed: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
+    """Total duration of the l2flush ranges nested in each timed range (same thread)."""
+    totals = np.zeros(len(timed), dtype=np.int64)
+    if flushes.empty:
+        return totals
+    f_start, f_end = flushes["start_ns"].to_numpy(np.int64), flushes["end_ns"].to_numpy(np.int64)
+    f_dur = flushes["duration_ns"].to_numpy(np.int64)
+    same_thread = "tid" in flushes and "tid" in timed
+    f_tid = flushes["tid"].to_numpy(object) if same_thread else None
+    for i, row in enumerate(timed.itertuples(index=False)):
+        inside = (f_start >= row.start_ns) & (f_end <= row.end_ns)
+        if same_thread:
+            inside &= f_tid == row.tid
+        totals[i] = f_dur[inside].sum()
+    return totals
+
+
 def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """One row per timed case key found in `ranges` (columns: SUMMARY_COLUMNS), in order of first start.
 
     kernels: from nsys.read_kernels / torch_trace.read_kernels; ranges: from nsys.read_nvtx /
-    torch_trace.read_ranges. wall_ns sums the range's occurrences, kernel_time_ns the durations of
-    the kernels launched in it; launch_overhead_ns is their difference.
+    torch_trace.read_ranges. wall_ns sums the range's occurrences, flush_ns the l2flush ranges nested
+    in them, kernel_time_ns the durations of the kernels launched in it; launch_overhead_ns is
+    wall - flush - kernel time.
     """
     timed = ranges[np.array([parse_case_key(n) is not None for n in ranges["name"]], dtype=bool)]
     if "start_ns" in timed:
         timed = timed.sort_values("start_ns", kind="stable")
-    walls = timed.groupby("name", sort=False).agg(ranges=("duration_ns", "size"), wall_ns=("duration_ns", "sum"))
+    timed = timed.assign(flush_ns=_flush_inside(timed, ranges[ranges["name"] == L2FLUSH]))
+    walls = timed.groupby("name", sort=False).agg(ranges=("duration_ns", "size"), wall_ns=("duration_ns", "sum"),
+                                                  flush_ns=("flush_ns", "sum"))
     owned = kernels.assign(key=attribute(kernels)).dropna(subset=["key"])
     work = owned.groupby("key", sort=False).agg(kernel_count=("duration_ns", "size"),
                                                 kernel_time_ns=("duration_ns", "sum"))
@@ -48,10 +69,12 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     out = out.rename_axis("key").reset_index()
     fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(FIELDS))
     out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
-    out = out.astype({"ranges": "int64", "wall_ns": "int64", "kernel_count": "int64", "kernel_time_ns": "int64",
+    out = out.astype({"ranges": "int64", "wall_ns": "int64", "flush_ns": "int64", "kernel_count": "int64",
+                      "kernel_time_ns": "int64",
                       **{f: "int64" for f in FIELDS if f not in ("impl", "phase", "dtype", "causal")},
                       "causal": bool})
-    out["launch_overhead_ns"] = out["wall_ns"] - out["kernel_time_ns"]
+    # what is neither the case's kernels nor the L2 flushes between its calls: launches, syncs, Python
+    out["launch_overhead_ns"] = out["wall_ns"] - out["flush_ns"] - out["kernel_time_ns"]
     return out[SUMMARY_COLUMNS]
 
 

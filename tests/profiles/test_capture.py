@@ -30,6 +30,7 @@ def test_torch_profile_attributes_ops_to_each_case(tmp_path):
     assert set(summary.impl) == {"naive", "flash"} and set(summary.phase) == {"chunked_prefill", "decode"}
     assert (summary.ranges == 1).all() and (summary.kernel_count > 0).all()
     assert (summary.kernel_time_ns > 0).all() and (summary.wall_ns >= summary.kernel_time_ns).all()
+    assert (summary.flush_ns == 0).all()  # no L2 flush on the host
     assert (summary.launch_overhead_ns == summary.wall_ns - summary.kernel_time_ns).all()
     # the trace itself: setup and check ranges exist beside the timed ones, and ops sit in them
     ranges = torch_trace.read_ranges(tmp_path / "trace.json")
