@@ -45,11 +45,12 @@ def no_data(title: str, why: str, *, figsize=(6.0, 3.0)) -> Figure:
     return fig
 
 
-def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows with status 'ok' (the only ones with performance figures)."""
+def ok_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """Rows with status 'ok' (the only ones with performance figures), of one phase if given."""
     if "status" not in df.columns:
         return df.iloc[0:0]
-    return df[df["status"] == "ok"]
+    rows = df[df["status"] == "ok"]
+    return rows if phase is None else rows[rows["phase"] == phase]
 
 
 def ordered_impls(impls) -> list[str]:

@@ -34,8 +34,7 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     Lines carry gid "series"; a point is the median of the rows at that length.
     """
     title = "Prefill scaling with sequence length"
-    rows = ok_rows(df)
-    rows = rows[rows["phase"] == "prefill"]
+    rows = ok_rows(df, "prefill")
     if rows.empty:
         return no_data(title, "no ok prefill rows")
     devices = sorted(rows["device"].unique())
@@ -66,8 +65,7 @@ def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     Data lines carry gid "series", peak lines gid "ceiling".
     """
     title = "Decode bandwidth with KV length"
-    rows = ok_rows(df)
-    rows = rows[rows["phase"] == "decode"]
+    rows = ok_rows(df, "decode")
     if rows.empty:
         return no_data(title, "no ok decode rows")
     devices = sorted(rows["device"].unique())
