@@ -1,11 +1,11 @@
 """phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
 
+from ..bench.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .load import DataFileError, load, load_profile
 from .phase_plots import phase_comparison, tokens_per_second
-from .report import status_table, summary_table, write_report
+from .report import correctness_table, report_rows, status_table, summary_table, write_report
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
-from .schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .speedup import speedup, speedup_table
 
 __all__ = [
@@ -13,11 +13,13 @@ __all__ = [
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
+    "correctness_table",
     "decode_scaling",
     "load",
     "load_profile",
     "phase_comparison",
     "prefill_scaling",
+    "report_rows",
     "roofline",
     "speedup",
     "speedup_table",

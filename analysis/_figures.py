@@ -1,4 +1,4 @@
-"""Shared plotting helpers: Agg-backed figures, stable impl colours, phase markers, 'no data' figures."""
+"""Shared plotting helpers: the rows a plot may show and their groups, Agg figures, stable colours and markers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .schema import PHASES
+from ..bench.schema import PHASES
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.
@@ -16,6 +16,8 @@ IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn")
 PHASE_MARKERS = {"prefill": "o", "chunked_prefill": "s", "decode": "^"}
 EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", ":", "-.")
+# Rows that differ in any of these are never pooled: not in a median, a speedup or a plot.
+GROUP_FIELDS = ("device", "mode", "timer", "profiled")
 SERIES_GID = "series"  # gid of lines that carry data (tests and callers can find them)
 CEILING_GID = "ceiling"
 
@@ -51,6 +53,83 @@ def ok_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
         return df.iloc[0:0]
     rows = df[df["status"] == "ok"]
     return rows if phase is None else rows[rows["phase"] == phase]
+
+
+def _flag(rows: pd.DataFrame, column: str) -> pd.Series:
+    if column not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows[column].fillna(False).astype(bool)
+
+
+def interpreter(rows: pd.DataFrame) -> pd.Series:
+    """Rows timed in the Triton interpreter: they prove correctness, their timings are not performance."""
+    if "mode" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows["mode"] == "interpreter"
+
+
+def performance_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """The ok rows a performance figure or median may use: not interpreter-mode, not noisy."""
+    rows = ok_rows(df, phase)
+    return rows[~interpreter(rows) & ~_flag(rows, "noisy")]
+
+
+def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
+    """A title suffix that counts the ok rows performance_rows() left out, and why."""
+    rows = ok_rows(df, phase)
+    in_interpreter = interpreter(rows)
+    counts = {
+        "interpreter-mode rows (correctness only)": int(in_interpreter.sum()),
+        "noisy rows (device contended)": int((_flag(rows, "noisy") & ~in_interpreter).sum()),
+    }
+    parts = [f"{count} {what}" for what, count in counts.items() if count]
+    return f"\n(left out: {'; '.join(parts)})" if parts else ""
+
+
+def no_performance(title: str, df: pd.DataFrame, phase: str | None = None) -> Figure:
+    """The 'no data' figure when performance_rows() is empty, saying whether ok rows were left out."""
+    what = f"ok {phase} rows" if phase else "rows with status 'ok'"
+    if ok_rows(df, phase).empty:
+        return no_data(title, f"no {what}")
+    return no_data(title, f"every one of the {what} is interpreter-mode or noisy")
+
+
+def _true(value) -> bool:
+    return value is not None and value is not pd.NA and bool(value)
+
+
+def group_fields(df: pd.DataFrame) -> list[str]:
+    return [name for name in GROUP_FIELDS if name in df.columns]
+
+
+def group_label(values: dict) -> str:
+    """'NVIDIA H200 · compiled · cuda_events' (· profiled) for one (device, mode, timer, profiled) group."""
+    parts = [
+        str(values.get("device") or "(unknown device)"),
+        str(values.get("mode") or "(no mode)"),
+        str(values.get("timer") or "(no timer)"),
+    ]
+    if _true(values.get("profiled")):
+        parts.append("profiled")
+    return " · ".join(parts)
+
+
+def one_group_note(rows: pd.DataFrame) -> str:
+    """A title line naming the group when every row is of one group (labels then show impls only)."""
+    found = groups(rows)
+    return f"\n{found[0][0]}" if len(found) == 1 else ""
+
+
+def groups(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows) per (device, mode, timer, profiled) group, in a stable order."""
+    fields = group_fields(rows)
+    if not fields:
+        return [(group_label({}), rows)]
+    found = []
+    for key, group in rows.groupby(fields, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        found.append((group_label(dict(zip(fields, key, strict=True))), group))
+    return found
 
 
 def ordered_impls(impls) -> list[str]:
@@ -95,6 +174,8 @@ def describe(values: dict) -> str:
             parts.append(f"{name}={value}")
         elif name == "causal":
             parts.append("causal" if value else "non-causal")
+        elif name == "profiled":
+            parts.append("profiled" if _true(value) else "not profiled")
         elif value == "":
             parts.append("(none)")
         else:
@@ -102,8 +183,8 @@ def describe(values: dict) -> str:
     return " · ".join(parts)
 
 
-def categories(df: pd.DataFrame, extra=("device", "dtype")) -> pd.Series:
-    """Per-row category label: the impl, plus device/dtype only where those vary in df."""
+def categories(df: pd.DataFrame, extra=GROUP_FIELDS + ("dtype",)) -> pd.Series:
+    """Per-row category label: the impl, plus device, mode, timer, profiled and dtype where those vary in df."""
     shown = varying(df, extra)
     if not shown:
         return df["impl"].astype(str)
@@ -121,10 +202,3 @@ def spread(count: int, width: float = 0.5) -> np.ndarray:
     if count <= 1:
         return np.zeros(count)
     return np.linspace(-width / 2, width / 2, count)
-
-
-def interpreter_note(df: pd.DataFrame) -> str:
-    """A title suffix when Triton-interpreter rows are in the plot (their timings are not performance)."""
-    if "mode" in df.columns and (df["mode"] == "interpreter").any():
-        return "\n(includes interpreter-mode rows: timings are not performance)"
-    return ""

@@ -9,18 +9,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..profiles.names import FIELDS as CASE_KEY_FIELDS
-from ..profiles.names import parse_case_key  # pure Python: no torch behind it
-from .schema import (
+from ..bench.schema import (
     PROFILE_FLOAT_COLUMNS,
     PROFILE_INT_COLUMNS,
     PROFILE_REQUIRED_COLUMNS,
+    PROFILE_STRING_COLUMNS,
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
     STRING_COLUMNS,
     coerce_columns,
     conform,
 )
+from ..profiles.names import FIELDS as CASE_KEY_FIELDS
+from ..profiles.names import parse_case_key  # pure Python: no torch behind it
 
 __all__ = ["DataFileError", "load", "load_profile"]
 
@@ -45,10 +46,13 @@ def load(*sources) -> pd.DataFrame:
     Profile summary tables are not result rows: `load` refuses them with a message that
     points to `load_profile`.
 
-    Columns: those of the runner's rows (schema.RESULT_COLUMNS, same names and order),
-    then schema.RUN_COLUMNS (source file, versions, git commit, datasheet ceilings for the
-    row's dtype), then any extra columns the files carried. Rows of several runs, from
-    several machines, are keyed by `run_id` and `device`.
+    Columns: those of the runner's rows (bench.schema.RESULT_COLUMNS, same names and order),
+    then bench.schema.RUN_COLUMNS (source file, versions, git commit, datasheet ceilings for
+    the row's dtype), then any extra columns the files carried. Rows of several runs, from
+    several machines, are keyed by `run_id` and `device`. Files of an older schema get the
+    defaults of the columns they lack (op "attention", noisy and profiled False). Rows of a
+    run whose run.json says "profiled": true are marked profiled; `load` keeps them (the
+    report leaves them out unless asked).
     A malformed file, or a run.json with a newer schema, raises ValueError with one line
     naming the file; a missing path raises FileNotFoundError.
     """
@@ -66,7 +70,7 @@ def load(*sources) -> pd.DataFrame:
 
 def load_profile(*sources) -> pd.DataFrame:
     """Profile summary tables (columns key, impl, phase, ..., kernel_count, kernel_time_ns,
-    wall_ns, launch_overhead_ns) from parquet/CSV files or folders of them, in one frame.
+    wall_ns, flush_kernel_ns, launch_overhead_ns) from parquet/CSV files or folders of them, in one frame.
 
     Case fields missing from a table are parsed from the NVTX case key. Adds `source` and
     the times in milliseconds: kernel_time_ms, wall_ms, launch_overhead_ms.
@@ -232,6 +236,8 @@ def _merge_run(table: pd.DataFrame, run: dict) -> None:
     for package in ("python", "torch", "triton", "flash_attn", "phasebench"):
         _fill_blank(table, f"{package}_version", versions.get(package))
     _fill_blank(table, "git_commit", run.get("git_commit"))
+    if run.get("profiled") is True:
+        table["profiled"] = True
     datasheet = (run.get("ceilings") or {}).get("datasheet")
     if isinstance(datasheet, dict):
         _fill_blank(table, "datasheet_name", datasheet.get("name"))
@@ -283,6 +289,7 @@ def _read_pytest_benchmark(path: Path) -> pd.DataFrame:
             reason=extra.get("reason", ""),
             benchmark=bench.get("fullname") or bench.get("name", ""),
         )
+        row.setdefault("timer", f"pytest-benchmark {(bench.get('options') or {}).get('timer', 'host clock')}")
         row.setdefault("run_id", f"pytest-benchmark:{stamp}")
         row.setdefault("time", stamp)
         row.setdefault("device", cpu)
@@ -333,12 +340,13 @@ def _read_profile(path: Path) -> pd.DataFrame:
             table,
             ints=PROFILE_INT_COLUMNS,
             floats=PROFILE_FLOAT_COLUMNS,
-            strings=("key", "impl", "phase", "dtype", "device", "run_id"),
+            strings=PROFILE_STRING_COLUMNS,
         )
     except ValueError as error:
         raise DataFileError(f"{path}: {' '.join(str(error).split())}") from None
     for name in PROFILE_FLOAT_COLUMNS:
-        table[name.replace("_ns", "_ms")] = table[name] / 1e6
+        if name in table:  # older tables lack the flush columns (and used another overhead formula)
+            table[name.replace("_ns", "_ms")] = table[name] / 1e6
     table["source"] = str(path)
     return table
 

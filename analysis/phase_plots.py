@@ -13,12 +13,15 @@ from ._figures import (
     categories,
     floats,
     impl_colors,
-    interpreter_note,
+    left_out_note,
     new_figure,
     no_data,
+    no_performance,
     ok_rows,
+    one_group_note,
     ordered_impls,
     ordered_phases,
+    performance_rows,
     spread,
 )
 
@@ -28,13 +31,14 @@ _METRICS = (("latency_ms", "latency (ms)", "log"), ("pct_roofline", "% of measur
 def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Per phase (columns): latency and pct_roofline (rows) as strips of the ok rows per impl.
 
-    Each row is one point; the short bar is the median. Device and dtype join the impl
-    label when the frame holds several.
+    Each row is one point; the short bar is the median. Device, mode, timer and dtype join
+    the impl label when the frame holds several, so no strip pools unlike rows.
+    Interpreter-mode and noisy rows are left out (the title counts them).
     """
     title = "Prefill vs decode by implementation"
-    rows = ok_rows(df)
+    rows = performance_rows(df)
     if rows.empty:
-        return no_data(title, "no rows with status 'ok'")
+        return no_performance(title, df)
     rows = rows.assign(category=categories(rows))
     phases = ordered_phases(rows["phase"].unique())
     colors = impl_colors(rows["impl"].unique())
@@ -59,7 +63,7 @@ def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
             ax.set_xlabel("implementation")
             if row == 0:
                 ax.set_title(phase)
-    fig.suptitle(title + interpreter_note(rows))
+    fig.suptitle(title + one_group_note(rows) + left_out_note(df))
     return fig
 
 
@@ -69,15 +73,19 @@ def tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsize=Non
 
     Bars are medians over the preset's cases, dots the individual rows; the label over a
     pair is the prefill/decode ratio. Attention kernel only, one layer. `model` picks one
-    preset; rows with no preset (hand-given shapes) form their own panel.
+    preset; rows with no preset (hand-given shapes) form their own panel. Bars are per impl
+    and (where several) device, mode, timer and dtype; interpreter-mode and noisy rows are
+    left out (the title counts them).
     """
     title = "Prompt vs generated tokens/s (attention, one layer)"
-    rows = ok_rows(df)
-    rows = rows[rows["phase"].isin(["prefill", "decode"])]
     if model is not None:
-        rows = rows[rows["model"] == model]
+        df = df[df["model"] == model]
         title += f" · {model}"
+    df = df[df["phase"].isin(["prefill", "decode"])]
+    rows = performance_rows(df)
     if rows.empty:
+        if not ok_rows(df).empty:
+            return no_performance(title, df)
         why = f"no ok prefill/decode rows for model {model!r}" if model is not None else "no ok prefill/decode rows"
         return no_data(title, why)
     seconds = floats(rows["latency_ms"]) / 1e3
@@ -100,7 +108,7 @@ def tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsize=Non
         Patch(facecolor="0.85", edgecolor="0.3", hatch="//", label="generated tokens/s (decode)"),
     ]
     fig.legend(handles=legend, loc="outside lower center", ncols=2, frameon=False, fontsize="small")
-    fig.suptitle(title + interpreter_note(rows))
+    fig.suptitle(title + one_group_note(rows) + left_out_note(df))
     return fig
 
 

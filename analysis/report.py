@@ -11,16 +11,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._figures import ordered_impls, ordered_phases
+from ..bench.schema import STATUSES
+from ._figures import GROUP_FIELDS, interpreter, ok_rows, ordered_impls, ordered_phases, performance_rows
 from .phase_plots import phase_comparison, tokens_per_second
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
-from .schema import STATUSES
 from .speedup import speedup
 
 SUMMARY_COLUMNS = (
-    "rows", "ok", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
+    "ok", "noisy", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
 )
+SUMMARY_BY = GROUP_FIELDS + ("phase", "impl")
+STATUS_BY = ("device", "mode", "phase", "impl")
+CORRECTNESS_COLUMNS = ("device", "impl", "case", "max_rel_err", "status")
 
 _CAPTIONS = {
     "roofline": "Each point is one ok row; solid roofs are the ceilings measured on the machine, "
@@ -31,8 +34,10 @@ _CAPTIONS = {
                          "(batch / latency) for the same model preset: the prefill/decode gap.",
     "prefill_scaling": "Prefill latency and TFLOP/s as the sequence grows.",
     "decode_scaling": "Decode bandwidth as the KV cache grows, against the measured peak.",
-    "speedup": "Speedup over the baseline implementation on identical cases.",
+    "speedup": "Speedup over the baseline implementation on identical cases of one device, mode and timer.",
 }
+_LEFT_OUT = ("Interpreter-mode rows (correctness only) and noisy rows (timed while the device was "
+             "contended) are left out of every figure; each figure's title counts them.")
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1250px; margin: 2em auto; color: #222; }
@@ -56,27 +61,52 @@ def _sort_rows(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     ).reset_index(drop=True)
 
 
-def summary_table(df: pd.DataFrame, by=("phase", "impl")) -> pd.DataFrame:
-    """Per group (phase and impl by default): row count, ok count, best and median
-    pct_roofline, median TFLOP/s and GB/s over the ok rows."""
-    by = list(by)
-    if df.empty:
+def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
+    """Per group of ok rows (device, mode, timer, profiled, phase and impl by default): the
+    ok count, how many of them are noisy, and best and median pct_roofline, median TFLOP/s
+    and GB/s over the ok rows that are not noisy. Interpreter-mode rows are not performance
+    and never enter it (see correctness_table)."""
+    by = [name for name in by if name in df.columns]
+    ok = ok_rows(df)
+    ok = ok[~interpreter(ok)]
+    if ok.empty:
         return pd.DataFrame(columns=by + list(SUMMARY_COLUMNS))
-    ok = df[df["status"] == "ok"]
-    grouped_ok = ok.groupby(by, dropna=False, observed=True)
-    table = pd.DataFrame({"rows": df.groupby(by, dropna=False, observed=True).size()})
-    table["ok"] = grouped_ok.size()
-    table["best_pct_roofline"] = grouped_ok["pct_roofline"].max()
-    table["median_pct_roofline"] = grouped_ok["pct_roofline"].median()
-    table["median_tflops"] = grouped_ok["tflops"].median()
-    table["median_gbps"] = grouped_ok["gbps"].median()
-    table["ok"] = table["ok"].fillna(0).astype(int)
+    clean = performance_rows(ok).groupby(by, dropna=False, observed=True)
+    table = pd.DataFrame({"ok": ok.groupby(by, dropna=False, observed=True).size()})
+    noisy = ok["noisy"].fillna(False).astype(bool) if "noisy" in ok.columns else pd.Series(False, index=ok.index)
+    table["noisy"] = noisy.groupby([ok[name] for name in by], dropna=False, observed=True).sum()
+    table["best_pct_roofline"] = clean["pct_roofline"].max()
+    table["median_pct_roofline"] = clean["pct_roofline"].median()
+    table["median_tflops"] = clean["tflops"].median()
+    table["median_gbps"] = clean["gbps"].median()
+    table["noisy"] = table["noisy"].fillna(0).astype(int)
     return _sort_rows(table.reset_index(), by)
 
 
-def status_table(df: pd.DataFrame, by=("phase", "impl")) -> pd.DataFrame:
+def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The interpreter-mode rows (Triton without a GPU): what they prove is correctness, so
+    per row the device, impl, case, max_rel_err against the reference and status."""
+    rows = df[interpreter(df)]
+    if rows.empty:
+        return pd.DataFrame(columns=list(CORRECTNESS_COLUMNS))
+    table = rows.assign(case=[_case_text(row) for row in rows.to_dict("records")])
+    table = _sort_rows(table, ["device", "phase", "impl", "batch", "q_len", "kv_len"])
+    return table[list(CORRECTNESS_COLUMNS)]
+
+
+def _case_text(row: dict) -> str:
+    text = (f"{row.get('op') or 'attention'} {row['phase']} b{row['batch']} hq{row['q_heads']} "
+            f"hkv{row['kv_heads']} q{row['q_len']} k{row['kv_len']} d{row['head_dim']} {row['dtype']}")
+    if row.get("causal") is True:
+        text += " causal"
+    if row.get("seqlens"):
+        text += f" seqlens={row['seqlens']}"
+    return text
+
+
+def status_table(df: pd.DataFrame, by=STATUS_BY) -> pd.DataFrame:
     """Per group: how many rows are ok, skipped, failed and incorrect (and any other status)."""
-    by = list(by)
+    by = [name for name in by if name in df.columns]
     statuses = list(STATUSES) + sorted(set(df["status"]) - set(STATUSES)) if not df.empty else list(STATUSES)
     if df.empty:
         return pd.DataFrame(columns=by + statuses + ["total"])
@@ -85,6 +115,18 @@ def status_table(df: pd.DataFrame, by=("phase", "impl")) -> pd.DataFrame:
     counts.columns.name = None
     counts["total"] = counts.sum(axis=1)
     return _sort_rows(counts.reset_index(), by)
+
+
+def profiled(df: pd.DataFrame) -> pd.Series:
+    """Rows measured under a profiler (`phasebench profile`): their timings carry its overhead."""
+    if "profiled" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["profiled"].fillna(False).astype(bool)
+
+
+def report_rows(df: pd.DataFrame, *, include_profiled: bool = False) -> pd.DataFrame:
+    """The rows a report is made of: all of them, less the profiled ones unless asked for."""
+    return df if include_profiled else df[~profiled(df)]
 
 
 def problems_table(df: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
@@ -98,8 +140,9 @@ def problems_table(df: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
 
 
 def runs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per (run_id, device): kind, row counts, earliest row time and versions."""
-    columns = ["run_id", "device", "device_kind", "rows", "ok", "first_row", "torch_version", "triton_version"]
+    """One line per (run_id, device): kind, row counts, earliest row time, versions, profiled or not."""
+    columns = ["run_id", "device", "device_kind", "rows", "ok", "first_row", "torch_version", "triton_version",
+               "profiled"]
     if df.empty:
         return pd.DataFrame(columns=columns)
     grouped = df.groupby(["run_id", "device"], dropna=False, sort=True)
@@ -111,6 +154,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
         torch_version=("torch_version", "first"),
         triton_version=("triton_version", "first"),
     )
+    table["profiled"] = profiled(df).groupby([df["run_id"], df["device"]], dropna=False).any()
     return table.reset_index()[columns]
 
 
@@ -134,11 +178,17 @@ def write_report(
     datasheet: dict | None = None,
     baseline: str = "naive",
     dpi: int = 110,
+    include_profiled: bool = False,
 ) -> dict[str, Path]:
     """Write every figure as NAME.png, summary.csv and a self-contained report.html into
-    out_dir (created if needed). Returns {figure name | "summary" | "html": path}."""
+    out_dir (created if needed). Returns {figure name | "summary" | "html": path}.
+
+    Rows measured under a profiler are left out (the page says how many) unless
+    include_profiled; they then form groups of their own."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    left_out = 0 if include_profiled else int(profiled(df).sum())
+    df = report_rows(df, include_profiled=include_profiled)
     paths: dict[str, Path] = {}
     embedded: dict[str, str] = {}
     for name, fig in figures(df, datasheet=datasheet, baseline=baseline).items():
@@ -154,7 +204,7 @@ def write_report(
     summary.to_csv(paths["summary"], index=False)
 
     paths["html"] = out / "report.html"
-    paths["html"].write_text(_html(df, title, summary, embedded), encoding="utf-8")
+    paths["html"].write_text(_html(df, title, summary, embedded, left_out), encoding="utf-8")
     return paths
 
 
@@ -170,8 +220,10 @@ def _format_number(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
-def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str]) -> str:
+def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str], left_out: int) -> str:
     runs = runs_table(df)
+    profiled_note = (f" {left_out} rows measured under a profiler are left out "
+                     "(<code>--include-profiled</code> keeps them)." if left_out else "")
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
@@ -179,15 +231,21 @@ def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[st
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="note">Generated {stamp} from {len(df)} rows in {len(runs)} run(s). '
-        "Percentages are against the roofline measured on the machine that ran the row.</p>",
+        "Percentages are against the roofline measured on the machine that ran the row; "
+        f"rows of different devices, modes and timers are never pooled.{profiled_note}</p>",
         "<h2>Runs</h2>", _table_html(runs),
-        "<h2>Summary by phase and implementation</h2>",
-        '<p class="note">Over the ok rows: best and median % of the measured roofline, '
-        "median TFLOP/s and GB/s.</p>",
+        "<h2>Summary by device, mode, timer, phase and implementation</h2>",
+        '<p class="note">Per group of ok rows (interpreter-mode rows are in the correctness table): '
+        "how many, how many were noisy, and over the ones that were not, best and median % of the "
+        "measured roofline, median TFLOP/s and GB/s.</p>",
         _table_html(summary),
+        "<h2>Correctness of interpreter-mode rows</h2>",
+        '<p class="note">Triton in its interpreter proves correctness; its timings are not performance.</p>',
+        _table_html(correctness_table(df)),
         "<h2>Status</h2>", _table_html(status_table(df)),
         "<h2>Rows that are not ok</h2>", _table_html(problems_table(df)),
         "<h2>Figures</h2>",
+        f'<p class="note">{html.escape(_LEFT_OUT)}</p>',
     ]
     for name, encoded in embedded.items():
         heading = name.replace("_", " ")

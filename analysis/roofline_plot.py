@@ -9,14 +9,16 @@ from matplotlib.lines import Line2D
 
 from ._figures import (
     CEILING_GID,
+    SERIES_GID,
     floats,
+    groups,
     impl_colors,
-    interpreter_note,
+    left_out_note,
     new_figure,
-    no_data,
-    ok_rows,
+    no_performance,
     ordered_impls,
     ordered_phases,
+    performance_rows,
     phase_marker,
 )
 
@@ -28,31 +30,40 @@ def roofline(
     *,
     datasheet: dict | None = None,
     title: str = "Roofline",
-    figsize=(9.5, 6.0),
+    figsize=None,
 ) -> Figure:
-    """Log-log roofline of the ok rows: one point per row, colour = impl, marker = phase.
+    """Log-log roofline of the ok rows: one point per row, colour = impl, marker = phase,
+    one panel per (device, mode, timer) group (titled with it).
 
-    For each (device, dtype) the measured ceilings (median of the rows' peak_gbps and
+    Interpreter-mode and noisy rows are left out (the title counts them). For each
+    (device, dtype) in a panel the measured ceilings (median of the rows' peak_gbps and
     peak_tflops) are drawn as one solid roof with its ridge point marked; datasheet ceilings
     are dashed. `datasheet` is either {"peak_gbps": float, "peak_tflops": {dtype: float}}
     (applies to every device, the layout of run.json ceilings.datasheet) or a dict of those
     keyed by device name; without it the loader's datasheet_gbps/datasheet_tflops columns
-    are used, and nothing is drawn where they are missing.
+    are used, and nothing is drawn where they are missing. Points carry gid "series".
     """
-    rows = ok_rows(df)
+    rows = performance_rows(df)
     if rows.empty:
-        return no_data(title, "no rows with status 'ok'")
-    fig, axes = new_figure(figsize=figsize)
-    ax = axes[0, 0]
+        return no_performance(title, df)
+    panels = groups(rows)
+    fig, axes = new_figure(len(panels), 1, figsize=figsize or (9.5, 6.0 * len(panels)))
+    colors = impl_colors(rows["impl"].unique())
+    for ax, (label, group) in zip(axes[:, 0], panels, strict=True):
+        _panel(ax, group, colors, datasheet)
+        ax.set_title(label, fontsize="medium")
+    fig.suptitle(title + left_out_note(df))
+    return fig
+
+
+def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
-
-    colors = impl_colors(rows["impl"].unique())
     for (impl, phase), group in rows.groupby(["impl", "phase"], sort=False):
         ax.scatter(
             floats(group["intensity"]), floats(group["tflops"]),
             color=colors[impl], marker=phase_marker(phase), s=40, alpha=0.85,
-            edgecolors="white", linewidths=0.6, zorder=3,
+            edgecolors="white", linewidths=0.6, zorder=3, gid=SERIES_GID,
         )
 
     ceilings = _ceilings(rows, datasheet)
@@ -75,7 +86,6 @@ def roofline(
     ax.set_xlim(x_low, x_high)
     ax.set_xlabel("arithmetic intensity (FLOP/byte, minimum bytes)")
     ax.set_ylabel("achieved TFLOP/s")
-    ax.set_title(title + interpreter_note(rows))
     ax.grid(True, which="major", alpha=0.3)
     impl_handles = [
         Line2D([], [], linestyle="", marker="o", color=colors[impl], label=impl)
@@ -89,7 +99,6 @@ def roofline(
         handles=impl_handles + phase_handles + ceiling_handles,
         loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False,
     )
-    return fig
 
 
 def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:

@@ -12,35 +12,37 @@ from ._figures import (
     SERIES_GID,
     describe,
     floats,
+    groups,
     impl_colors,
-    interpreter_note,
+    left_out_note,
     new_figure,
-    no_data,
-    ok_rows,
+    no_performance,
     ordered_impls,
+    performance_rows,
     series_fields,
 )
 
 # Fields that, when they vary within one impl, split its rows into separate lines
-# (device is a panel of its own).
-_SPLIT_FIELDS = ("dtype", "model", "batch", "q_heads", "kv_heads", "head_dim", "causal", "mode")
+# (device, mode and timer make panels of their own).
+_SPLIT_FIELDS = ("dtype", "model", "batch", "q_heads", "kv_heads", "head_dim", "causal")
 
 
 def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Prefill rows: latency (log) and achieved TFLOP/s against sequence length, one line per
     impl, split (and labelled) by dtype, model or shape where those vary; one row of panels
-    per device.
+    per (device, mode, timer) group. Interpreter-mode and noisy rows are left out (the
+    title counts them).
 
     Lines carry gid "series"; a point is the median of the rows at that length.
     """
     title = "Prefill scaling with sequence length"
-    rows = ok_rows(df, "prefill")
+    rows = performance_rows(df, "prefill")
     if rows.empty:
-        return no_data(title, "no ok prefill rows")
-    devices = sorted(rows["device"].unique())
-    fig, axes = new_figure(len(devices), 2, figsize=figsize or (12.0, 4.6 * len(devices)))
-    for (latency_ax, tflops_ax), device in zip(axes, devices, strict=True):
-        for series in _series(rows[rows["device"] == device], "q_len", ("latency_ms", "tflops"), always=()):
+        return no_performance(title, df, "prefill")
+    panels = groups(rows)
+    fig, axes = new_figure(len(panels), 2, figsize=figsize or (12.0, 4.6 * len(panels)))
+    for (latency_ax, tflops_ax), (label, group) in zip(axes, panels, strict=True):
+        for series in _series(group, "q_len", ("latency_ms", "tflops"), always=()):
             style = dict(color=series["color"], linestyle=series["style"], marker="o", markersize=4,
                          label=series["label"], gid=SERIES_GID)
             latency_ax.plot(series["x"], series["latency_ms"], **style)
@@ -49,33 +51,33 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequence length (q_len = kv_len)")
             ax.grid(True, alpha=0.3)
-            ax.set_title(device or "(unknown device)", fontsize="medium")
+            ax.set_title(label, fontsize="medium")
         latency_ax.set_yscale("log")
         latency_ax.set_ylabel("latency (ms)")
         tflops_ax.set_ylabel("achieved TFLOP/s")
         tflops_ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False)
-    fig.suptitle(title + interpreter_note(rows))
+    fig.suptitle(title + left_out_note(df, "prefill"))
     return fig
 
 
 def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Decode rows: achieved GB/s against KV length, one line per impl × batch (split further
-    where dtype, model or heads vary), one panel per device with its measured peak dotted.
+    where dtype, model or heads vary), one panel per (device, mode, timer) group with its
+    measured peak dotted. Interpreter-mode and noisy rows are left out (the title counts them).
 
     Data lines carry gid "series", peak lines gid "ceiling".
     """
     title = "Decode bandwidth with KV length"
-    rows = ok_rows(df, "decode")
+    rows = performance_rows(df, "decode")
     if rows.empty:
-        return no_data(title, "no ok decode rows")
-    devices = sorted(rows["device"].unique())
-    fig, axes = new_figure(1, len(devices), figsize=figsize or (4.5 + 4.5 * len(devices), 5.5))
-    for ax, device in zip(axes[0], devices, strict=True):
-        on_device = rows[rows["device"] == device]
-        for series in _series(on_device, "kv_len", ("gbps",), always=("batch",)):
+        return no_performance(title, df, "decode")
+    panels = groups(rows)
+    fig, axes = new_figure(1, len(panels), figsize=figsize or (4.5 + 4.5 * len(panels), 5.5))
+    for ax, (label, in_group) in zip(axes[0], panels, strict=True):
+        for series in _series(in_group, "kv_len", ("gbps",), always=("batch",)):
             ax.plot(series["x"], series["gbps"], color=series["color"], linestyle=series["style"], marker="o",
                     markersize=4, label=series["label"], gid=SERIES_GID)
-        peaks = floats(on_device["peak_gbps"])
+        peaks = floats(in_group["peak_gbps"])
         if np.isfinite(peaks).any():
             peak = float(np.nanmedian(peaks))
             ax.axhline(peak, color="0.3", linestyle=":", linewidth=1.2, gid=CEILING_GID,
@@ -85,9 +87,9 @@ def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
         ax.set_ylabel("achieved GB/s (minimum bytes / latency)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.set_title(device or "(unknown device)", fontsize="medium")
+        ax.set_title(label, fontsize="medium")
         ax.legend(loc="best", fontsize="x-small", frameon=False)
-    fig.suptitle(title + interpreter_note(rows))
+    fig.suptitle(title + left_out_note(df, "decode"))
     return fig
 
 

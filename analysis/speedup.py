@@ -1,4 +1,4 @@
-"""Speedup of each implementation over a baseline implementation on identical cases."""
+"""Speedup of each implementation over a baseline implementation on identical cases, within one group."""
 
 from __future__ import annotations
 
@@ -7,29 +7,34 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from ..bench.schema import CASE_FIELDS
 from ._figures import (
+    GROUP_FIELDS,
     categories,
     floats,
     impl_colors,
-    interpreter_note,
+    left_out_note,
     new_figure,
     no_data,
-    ok_rows,
+    one_group_note,
     ordered_impls,
     ordered_phases,
+    performance_rows,
     spread,
 )
-from .schema import CASE_FIELDS
 
-MATCH_FIELDS = CASE_FIELDS + ("device", "dtype")
+# A pair is the same case, dtype and group (device, mode, timer, profiled): an interpreter
+# row and a compiled one, or a CUDA-event and a host-clock timing, never pair.
+MATCH_FIELDS = CASE_FIELDS + ("dtype",) + GROUP_FIELDS
 
 
 def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
-    """One row per (case, device, dtype, impl) that the baseline also ran ok: the median
-    latencies of both (over runs) and speedup = baseline latency / impl latency."""
-    keys = list(MATCH_FIELDS)
+    """One row per (case, dtype, device, mode, timer, profiled, impl) that the baseline also
+    ran ok in the same group: the median latencies of both (over runs) and speedup =
+    baseline latency / impl latency. Interpreter-mode and noisy rows take no part."""
+    keys = [name for name in MATCH_FIELDS if name in df.columns]
     columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup"]
-    rows = ok_rows(df)
+    rows = performance_rows(df)
     if rows.empty:
         return pd.DataFrame(columns=columns)
     per_impl = rows.groupby(keys + ["impl"], dropna=False, observed=True)["latency_ms"].median().reset_index()
@@ -45,13 +50,14 @@ def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
 def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figure:
     """Per phase: the speedup of every other impl over `baseline` (log scale; 1 = as fast).
 
-    Cases match on the case fields, device and dtype; one point per matched case, the bar
-    is the median (also written as text).
+    Cases match on the case fields, dtype, device, mode and timer; one point per matched
+    case, the bar is the median (also written as text). Labels name the group where the
+    frame holds several.
     """
-    title = f"Speedup over {baseline} (same case, device and dtype)"
+    title = f"Speedup over {baseline} (same case, dtype, device, mode and timer)"
     table = speedup_table(df, baseline)
     if table.empty:
-        return no_data(title, f"no case ran ok with both {baseline!r} and another impl")
+        return no_data(title, f"no case ran ok with both {baseline!r} and another impl in one group")
     table = table.assign(category=categories(table))
     phases = ordered_phases(table["phase"].unique())
     colors = impl_colors(table["impl"].unique())
@@ -81,5 +87,5 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
         ax.set_ylabel(f"speedup over {baseline} (×)")
         ax.set_title(phase)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title + interpreter_note(ok_rows(df)))
+    fig.suptitle(title + one_group_note(table) + left_out_note(df))
     return fig

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from phasebench.analysis.schema import RESULT_COLUMNS
+from phasebench.analysis import RESULT_COLUMNS
+from phasebench.bench.schema import conform
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PEAKS = {  # (device, dtype) -> (peak_tflops, peak_gbps), "measured"
@@ -44,9 +45,18 @@ def make_rows(
     decode_kv_lens=(256, 1024, 4096),
     decode_batches=(1, 8),
     not_ok: bool = True,
+    timer: str | None = None,
+    interpreter_impls=(),
+    noisy: bool = False,
+    profiled: bool = False,
 ) -> pd.DataFrame:
-    """Result rows as the runner writes them, with random (seeded) latencies and consistent figures."""
+    """Result rows as the runner writes them, with random (seeded) latencies and consistent figures.
+
+    timer defaults to the runner's clock for the device kind; impls in interpreter_impls run
+    in mode "interpreter"; noisy and profiled set those flags on every row.
+    """
     peak_tflops, peak_gbps = PEAKS[(device, dtype)]
+    timer = timer or ("cuda-events" if device_kind == "cuda" else "perf_counter_ns")
     shapes = [(1, length, length, True) for length in prefill_lens]
     shapes += [(batch, 1, kv_len, False) for batch in decode_batches for kv_len in decode_kv_lens]
     rows = []
@@ -59,22 +69,24 @@ def make_rows(
             latency_ms = flops / (achieved * 1e12) * 1e3
             rows.append({
                 "run_id": run_id, "time": "2025-06-01T12:00:00+00:00", "device": device,
-                "device_kind": device_kind, "suite": "quick", "model": model, "impl": impl,
+                "device_kind": device_kind, "suite": "quick", "model": model, "op": "attention", "impl": impl,
                 "backend": {"naive": "torch", "flash": "sdpa-flash"}.get(impl, "triton-prefill"),
-                "mode": "eager" if impl == "naive" else "compiled",
+                "mode": "interpreter" if impl in interpreter_impls else "compiled",
                 "phase": "prefill" if q_len == kv_len else "decode",
                 "batch": batch, "q_heads": 32, "kv_heads": 8, "q_len": q_len, "kv_len": kv_len,
-                "head_dim": 128, "causal": causal, "dtype": dtype,
+                "head_dim": 128, "causal": causal, "dtype": dtype, "seqlens": "", "kv_tokens": batch * kv_len,
                 "flops": flops, "bytes": moved, "intensity": intensity,
                 "latency_ms": latency_ms,
                 "latency_p20_ms": latency_ms * (1 - rng.uniform(0.005, 0.05)),
                 "latency_p80_ms": latency_ms * (1 + rng.uniform(0.005, 0.05)),
-                "samples": int(rng.integers(20, 200)),
+                "samples": int(rng.integers(20, 200)), "timer": timer,
+                "noisy": noisy, "noise_reason": "another process held the CPU" if noisy else "",
                 "tflops": flops / (latency_ms / 1e3) / 1e12, "gbps": moved / (latency_ms / 1e3) / 1e9,
                 "peak_tflops": peak_tflops, "peak_gbps": peak_gbps, "roof_tflops": roof,
                 "pct_roofline": 100 * achieved / roof,
                 "bound": "memory" if intensity * peak_gbps / 1e3 < peak_tflops else "compute",
                 "max_rel_err": float(rng.uniform(1e-4, 5e-3)), "status": "ok", "reason": "",
+                "profiled": profiled,
             })
     frame = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
     if not_ok:
@@ -88,7 +100,8 @@ def make_rows(
     return frame
 
 
-def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int = 1, datasheet=True) -> Path:
+def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int = 2, datasheet=True,
+              profiled: bool | None = None) -> Path:
     """A `phasebench run` output folder: results files plus run.json."""
     folder.mkdir(parents=True, exist_ok=True)
     if "csv" in formats:
@@ -107,6 +120,8 @@ def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int
         "ceilings": {"device": device, "peak_gbps": 4300.0, "peak_tflops": {"bfloat16": 720.0},
                      "datasheet": sheet if datasheet and device == "NVIDIA H200" else None},
     }
+    if profiled is not None:
+        run["profiled"] = profiled
     (folder / "run.json").write_text(json.dumps(run))
     return folder
 
@@ -167,6 +182,17 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def rows(rng) -> pd.DataFrame:
     return make_rows(rng)
+
+
+@pytest.fixture
+def mixed(rng) -> pd.DataFrame:
+    """Rows that must never pool: two devices; on the GPU compiled triton rows timed with CUDA
+    events and the same cases timed with a host clock; on the CPU triton in the interpreter."""
+    gpu = make_rows(rng, run_id="gpu", not_ok=False)
+    gpu_host = make_rows(rng, run_id="gpu-host", timer="perf_counter_ns", not_ok=False)
+    cpu = make_rows(rng, run_id="cpu", device="AMD EPYC 9654", device_kind="cpu", dtype="float32",
+                    interpreter_impls=("triton",), not_ok=False)
+    return conform(pd.concat([gpu, gpu_host, cpu], ignore_index=True))
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import SCHEMA_VERSION, load, load_profile
-from phasebench.analysis.schema import RESULT_COLUMNS, RUN_COLUMNS
+from phasebench.bench.schema import RESULT_COLUMNS, RUN_COLUMNS
+
+from ..conftest import REPO
 
 
 def test_run_folder_with_csv_only(tmp_path, rows, helpers):
@@ -192,8 +194,49 @@ def test_analysis_imports_no_gpu_stack():
     script = (
         "import sys, phasebench.analysis\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton') or m == 'matplotlib.pyplot'"
-        " or m.startswith(('phasebench.kernels', 'phasebench.bench'))"
+        " or m.startswith('phasebench.kernels')"
+        " or (m.startswith('phasebench.bench.') and m != 'phasebench.bench.schema')"
         " or (m.startswith('phasebench.profiles.') and m != 'phasebench.profiles.names')]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+NEW_IN_2 = ("op", "seqlens", "kv_tokens", "timer", "noisy", "noise_reason", "profiled")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_schema_1_files_get_the_defaults_of_new_columns(tmp_path, rows, helpers, fmt):
+    old = rows.drop(columns=list(NEW_IN_2))
+    folder = helpers.write_run(tmp_path / "old", old, formats=(fmt,), schema=1)
+    frame = load(folder)
+    assert list(frame.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    assert frame["op"].eq("attention").all() and frame["seqlens"].eq("").all() and frame["timer"].eq("").all()
+    assert not frame["noisy"].any() and not frame["profiled"].any() and frame["noise_reason"].eq("").all()
+    assert str(frame["noisy"].dtype) == "boolean" and str(frame["kv_tokens"].dtype) == "Int64"
+    assert (frame["kv_tokens"] == frame["batch"] * frame["kv_len"]).all()
+
+
+def test_committed_schema_1_samples_read_as_dense_attention():
+    samples = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir())
+    assert all(json.loads((p / "run.json").read_text())["schema"] == 1 for p in samples)
+    frame = load(samples)
+    assert frame["op"].eq("attention").all() and not frame["profiled"].any() and not frame["noisy"].any()
+    assert (frame["kv_tokens"] == frame["batch"] * frame["kv_len"]).all()
+
+
+def test_ragged_seqlens_stay_text_and_flags_are_read(tmp_path, rows, helpers):
+    ragged = rows.copy()
+    ragged.loc[0, ["seqlens", "kv_tokens"]] = ["97,1025,3", 1125]
+    ragged.loc[1, ["noisy", "noise_reason"]] = [True, "load average 3.1 on 2 cores"]
+    ragged.loc[2, "profiled"] = True
+    frame = load(helpers.write_run(tmp_path / "run-a", ragged))
+    assert frame.loc[0, "seqlens"] == "97,1025,3" and frame.loc[0, "kv_tokens"] == 1125
+    assert frame["noisy"].tolist() == [False, True] + [False] * (len(rows) - 2)
+    assert frame.loc[1, "noise_reason"] == "load average 3.1 on 2 cores"
+    assert frame["profiled"].sum() == 1 and bool(frame.loc[2, "profiled"])
+
+
+def test_run_json_profiled_marks_every_row(tmp_path, rows, helpers):
+    assert load(helpers.write_run(tmp_path / "p", rows, profiled=True))["profiled"].all()
+    assert not load(helpers.write_run(tmp_path / "q", rows, profiled=False))["profiled"].any()

@@ -16,7 +16,7 @@ from phasebench.analysis import (
     speedup_table,
     tokens_per_second,
 )
-from phasebench.analysis.schema import conform
+from phasebench.bench.schema import conform
 
 
 @pytest.fixture
@@ -87,11 +87,56 @@ def test_roofline_datasheet_from_columns_and_argument(frame):
     assert len(dashed) == 1 and max(dashed[0].get_ydata()) == pytest.approx(989.0)
 
 
-def test_roofline_one_roof_per_device_and_dtype(two_devices):
-    (ax,) = roofline(two_devices).axes
-    roofs = [line for line in ax.get_lines() if line.get_gid() == "ceiling" and len(line.get_xdata()) > 1]
-    assert len(roofs) == two_devices.groupby(["device", "dtype"]).ngroups == 2
-    assert scatter_points(ax) == int((two_devices["status"] == "ok").sum())
+def test_roofline_one_panel_per_group_with_its_roof(two_devices):
+    fig = roofline(two_devices)
+    assert [ax.get_title() for ax in fig.axes] == ["AMD EPYC 9654 · compiled · perf_counter_ns",
+                                                   "NVIDIA H200 · compiled · cuda-events"]
+    for ax in fig.axes:
+        roofs = [line for line in ax.get_lines() if line.get_gid() == "ceiling" and len(line.get_xdata()) > 1]
+        assert len(roofs) == 1
+    assert sum(scatter_points(ax) for ax in fig.axes) == int((two_devices["status"] == "ok").sum())
+
+
+def plotted_points(fig: Figure) -> set[tuple[float, float]]:
+    return {(round(float(x), 9), round(float(y), 9)) for ax in fig.axes for c in ax.collections
+            if isinstance(c, PathCollection) for x, y in c.get_offsets()}
+
+
+def row_points(rows: pd.DataFrame) -> set[tuple[float, float]]:
+    return {(round(float(x), 9), round(float(y), 9)) for x, y in zip(rows["intensity"], rows["tflops"], strict=True)}
+
+
+def test_roofline_leaves_interpreter_rows_out(mixed):
+    fig = roofline(mixed)
+    in_interpreter = mixed[mixed["mode"] == "interpreter"]
+    compiled = mixed[mixed["mode"] == "compiled"]
+    assert len(in_interpreter) and not (plotted_points(fig) & row_points(in_interpreter))
+    assert plotted_points(fig) == row_points(compiled)
+    assert sum(scatter_points(ax) for ax in fig.axes) == len(compiled)
+    assert sorted(ax.get_title() for ax in fig.axes) == [
+        "AMD EPYC 9654 · compiled · perf_counter_ns",
+        "NVIDIA H200 · compiled · cuda-events",
+        "NVIDIA H200 · compiled · perf_counter_ns",
+    ]
+    assert f"{len(in_interpreter)} interpreter-mode" in fig._suptitle.get_text()
+
+
+def test_only_interpreter_rows_give_no_performance_figure(mixed):
+    cpu_triton = mixed[(mixed["device"] == "AMD EPYC 9654") & (mixed["impl"] == "triton")]
+    for plot in PLOTS:
+        fig = plot(cpu_triton)
+        assert is_no_data(fig), plot.__name__
+
+
+def test_noisy_rows_are_left_out_with_a_note(frame, rng):
+    picks = rng.choice(np.flatnonzero(frame["status"] == "ok"), size=5, replace=False)
+    noisy = frame.copy()
+    noisy.loc[picks, "noisy"] = True
+    fig = roofline(noisy)
+    assert not (plotted_points(fig) & row_points(noisy.loc[picks]))
+    assert sum(scatter_points(ax) for ax in fig.axes) == int((frame["status"] == "ok").sum()) - 5
+    assert "5 noisy" in fig._suptitle.get_text()
+    assert "noisy" in phase_comparison(noisy)._suptitle.get_text()
 
 
 def test_phase_comparison(frame):
@@ -177,6 +222,27 @@ def test_scaling_one_panel_per_device(two_devices):
     assert len(prefill_scaling(two_devices).axes) == 4
 
 
+def test_scaling_one_panel_per_group_without_interpreter_lines(mixed):
+    fig = decode_scaling(mixed)
+    assert len(fig.axes) == 3  # two GPU timers, the CPU; its interpreter triton rows are not drawn
+    labels = {ax.get_title(): {line.get_label() for line in series_lines(ax)} for ax in fig.axes}
+    cpu = labels["AMD EPYC 9654 · compiled · perf_counter_ns"]
+    assert cpu and not any(label.startswith("triton") for label in cpu)
+    assert any(label.startswith("triton") for label in labels["NVIDIA H200 · compiled · perf_counter_ns"])
+    assert len(prefill_scaling(mixed).axes) == 6
+
+
+def test_strips_are_labelled_by_group(mixed):
+    fig = phase_comparison(mixed)
+    ticks = {tick.get_text() for ax in fig.axes for tick in ax.get_xticklabels()}
+    assert "triton · NVIDIA H200 · cuda-events · bfloat16" in ticks
+    assert "triton · NVIDIA H200 · perf_counter_ns · bfloat16" in ticks
+    assert not any(tick.startswith("triton · AMD") for tick in ticks)
+    ok = mixed[(mixed["status"] == "ok") & (mixed["mode"] == "compiled")]
+    latency_axes = [ax for ax in fig.axes if ax.get_ylabel() == "latency (ms)"]
+    assert sum(scatter_points(ax) for ax in latency_axes) == len(ok)
+
+
 def test_speedup_table_and_plot(two_devices):
     table = speedup_table(two_devices, baseline="naive")
     ok = two_devices[two_devices["status"] == "ok"]
@@ -191,6 +257,31 @@ def test_speedup_table_and_plot(two_devices):
     assert sum(scatter_points(ax) for ax in axes) == len(table)
     assert all(ax.get_yscale() == "log" and "naive" in ax.get_ylabel() for ax in axes)
     assert is_no_data(speedup(two_devices, baseline="cudnn"))
+
+
+def test_speedup_pairs_only_rows_of_one_device_mode_and_timer(mixed):
+    table = speedup_table(mixed, baseline="naive")
+    ok = mixed[(mixed["status"] == "ok") & (mixed["mode"] == "compiled")]
+    keys = ["device", "timer", "phase", "batch", "q_len", "kv_len"]
+    latency = ok.set_index(keys + ["impl"])["latency_ms"]
+    assert latency.index.is_unique
+    for row in table.itertuples(index=False):
+        key = tuple(getattr(row, name) for name in keys)
+        assert row.speedup == pytest.approx(latency[key + ("naive",)] / latency[key + (row.impl,)])
+    # CPU triton ran in the interpreter: no pair with the compiled CPU naive rows.
+    assert not ((table["device"] == "AMD EPYC 9654") & (table["impl"] == "triton")).any()
+    assert set(table["mode"]) == {"compiled"}
+    gpu = table[table["device"] == "NVIDIA H200"]
+    per_timer = gpu.groupby("timer").size().to_dict()
+    cases = ok[(ok["device"] == "NVIDIA H200") & (ok["impl"] == "naive")].groupby("timer").size().to_dict()
+    assert per_timer == {timer: 2 * count for timer, count in cases.items()}  # flash and triton each
+    assert len(table) == sum(per_timer.values()) + len(ok[(ok["device"] == "AMD EPYC 9654") & (ok["impl"] == "flash")])
+
+
+def test_speedup_of_an_interpreter_row_over_a_compiled_one_is_no_pair(mixed):
+    cpu = mixed[(mixed["device"] == "AMD EPYC 9654") & mixed["impl"].isin(["naive", "triton"])]
+    assert speedup_table(cpu, baseline="naive").empty
+    assert is_no_data(speedup(cpu, baseline="naive"))
 
 
 PLOTS = [roofline, phase_comparison, tokens_per_second, prefill_scaling, decode_scaling, speedup]

@@ -8,8 +8,9 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from phasebench.analysis import status_table, summary_table, write_report
-from phasebench.analysis.schema import conform
+from phasebench.analysis import correctness_table, load, report_rows, status_table, summary_table, write_report
+from phasebench.bench.cli import main
+from phasebench.bench.schema import conform
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -21,17 +22,95 @@ def frame(rows) -> pd.DataFrame:
 
 def test_summary_table(frame):
     table = summary_table(frame)
-    assert list(table.columns[:2]) == ["phase", "impl"]
+    assert list(table.columns[:6]) == ["device", "mode", "timer", "profiled", "phase", "impl"]
     assert table["phase"].tolist()[0] == "prefill" and table["impl"].tolist()[:3] == ["naive", "flash", "triton"]
-    assert table["rows"].sum() == len(frame)
     ok = frame[frame["status"] == "ok"]
-    assert table["ok"].sum() == len(ok)
+    assert table["ok"].sum() == len(ok) and table["noisy"].sum() == 0
     for row in table.itertuples(index=False):
         group = ok[(ok["phase"] == row.phase) & (ok["impl"] == row.impl)]
         assert row.best_pct_roofline == pytest.approx(group["pct_roofline"].max())
         assert row.median_pct_roofline == pytest.approx(group["pct_roofline"].median())
     by_device = summary_table(frame, by=("device", "impl"))
     assert set(by_device["device"]) == {"NVIDIA H200"}
+
+
+KEY = ["device", "mode", "timer", "phase", "impl"]
+
+
+def test_summary_keeps_devices_modes_and_timers_apart(mixed):
+    table = summary_table(mixed)
+    assert not table.duplicated(KEY).any()
+    compiled = mixed[(mixed["status"] == "ok") & (mixed["mode"] == "compiled")]
+    assert set(map(tuple, table[KEY].to_numpy())) == set(map(tuple, compiled[KEY].drop_duplicates().to_numpy()))
+    assert "interpreter" not in set(table["mode"])  # those rows are in the correctness table
+    assert set(table["timer"]) == {"cuda-events", "perf_counter_ns"}
+    for row in table.itertuples(index=False):
+        group = compiled[(compiled[KEY] == [getattr(row, name) for name in KEY]).all(axis=1)]
+        assert row.ok == len(group)
+        assert row.median_tflops == pytest.approx(group["tflops"].median())
+
+
+def test_summary_counts_noisy_rows_and_leaves_them_out_of_medians(frame, rng):
+    ok_index = np.flatnonzero((frame["status"] == "ok") & (frame["impl"] == "flash"))
+    picks = rng.choice(ok_index, size=3, replace=False)
+    noisy = frame.copy()
+    noisy.loc[picks, "noisy"] = True
+    table = summary_table(noisy)
+    assert table["noisy"].sum() == 3 and table["ok"].sum() == int((frame["status"] == "ok").sum())
+    clean = noisy[(noisy["status"] == "ok") & ~noisy["noisy"].astype(bool)]
+    for row in table[table["impl"] == "flash"].itertuples(index=False):
+        group = clean[(clean["phase"] == row.phase) & (clean["impl"] == "flash")]
+        assert row.median_gbps == pytest.approx(group["gbps"].median())
+
+
+def test_correctness_table_holds_the_interpreter_rows(mixed):
+    table = correctness_table(mixed)
+    in_interpreter = mixed[mixed["mode"] == "interpreter"]
+    assert list(table.columns) == ["device", "impl", "case", "max_rel_err", "status"]
+    assert len(table) == len(in_interpreter) and set(table["impl"]) == {"triton"}
+    assert sorted(table["max_rel_err"]) == sorted(in_interpreter["max_rel_err"])
+    assert table["case"].str.contains(r"decode b8 hq32 hkv8 q1 k1024 d128 float32").any()
+    assert correctness_table(mixed[mixed["mode"] == "compiled"]).empty
+
+
+def profiled_pair(rng, helpers, tmp_path):
+    """Two run folders, the second made by `phasebench profile` (run.json says so)."""
+    plain = helpers.write_run(tmp_path / "results" / "plain", helpers.make_rows(rng, run_id="plain"))
+    under = helpers.make_rows(rng, run_id="profile-1", impls=("flash",))
+    helpers.write_run(tmp_path / "results" / "profile-1" / "run", under, profiled=True)
+    return plain, len(under)
+
+
+def test_profiled_rows_are_left_out_of_the_report_unless_asked(tmp_path, rng, helpers):
+    plain, profiled_rows = profiled_pair(rng, helpers, tmp_path)
+    df = load(tmp_path / "results")
+    assert int(df["profiled"].sum()) == profiled_rows and set(df.loc[df["profiled"], "run_id"]) == {"profile-1"}
+
+    paths = write_report(df, tmp_path / "report")
+    summary = pd.read_csv(paths["summary"])
+    assert summary["ok"].sum() == int(((df["status"] == "ok") & ~df["profiled"]).sum())
+    assert not summary["profiled"].any()
+    page = paths["html"].read_text(encoding="utf-8")
+    assert f"{profiled_rows} rows measured under a profiler are left out" in page and "profile-1" not in page
+
+    paths = write_report(df, tmp_path / "with", include_profiled=True)
+    summary = pd.read_csv(paths["summary"])
+    assert summary["ok"].sum() == int((df["status"] == "ok").sum())
+    assert summary["profiled"].any() and "profile-1" in paths["html"].read_text(encoding="utf-8")
+    assert len(report_rows(df)) == len(df) - profiled_rows
+    assert len(report_rows(df, include_profiled=True)) == len(df)
+
+
+def test_report_verb_include_profiled(tmp_path, rng, helpers, capsys):
+    profiled_pair(rng, helpers, tmp_path)
+    assert main(["report", str(tmp_path / "results"), "--out", str(tmp_path / "a")]) == 0
+    assert "profiled rows left out" in capsys.readouterr().out
+    without = pd.read_csv(tmp_path / "a" / "summary.csv")
+    assert main(["report", str(tmp_path / "results"), "--out", str(tmp_path / "b"), "--include-profiled"]) == 0
+    assert "left out" not in capsys.readouterr().out
+    with_profiled = pd.read_csv(tmp_path / "b" / "summary.csv")
+    assert not without["profiled"].any() and with_profiled["profiled"].any()
+    assert with_profiled["ok"].sum() > without["ok"].sum()
 
 
 def test_status_table_counts_every_status(frame):
@@ -55,6 +134,7 @@ def test_write_report(tmp_path, frame):
     assert len(images) == len(pngs)
     assert base64.b64decode(images[0]).startswith(PNG_MAGIC)
     assert page.count("<table") >= 3  # runs, summary, status (and the not-ok reasons)
+    assert "Correctness of interpreter-mode rows" in page
     for word in ("best_pct_roofline", "median_pct_roofline", "skipped", "failed", "incorrect", "out of memory"):
         assert word in page
     assert "src=\"http" not in page and "<script" not in page  # self-contained, static

@@ -1,21 +1,29 @@
-"""Column names and dtypes of phasebench result rows and profile tables (schema version 1)."""
+"""Result row and profile table columns, their dtypes and defaults, shared by the runner and the loaders (no torch)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
+# 2: op, seqlens, kv_tokens, noisy, noise_reason, profiled; timer joined the schema.
+SCHEMA_VERSION = 2
 
-# One row per (case, impl), in the order the runner writes them (docs: SCHEMA.md).
+# The fields of an attention case, in the order rows carry them (bench.cases.AttentionCase).
+CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
+
+# One row per (case, impl), in the order the runner writes them.
 RESULT_COLUMNS = (
-    "run_id", "time", "device", "device_kind", "suite", "model",
+    "run_id", "time", "device", "device_kind", "suite", "model", "op",
     "impl", "backend", "mode", "phase",
-    "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype",
+    *CASE_COLUMNS,
+    "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
+    "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
     "flops", "bytes", "intensity",
-    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples",
+    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
+    "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline", "bound",
     "max_rel_err", "status", "reason",
+    "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
 
 # Columns the loader adds after the result columns (run metadata and provenance).
@@ -27,7 +35,7 @@ RUN_COLUMNS = (
 )
 
 # The fields that identify a case (together with device and dtype when comparing impls).
-CASE_FIELDS = ("phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal")
+CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -35,29 +43,37 @@ REQUIRED_COLUMNS = (
     "dtype", "latency_ms", "status",
 )
 
-STRING_COLUMNS = (
-    "run_id", "time", "device", "device_kind", "suite", "model", "impl", "backend", "mode",
-    "phase", "dtype", "bound", "status", "reason",
-    "timer",  # written by the runner beside the schema columns (which clock timed the row)
+PHASES = ("prefill", "chunked_prefill", "decode")
+STATUSES = ("ok", "skipped", "failed", "incorrect")
+MODES = ("compiled", "interpreter")
+
+RESULT_STRING_COLUMNS = (
+    "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
+    "phase", "dtype", "seqlens", "timer", "noise_reason", "bound", "status", "reason",
+)
+STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
     "phasebench_version", "git_commit", "datasheet_name",
 )
-INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples")
-BOOL_COLUMNS = ("causal",)
+INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens")
+BOOL_COLUMNS = ("causal", "noisy", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline",
     "max_rel_err", "datasheet_tflops", "datasheet_gbps",
 )
 
-PHASES = ("prefill", "chunked_prefill", "decode")
-STATUSES = ("ok", "skipped", "failed", "incorrect")
+# What a row that lacks a column (an older schema) or leaves it blank holds; other missing
+# columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
+DEFAULTS = {"op": "attention", "noisy": False, "profiled": False}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.
 PROFILE_REQUIRED_COLUMNS = ("key", "kernel_count", "kernel_time_ns", "wall_ns", "launch_overhead_ns")
-PROFILE_INT_COLUMNS = ("kernel_count", "ranges") + INT_COLUMNS[:-1]
-PROFILE_FLOAT_COLUMNS = ("kernel_time_ns", "wall_ns", "launch_overhead_ns")
+PROFILE_INT_COLUMNS = ("kernel_count", "ranges", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
+# flush_ns: host span of the l2flush ranges (information); flush_kernel_ns: GPU time of the flush kernels
+PROFILE_FLOAT_COLUMNS = ("kernel_time_ns", "wall_ns", "launch_overhead_ns", "flush_ns", "flush_kernel_ns")
+PROFILE_STRING_COLUMNS = ("key", "impl", "phase", "dtype", "device", "run_id")
 
 _TRUE_WORDS = {"true", "1", "yes", "t", "y", "1.0"}
 _FALSE_WORDS = {"false", "0", "no", "f", "n", "0.0"}
@@ -65,13 +81,15 @@ _FALSE_WORDS = {"false", "0", "no", "f", "n", "0.0"}
 
 def _as_bool(series: pd.Series, name: str) -> pd.Series:
     def convert(value):
-        if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
             return pd.NA
         word = str(value).strip().lower()
         if word in _TRUE_WORDS:
             return True
         if word in _FALSE_WORDS:
             return False
+        if word == "":
+            return pd.NA
         raise ValueError(f"column {name!r} holds {value!r}, not a boolean")
 
     return series.map(convert).astype("boolean")
@@ -121,12 +139,23 @@ def coerce_columns(
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """Result rows with every schema and loader column, typed, in schema order (extras kept last)."""
+    """Result rows with every schema and loader column, typed, defaults filled, in schema order (extras last).
+
+    Rows of schema 1 (no op, seqlens, kv_tokens, noisy, noise_reason, profiled) read as dense
+    attention rows that were neither noisy nor profiled.
+    """
     out = df.copy()
     for name in RESULT_COLUMNS + RUN_COLUMNS:
         if name not in out.columns:
             out[name] = "" if name in STRING_COLUMNS else np.nan
     out = coerce_columns(out)
+    for name, value in DEFAULTS.items():
+        if name in STRING_COLUMNS:
+            out.loc[out[name] == "", name] = value
+        else:
+            out[name] = out[name].fillna(value)
+    dense = out["kv_tokens"].isna() & (out["seqlens"] == "")
+    out.loc[dense, "kv_tokens"] = out.loc[dense, "batch"] * out.loc[dense, "kv_len"]
     known = list(RESULT_COLUMNS + RUN_COLUMNS)
     extras = [name for name in out.columns if name not in known]
     return out[known + extras]
