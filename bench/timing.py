@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -66,16 +67,25 @@ def _warm_up(fn: Callable[[], object], cfg: TimerConfig, sync: Callable[[], None
             return elapsed / calls
 
 
-def time_cpu(fn: Callable[[], object], cfg: TimerConfig = TimerConfig()) -> Timing:
+def _samples_range(range_name: str | None, payload):
+    """The NVTX range around the sample loop only (none when range_name is None)."""
+    return contextlib.nullcontext() if range_name is None else nvtx_range(range_name, payload=payload)
+
+
+def time_cpu(fn: Callable[[], object], cfg: TimerConfig = TimerConfig(), range_name: str | None = None,
+             payload=None) -> Timing:
+    """perf_counter_ns around each call after warm-up; range_name: NVTX range around the samples only."""
     per_call = _warm_up(fn, cfg, lambda: None)
+    n = _sample_count(per_call, cfg)
     samples = []
     gc_was_on = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land inside a random sample
     try:
-        for _ in range(_sample_count(per_call, cfg)):
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+        with _samples_range(range_name, payload):
+            for _ in range(n):
+                t0 = time.perf_counter_ns()
+                fn()
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         if gc_was_on:
             gc.enable()
@@ -88,8 +98,13 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.int32, device=device)
 
 
-def time_cuda(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig()) -> Timing:
-    """CUDA events around each call; an L2 flush (outside the events) before each one."""
+def time_cuda(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig(),
+              range_name: str | None = None, payload=None) -> Timing:
+    """CUDA events around each call; an L2 flush (outside the events) before each one.
+
+    range_name: NVTX range (with payload) around the samples only, after warm-up and graph capture,
+    closed once the last sample has finished on the GPU; each flush sits in a nested 'l2flush' range.
+    """
     sync = torch.cuda.synchronize
     per_call = _warm_up(fn, cfg, sync)
     run = fn
@@ -107,20 +122,23 @@ def time_cuda(fn: Callable[[], object], device: torch.device, cfg: TimerConfig =
     n = _sample_count(per_call, cfg)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for start, end in zip(starts, ends, strict=True):
-        if flush is not None:
-            with nvtx_range(L2FLUSH):
-                flush.zero_()
-        start.record()
-        run()
-        end.record()
-    sync()
+    sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
+    with _samples_range(range_name, payload):
+        for start, end in zip(starts, ends, strict=True):
+            if flush is not None:
+                with nvtx_range(L2FLUSH):
+                    flush.zero_()
+            start.record()
+            run()
+            end.record()
+        sync()
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
     return Timing(samples, "cuda-graph+events" if cfg.cuda_graph else "cuda-events")
 
 
-def time_call(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig()) -> Timing:
-    """Time `fn` on the device its tensors live on."""
+def time_call(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig(),
+              range_name: str | None = None, payload=None) -> Timing:
+    """Time `fn` on the device its tensors live on; range_name (if given) is the NVTX range of the samples."""
     if device.type == "cuda":
-        return time_cuda(fn, device, cfg)
-    return time_cpu(fn, cfg)
+        return time_cuda(fn, device, cfg, range_name, payload)
+    return time_cpu(fn, cfg, range_name, payload)

@@ -8,31 +8,46 @@ import pandas as pd
 from .names import FIELDS, L2FLUSH, TIMING, parse_case_key, stage_of
 
 SUMMARY_COLUMNS = ["key", *FIELDS, "ranges", "wall_ns", "flush_ns", "kernel_count", "kernel_time_ns",
-                   "launch_overhead_ns"]
+                   "flush_kernel_ns", "launch_overhead_ns"]
 
 
-def _case_of_path(path) -> str | None:
-    """The timed case key a kernel belongs to, from its enclosing ranges (innermost last)."""
+def _owner_of_path(path) -> tuple[str | None, bool]:
+    """(timed case key or None, launched inside an l2flush range) from the enclosing ranges (innermost last)."""
+    in_flush = False
     for name in reversed(tuple(path)):
         if name == L2FLUSH:
-            return None  # the flush between timed calls is not the case's work
+            in_flush = True
+            continue
         stage = stage_of(name)
         if stage is not None:
-            return name if stage[0] == TIMING else None
-    return None  # ranges that name no case (e.g. an op inside the kernel call) are looked through
+            return (name if stage[0] == TIMING else None), in_flush
+    return None, in_flush  # ranges that name no case (e.g. an op inside the kernel call) are looked through
+
+
+def owners(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel: `key`, the timed case it ran in (None outside any), and `flush`, True when it was
+    launched inside an 'l2flush' range nested in that case's range (the flush between its samples).
+
+    Without an nvtx_path column only the innermost range is known: a kernel whose range is 'l2flush'
+    cannot be placed in a case then, and gets key None.
+    """
+    if "nvtx_path" in kernels:
+        found = [_owner_of_path(p) if isinstance(p, (tuple, list)) else (None, False) for p in kernels["nvtx_path"]]
+    else:
+        found = [(n if isinstance(n, str) and parse_case_key(n) else None, False) for n in kernels["nvtx_range"]]
+    keys = pd.Series([k for k, _ in found], index=kernels.index, dtype=object)
+    flush = pd.Series([f and k is not None for k, f in found], index=kernels.index, dtype=bool)
+    return pd.DataFrame({"key": keys, "flush": flush})
 
 
 def attribute(kernels: pd.DataFrame) -> pd.Series:
-    """The timed case key of each kernel (None when it ran in no timed range, or in 'l2flush')."""
-    if "nvtx_path" in kernels:
-        keys = [_case_of_path(p) if isinstance(p, (tuple, list)) else None for p in kernels["nvtx_path"]]
-    else:
-        keys = [n if isinstance(n, str) and parse_case_key(n) else None for n in kernels["nvtx_range"]]
-    return pd.Series(keys, index=kernels.index, dtype=object)
+    """The timed case key of each of the case's own kernels (None outside timed ranges and for its L2 flushes)."""
+    own = owners(kernels)
+    return own["key"].where(~own["flush"], None)
 
 
 def _flush_inside(timed: pd.DataFrame, flushes: pd.DataFrame) -> np.ndarray:
-    """Total duration of the l2flush ranges nested in each timed range (same thread)."""
+    """Total host duration of the l2flush ranges nested in each timed range (same thread)."""
     totals = np.zeros(len(timed), dtype=np.int64)
     if flushes.empty:
         return totals
@@ -52,9 +67,10 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """One row per timed case key found in `ranges` (columns: SUMMARY_COLUMNS), in order of first start.
 
     kernels: from nsys.read_kernels / torch_trace.read_kernels; ranges: from nsys.read_nvtx /
-    torch_trace.read_ranges. wall_ns sums the range's occurrences, flush_ns the l2flush ranges nested
-    in them, kernel_time_ns the durations of the kernels launched in it; launch_overhead_ns is
-    wall - flush - kernel time.
+    torch_trace.read_ranges. wall_ns sums the range's occurrences; kernel_time_ns sums the GPU durations
+    of the case's own kernels launched in it, flush_kernel_ns those of the kernels launched in the
+    l2flush ranges nested in it; flush_ns is the host span of those l2flush ranges (for information:
+    it is enqueue time, not the flushes' GPU time). launch_overhead_ns = wall - kernel time - flush kernel time.
     """
     timed = ranges[np.array([parse_case_key(n) is not None for n in ranges["name"]], dtype=bool)]
     if "start_ns" in timed:
@@ -62,19 +78,22 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     timed = timed.assign(flush_ns=_flush_inside(timed, ranges[ranges["name"] == L2FLUSH]))
     walls = timed.groupby("name", sort=False).agg(ranges=("duration_ns", "size"), wall_ns=("duration_ns", "sum"),
                                                   flush_ns=("flush_ns", "sum"))
-    owned = kernels.assign(key=attribute(kernels)).dropna(subset=["key"])
-    work = owned.groupby("key", sort=False).agg(kernel_count=("duration_ns", "size"),
-                                                kernel_time_ns=("duration_ns", "sum"))
-    out = walls.join(work, how="left").fillna({"kernel_count": 0, "kernel_time_ns": 0})
+    own = owners(kernels)
+    placed = kernels[["duration_ns"]].assign(key=own["key"], flush=own["flush"]).dropna(subset=["key"])
+    work = placed[~placed["flush"]].groupby("key", sort=False).agg(kernel_count=("duration_ns", "size"),
+                                                                  kernel_time_ns=("duration_ns", "sum"))
+    flushing = placed[placed["flush"]].groupby("key", sort=False).agg(flush_kernel_ns=("duration_ns", "sum"))
+    out = walls.join(work, how="left").join(flushing, how="left")
+    out = out.fillna({"kernel_count": 0, "kernel_time_ns": 0, "flush_kernel_ns": 0})
     out = out.rename_axis("key").reset_index()
     fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(FIELDS))
     out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
     out = out.astype({"ranges": "int64", "wall_ns": "int64", "flush_ns": "int64", "kernel_count": "int64",
-                      "kernel_time_ns": "int64",
+                      "kernel_time_ns": "int64", "flush_kernel_ns": "int64",
                       **{f: "int64" for f in FIELDS if f not in ("impl", "phase", "dtype", "causal")},
                       "causal": bool})
-    # what is neither the case's kernels nor the L2 flushes between its calls: launches, syncs, Python
-    out["launch_overhead_ns"] = out["wall_ns"] - out["flush_ns"] - out["kernel_time_ns"]
+    # what is neither the case's kernels nor the flush kernels between its samples: launches, syncs, Python
+    out["launch_overhead_ns"] = out["wall_ns"] - out["kernel_time_ns"] - out["flush_kernel_ns"]
     return out[SUMMARY_COLUMNS]
 
 

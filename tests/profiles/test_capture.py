@@ -30,7 +30,7 @@ def test_torch_profile_attributes_ops_to_each_case(tmp_path):
     assert set(summary.impl) == {"naive", "flash"} and set(summary.phase) == {"chunked_prefill", "decode"}
     assert (summary.ranges == 1).all() and (summary.kernel_count > 0).all()
     assert (summary.kernel_time_ns > 0).all() and (summary.wall_ns >= summary.kernel_time_ns).all()
-    assert (summary.flush_ns == 0).all()  # no L2 flush on the host
+    assert (summary.flush_ns == 0).all() and (summary.flush_kernel_ns == 0).all()  # no L2 flush on the host
     assert (summary.launch_overhead_ns == summary.wall_ns - summary.kernel_time_ns).all()
     # the trace itself: setup and check ranges exist beside the timed ones, and ops sit in them
     ranges = torch_trace.read_ranges(tmp_path / "trace.json")
@@ -42,6 +42,12 @@ def test_torch_profile_attributes_ops_to_each_case(tmp_path):
     assert all(parse_case_key(k) is not None for k in timed.case_key)
     rows = pd.read_csv(tmp_path / "run" / "results.csv")
     assert len(rows) == 4 and (rows.status == "ok").all()
+    # the timed range holds the samples only, not the warm-up: the same ops per sample, and on the CPU
+    # flash is one top-level op per call
+    per_case = summary.merge(rows[["impl", "phase", "samples"]], on=["impl", "phase"], validate="one_to_one")
+    assert (per_case.kernel_count % per_case.samples == 0).all()
+    flash = per_case[per_case.impl == "flash"]
+    assert (flash.kernel_count == flash.samples).all()
     assert "overhead us" in proc.stdout
 
 
