@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from .conditions import driver_version, load_warnings, watch
 from .timing import TimerConfig, time_call
 
+DATASHEET_RANGE = (0.3, 1.1)  # measured / datasheet outside this gets a warning
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -49,18 +54,35 @@ def datasheet_for(device_name: str) -> Datasheet | None:
 
 @dataclass
 class Ceilings:
-    """Measured peaks of one device: copy bandwidth (read + write) and matmul TFLOP/s per dtype."""
+    """Measured peaks of one device: copy bandwidth (read + write) and matmul TFLOP/s per dtype.
+
+    Provenance: `source` is "measured" (in this call) or "cached"; `measured_at` (UTC ISO time),
+    `age_s` (seconds since then, at the call), `duration_s` and `conditions` (see
+    `conditions.watch`) describe the measurement of the bandwidth and the dtypes measured with it;
+    `added` holds the same for each dtype measured later into the cache entry; `warnings` are one-line
+    doubts about the figures (far from the datasheet, measured under load).
+    """
 
     device: str
     kind: str
     peak_gbps: float
     peak_tflops: dict[str, float] = field(default_factory=dict)
     datasheet: Datasheet | None = None
+    source: str = "measured"
+    measured_at: str | None = None
+    age_s: float = 0.0
+    duration_s: float = 0.0
+    conditions: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    added: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"device": self.device, "kind": self.kind, "peak_gbps": self.peak_gbps,
                 "peak_tflops": dict(self.peak_tflops),
-                "datasheet": asdict(self.datasheet) if self.datasheet else None}
+                "datasheet": asdict(self.datasheet) if self.datasheet else None,
+                "source": self.source, "measured_at": self.measured_at, "age_s": self.age_s,
+                "duration_s": self.duration_s, "conditions": dict(self.conditions),
+                "warnings": list(self.warnings), "added": {d: dict(p) for d, p in self.added.items()}}
 
     def roof_tflops(self, dtype: str, intensity: float) -> float:
         return min(self.peak_tflops[dtype], intensity * self.peak_gbps / 1000)
@@ -68,6 +90,20 @@ class Ceilings:
     def ridge(self, dtype: str) -> float:
         """Intensity (FLOP/B) where the bandwidth slope meets the compute ceiling."""
         return self.peak_tflops[dtype] * 1000 / self.peak_gbps
+
+    def provenance(self) -> str:
+        """One line: measured now or cached (and how long ago), when and for how long."""
+        when = f"at {self.measured_at}, took {self.duration_s:.1f} s"
+        if self.source == "measured":
+            return f"measured now ({when})"
+        return f"cached, measured {_age(self.age_s)} ago ({when})"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def device_name(device: torch.device) -> str:
@@ -136,29 +172,87 @@ def on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def versions(device: torch.device) -> dict:
+    """What the figures depend on besides the fingerprint: torch and, on CUDA, its CUDA and the GPU driver."""
+    found = {"torch": torch.__version__}
+    if device.type == "cuda":
+        found.update(cuda=torch.version.cuda, driver=driver_version(device))
+    return found
+
+
+def _measure(device: torch.device, fn) -> tuple:
+    """`fn()` and its provenance: when (UTC), how long and under what conditions it ran."""
+    with watch(device) as conditions:
+        epoch, start = time.time(), time.perf_counter()
+        value = fn()
+        duration = time.perf_counter() - start
+    when = datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+    return value, {"measured_at": when, "measured_at_epoch": epoch, "duration_s": round(duration, 3),
+                   "conditions": conditions}
+
+
+def _read_entry(path: Path, current: dict) -> dict | None:
+    """The cache entry at `path` if it is whole and was measured with the `current` versions, else None."""
+    try:
+        entry = json.loads(path.read_text())
+        float(entry["peak_gbps"]), float(entry["measured_at_epoch"]), str(entry["measured_at"])
+        if entry.get("versions") != current or not isinstance(entry["peak_tflops"], dict):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    entry.setdefault("added", {})
+    return entry
+
+
+def datasheet_warnings(ceil: Ceilings) -> list[str]:
+    """One line per ceiling outside DATASHEET_RANGE times its datasheet figure, where a datasheet exists."""
+    sheet = ceil.datasheet
+    if sheet is None:
+        return []
+    checks = [("copy bandwidth", ceil.peak_gbps, sheet.peak_gbps, "GB/s")]
+    checks += [(f"matmul {d}", tf, sheet.peak_tflops[d], "TFLOP/s")
+               for d, tf in ceil.peak_tflops.items() if d in sheet.peak_tflops]
+    low, high = DATASHEET_RANGE
+    return [f"{what}: measured {got:.4g} {unit} is {got / want:.2f}x the datasheet {want:.4g} {unit} "
+            f"({sheet.name}), outside {low}-{high}x" for what, got, want, unit in checks
+            if not low <= got / want <= high]
+
+
 def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False) -> Ceilings:
-    """Measured ceilings of `device` for `dtypes`, from the cache unless `refresh` or a dtype is missing."""
+    """Measured ceilings of `device` for `dtypes`, from the cache unless `refresh`, the cache entry is from
+    other torch/CUDA/driver versions, or a dtype is missing from it (then that dtype is measured and added)."""
     path = cache_dir() / f"ceilings-{fingerprint(device)}.json"
-    cached = None
-    if path.exists() and not refresh:
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = None
+    current = versions(device)
+    entry = None if refresh else _read_entry(path, current)
+    source = "cached" if entry is not None else "measured"
     name = device_name(device)
+    wanted = list(dict.fromkeys(dtypes))
     with on_device(device):
-        if cached is not None:
-            result = Ceilings(name, device.type, float(cached["peak_gbps"]),
-                              {k: float(v) for k, v in cached["peak_tflops"].items()}, datasheet_for(name))
-        else:
-            result = Ceilings(name, device.type, measure_bandwidth(device, CEILING_TIMER), {}, datasheet_for(name))
-        missing = [d for d in dtypes if d not in result.peak_tflops]
+        if entry is None:
+            def measure_all():
+                gbps = measure_bandwidth(device, CEILING_TIMER)
+                return gbps, {d: measure_matmul(device, d, CEILING_TIMER) for d in wanted}
+
+            (gbps, tflops), provenance = _measure(device, measure_all)
+            entry = {"device": name, "kind": device.type, "peak_gbps": gbps, "peak_tflops": tflops,
+                     **provenance, "added": {}, "versions": current}
+        missing = [d for d in wanted if d not in entry["peak_tflops"]]
         for dtype in missing:
-            result.peak_tflops[dtype] = measure_matmul(device, dtype, CEILING_TIMER)
-    if cached is None or missing:
+            measure = functools.partial(measure_matmul, device, dtype, CEILING_TIMER)
+            entry["peak_tflops"][dtype], entry["added"][dtype] = _measure(device, measure)
+    if source == "measured" or missing:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result.to_json(), indent=1))
+            path.write_text(json.dumps(entry, indent=1))
         except OSError:
             pass  # an unwritable cache only costs a re-measurement next time
+    age = round(max(0.0, time.time() - entry["measured_at_epoch"]), 3)
+    result = Ceilings(name, device.type, float(entry["peak_gbps"]),
+                      {k: float(v) for k, v in entry["peak_tflops"].items()}, datasheet_for(name),
+                      source=source, measured_at=entry["measured_at"], age_s=age,
+                      duration_s=float(entry.get("duration_s") or 0.0),
+                      conditions=dict(entry.get("conditions") or {}), added=dict(entry["added"]))
+    result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
+    for dtype, provenance in result.added.items():
+        result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")
     return result
