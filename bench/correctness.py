@@ -6,14 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import attention
 from .cases import AttentionCase
 from .roofline import TORCH_DTYPES
 
 # Relative error (max |out - ref| / max |ref|) allowed per dtype: a few units of the dtype's
 # rounding through the two matmuls and the softmax, far below what a wrong kernel produces.
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}
-# The reference processes query rows in chunks so its score matrix stays below this size.
+# The reference takes query rows and keys in chunks so its scratch stays near this size.
 REFERENCE_SCORE_BYTES = 1 << 30
 
 
@@ -22,6 +21,7 @@ class CaseInputs:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    cache_seqlens: torch.Tensor | None = None  # int32 [B] for a ragged case
 
 
 def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> CaseInputs:
@@ -33,7 +33,8 @@ def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> Cas
         return torch.randn((case.batch, heads, length, case.head_dim), generator=gen, device=device, dtype=dtype)
 
     q = draw(case.q_heads, case.q_len)
-    return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len))
+    lens = None if case.seqlens is None else torch.tensor(case.seqlens, dtype=torch.int32, device=device)
+    return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len), lens)
 
 
 def reference_dtype(case: AttentionCase, device: torch.device) -> torch.dtype:
@@ -41,27 +42,97 @@ def reference_dtype(case: AttentionCase, device: torch.device) -> torch.dtype:
     return torch.float64 if device.type == "cpu" else torch.float32
 
 
-def reference(case: AttentionCase, inputs: CaseInputs, device: torch.device) -> torch.Tensor:
-    """Naive attention in higher precision, a chunk of query rows at a time (bottom-right causal kept).
+def _kv_chunk_bytes(case: AttentionCase, keys: int, elem: int) -> int:
+    """One upcast chunk of K and of V."""
+    return 2 * case.batch * case.kv_heads * keys * case.head_dim * elem
 
-    It reuses the `naive` implementation's masking and GQA folding, so the runner checks `naive`
-    rows against its own math in higher precision; the unit tests check `naive` against an
-    independent textbook formula (tests/kernels/reference.py).
+
+def _row_bytes(case: AttentionCase, keys: int, elem: int) -> int:
+    """Per query row against one key chunk: scores (+ the mask, at most as large), the upcast q row,
+    the accumulator and the P.V product (4 x D), and the running max, sum and their temporaries (8)."""
+    return case.batch * case.q_heads * (2 * keys + 4 * case.head_dim + 8) * elem
+
+
+def _reference_chunks(case: AttentionCase, elem: int) -> tuple[int, int]:
+    """Query rows and keys per step of the reference, so one step's scratch stays within REFERENCE_SCORE_BYTES."""
+    # half the budget for one upcast K/V chunk and a row of scores against it, the rest for more rows
+    per_key = _kv_chunk_bytes(case, 1, elem) + _row_bytes(case, 1, elem) - _row_bytes(case, 0, elem)
+    keys = max(1, min(case.kv_len, REFERENCE_SCORE_BYTES // 2 // per_key))
+    room = REFERENCE_SCORE_BYTES - _kv_chunk_bytes(case, keys, elem)
+    rows = max(1, min(case.q_len, room // _row_bytes(case, keys, elem)))
+    return rows, keys
+
+
+def reference_scratch_bytes(case: AttentionCase, device: torch.device) -> int:
+    """Peak memory the reference allocates beyond its output: within REFERENCE_SCORE_BYTES unless one
+    row of one key is already larger (then one row's worth), whatever the KV length."""
+    elem = reference_dtype(case, device).itemsize
+    rows, keys = _reference_chunks(case, elem)
+    return _kv_chunk_bytes(case, keys, elem) + rows * _row_bytes(case, keys, elem)
+
+
+def _sequence_lengths(case: AttentionCase, inputs: CaseInputs) -> tuple[int, ...] | None:
+    """Per-sequence KV lengths from the case, else from the inputs' cache_seqlens; None when every sequence is full."""
+    lens = getattr(case, "seqlens", None)
+    if lens is None and getattr(inputs, "cache_seqlens", None) is not None:
+        lens = tuple(int(n) for n in inputs.cache_seqlens.tolist())
+    if lens is not None and len(lens) != case.batch:
+        raise ValueError(f"seqlens: must hold batch={case.batch} lengths, got {len(lens)}")
+    return None if lens is None else tuple(lens)
+
+
+def reference(case: AttentionCase, inputs: CaseInputs, device: torch.device) -> torch.Tensor:
+    """Attention in higher precision (fp64 on the host, fp32 without TF32 on a GPU), in bounded memory.
+
+    Query rows and keys are taken in chunks, each K/V chunk upcast on its own, and the partial
+    softmax of successive key chunks merged with the running max / sum rule, so the scratch stays
+    near REFERENCE_SCORE_BYTES whatever the KV length. Bottom-right causal and per-sequence
+    lengths as in the `attention` contract; GQA by folding a kv head's query heads into rows.
     """
     dtype = reference_dtype(case, device)
-    q, k, v = (t.to(dtype) for t in (inputs.q, inputs.k, inputs.v))
-    elem = torch.finfo(dtype).bits // 8
-    rows = max(1, REFERENCE_SCORE_BYTES // (case.batch * case.q_heads * case.kv_len * elem * 3))
-    out = torch.empty_like(q)
+    b, hq, hkv, sq, sk, d = case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len, case.head_dim
+    group, scale = hq // hkv, d ** -0.5
+    lens = _sequence_lengths(case, inputs)
+    lengths = torch.tensor(lens if lens is not None else (sk,) * b, device=device)
+    shortest, longest = (min(lens), max(lens)) if lens is not None else (sk, sk)
+    rows, keys = _reference_chunks(case, dtype.itemsize)
+    out = torch.empty((b, hq, sq, d), dtype=dtype, device=device)
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        for start in range(0, case.q_len, rows):
-            stop = min(start + rows, case.q_len)
-            # query i of the chunk keeps its keys j <= Sk - Sq + i by cutting the keys at Sk - Sq + stop
-            keys = case.kv_len - case.q_len + stop if case.causal else case.kv_len
-            out[:, :, start:stop] = attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
-                                              impl="naive", causal=case.causal)
+        for start in range(0, sq, rows):
+            stop = min(start + rows, sq)
+            r = stop - start
+            q = inputs.q[:, :, start:stop].to(dtype).reshape(b, hkv, group * r, d)
+            top = torch.full((b, hkv, group, r), float("-inf"), dtype=dtype, device=device)  # running max
+            total = torch.zeros_like(top)  # running sum of exp(score - top)
+            acc = torch.zeros((b, hkv, group, r, d), dtype=dtype, device=device)
+            # the last key any row of this chunk sees: Sk - Sq + stop - 1 with causal (bottom-right)
+            end = longest - sq + stop if case.causal else longest
+            for k0 in range(0, end, keys):
+                k1 = min(k0 + keys, end)
+                k = inputs.k[:, :, k0:k1].to(dtype)
+                v = inputs.v[:, :, k0:k1].to(dtype)
+                s = torch.matmul(q, k.transpose(-1, -2)).view(b, hkv, group, r, k1 - k0).mul_(scale)
+                del k
+                # a chunk every row of every sequence sees in full needs no mask
+                if k1 > (shortest - sq + start + 1 if case.causal else shortest):
+                    ids = torch.arange(k0, k1, device=device)
+                    keep = ids[None, None, :] < lengths[:, None, None]
+                    if case.causal:
+                        last = lengths[:, None] - sq + torch.arange(start, stop, device=device)[None, :]
+                        keep = keep & (ids[None, None, :] <= last[:, :, None])
+                    s.masked_fill_(~keep[:, None, None], float("-inf"))
+                new_top = torch.maximum(top, s.amax(dim=-1))
+                shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows with no key yet stay at zero
+                alpha = torch.exp(top - shift)
+                p = s.sub_(shift[..., None]).exp_()
+                total.mul_(alpha).add_(p.sum(dim=-1))
+                pv = torch.matmul(p.view(b, hkv, group * r, k1 - k0), v).view(b, hkv, group, r, d)
+                acc.mul_(alpha[..., None]).add_(pv)
+                top = new_top
+                del s, p, pv, v
+            out[:, :, start:stop] = acc.div_(total[..., None]).view(b, hq, r, d)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous_tf32
     return out

@@ -3,41 +3,136 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from ..kernels.triton_attention import uses_split_kv
+from ..kernels.triton_decode import MAX_SPLITS, choose_splits
 from .cases import AttentionCase
-from .correctness import REFERENCE_SCORE_BYTES, reference_dtype
-from .cost import ELEMENT_BYTES, min_bytes
+from .correctness import reference_dtype, reference_scratch_bytes
+from .cost import ELEMENT_BYTES
 
 HEADROOM = 0.85  # leave room for the allocator, the L2 flush buffer and fragmentation
+CHECK_COPIES = 2  # relative_error holds two reference-sized temporaries (the upcast output, |out - ref|)
+UNKNOWN_INPUT_COPIES = 2  # an impl the check cannot inspect is charged its output plus this many inputs
+FLASH_ATTN_MAX_SPLITS = 128  # flash_attn_with_kvcache keeps up to this many fp32 split-KV partials
+HOST_MASK_BYTES = 1 + 4  # a host mask per (query, key): the bool, and SDPA's float copy of it
+GiB = 2**30
 
 
-def tensors_bytes(case: AttentionCase) -> int:
-    """q, k, v and the output: the cost model's minimum traffic is exactly their size."""
-    return int(min_bytes(case))
+def _elem(case: AttentionCase) -> int:
+    return ELEMENT_BYTES[case.dtype]
 
 
-def reference_bytes(case: AttentionCase, device: torch.device) -> int:
-    """Upcast copies of q, k, v, o plus one chunk of reference scores."""
-    elem = torch.finfo(reference_dtype(case, device)).bits // 8
-    upcast = tensors_bytes(case) * elem // ELEMENT_BYTES[case.dtype]
-    scores = min(REFERENCE_SCORE_BYTES, case.batch * case.q_heads * case.q_len * case.kv_len * elem * 3)
-    return upcast + scores
+def _pairs(case: AttentionCase) -> int:
+    """Score-matrix elements over all sequences and query heads: B x Hq x Sq x Sk."""
+    return case.batch * case.q_heads * case.q_len * case.kv_len
 
 
-def impl_bytes(case: AttentionCase, impl: str) -> int:
-    """Scratch an implementation allocates beyond its output."""
-    if impl == "naive":  # scores in the dtype, fp32 copy, fp32 softmax, probabilities in the dtype
-        return case.batch * case.q_heads * case.q_len * case.kv_len * (2 * ELEMENT_BYTES[case.dtype] + 9)
-    # split-KV partials and the per-row statistics of tiled kernels are small
-    return case.batch * case.q_heads * case.q_len * (case.head_dim + 2) * 4 * 128
+def _rows(case: AttentionCase) -> int:
+    """Output rows: B x Hq x Sq."""
+    return case.batch * case.q_heads * case.q_len
+
+
+def _seqlens(case: AttentionCase):
+    return getattr(case, "seqlens", None)
+
+
+def output_bytes(case: AttentionCase) -> int:
+    return _rows(case) * case.head_dim * _elem(case)
+
+
+def input_bytes(case: AttentionCase) -> int:
+    """q, k and v as allocated (K/V at the cache length kv_len), plus cache_seqlens for a ragged case."""
+    kv = 2 * case.batch * case.kv_heads * case.kv_len * case.head_dim * _elem(case)
+    lens = 4 * case.batch if _seqlens(case) is not None else 0
+    return _rows(case) * case.head_dim * _elem(case) + kv + lens
+
+
+def reference_output_bytes(case: AttentionCase, device: torch.device) -> int:
+    return _rows(case) * case.head_dim * reference_dtype(case, device).itemsize
+
+
+def case_bytes(case: AttentionCase, device: torch.device) -> int:
+    """What a case holds once for all its impls: the inputs and the reference output, plus the
+    reference's bounded scratch while it is computed."""
+    return input_bytes(case) + reference_output_bytes(case, device) + reference_scratch_bytes(case, device)
+
+
+def _naive(case: AttentionCase, device: torch.device) -> int:
+    # kernels/naive.py, with GQA folded into rows (B x Hkv x G*Sq x Sk = B x Hq x Sq x Sk elements):
+    # the scores in the dtype, then the fp32 scores and the fp32 softmax live together, and the
+    # probabilities in the dtype beside them (an fp32 case converts nothing: 8 bytes a pair).
+    elem = _elem(case)
+    per_pair = 8 + (elem if elem < 4 else 0)
+    mask_rows = case.batch if _seqlens(case) is not None else 1
+    mask = 3 * mask_rows * case.q_len * case.kv_len  # the bool keep mask, its inverse, one intermediate
+    return _pairs(case) * per_pair + mask
+
+
+def _sdpa_common(case: AttentionCase, device: torch.device) -> int:
+    """SDPA's logsumexp [B, Hq, Sq] fp32, and the host masks kernels/flash.py builds."""
+    lse = 4 * _rows(case)
+    ragged = _seqlens(case) is not None
+    chunk_causal = case.causal and 1 < case.q_len < case.kv_len
+    if device.type == "cpu" and (chunk_causal or ragged):
+        # the lower-right mask is built on the host ([1, Sq, Sk], or one sequence's at a time when ragged)
+        lse += HOST_MASK_BYTES * case.q_len * case.kv_len
+    if ragged:  # the per-sequence route: one sequence's output, and its K/V slices should a backend copy them
+        lse += output_bytes(case) // case.batch + 2 * case.kv_heads * case.kv_len * case.head_dim * _elem(case)
+    return lse
+
+
+def _flash(case: AttentionCase, device: torch.device) -> int:
+    need = _sdpa_common(case, device)
+    if device.type == "cuda" and case.dtype != "float32" and (case.q_len == 1 or _seqlens(case) is not None):
+        # flash_attn's with_kvcache route may split the keys: fp32 partials of the output and the lse
+        need = max(need, FLASH_ATTN_MAX_SPLITS * _rows(case) * (case.head_dim + 1) * 4)
+    return need
+
+
+def _sdpa_efficient(case: AttentionCase, device: torch.device) -> int:
+    need = _sdpa_common(case, device)
+    if _seqlens(case) is not None:  # the masked route: a bool [B, 1, Sq, Sk] and its float copy
+        need += HOST_MASK_BYTES * case.batch * case.q_len * case.kv_len
+    return need
+
+
+def split_kv_count(case: AttentionCase) -> int:
+    """Splits of the Triton decode kernel: its own choose_splits with no multiprocessor limit, an upper
+    bound of what it picks on any device (the SM count is not read, so no CUDA call is made)."""
+    unlimited = MAX_SPLITS * case.batch * case.kv_heads
+    return choose_splits(case.batch, case.kv_heads, case.kv_len, multiprocessors=unlimited)
+
+
+def _triton(case: AttentionCase, device: torch.device) -> int:
+    shape = SimpleNamespace(q_heads=case.q_heads, kv_heads=case.kv_heads, q_len=case.q_len)
+    if not uses_split_kv(shape):
+        return 0  # the tiled prefill kernel writes its output and allocates nothing else
+    return split_kv_count(case) * _rows(case) * (case.head_dim + 2) * 4  # partial acc, max and sum, fp32
+
+
+SCRATCH = {"naive": _naive, "flash": _flash, "triton": _triton, "sdpa_efficient": _sdpa_efficient,
+           "cudnn": _sdpa_common}
+
+
+def impl_bytes(case: AttentionCase, impl: str, device: torch.device) -> int:
+    """What one impl allocates for a case: its output, its scratch, and the correctness check's temporaries.
+
+    An impl not in SCRATCH (a user's plugin) is charged UNKNOWN_INPUT_COPIES x the inputs as scratch.
+    The peaks are summed though they do not all coexist, so this is an upper bound.
+    """
+    rule = SCRATCH.get(impl)
+    scratch = rule(case, device) if rule else UNKNOWN_INPUT_COPIES * input_bytes(case)
+    return output_bytes(case) + scratch + CHECK_COPIES * reference_output_bytes(case, device)
 
 
 def free_bytes(device: torch.device) -> int:
+    """Free device memory, counting the blocks this process's CUDA allocator caches but does not use."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return free
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -47,10 +142,21 @@ def free_bytes(device: torch.device) -> int:
     return 1 << 62  # unknown: do not skip
 
 
-def does_not_fit(case: AttentionCase, impl: str, device: torch.device) -> str | None:
-    """A one-line reason when the case would not fit in memory here, else None."""
-    need = tensors_bytes(case) + reference_bytes(case, device) + impl_bytes(case, impl)
-    free = free_bytes(device)
-    if need > HEADROOM * free:
-        return f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on {device.type}"
-    return None
+def does_not_fit(case: AttentionCase, impl: str, device: torch.device, *, resident: bool = False,
+                 free: int | None = None) -> str | None:
+    """A one-line reason when the case would not fit in memory here, else None.
+
+    resident: the case's inputs and reference already live on the device (inside the free figure),
+    so only the impl is charged. free: the free bytes to check against, else measured here.
+    """
+    own = impl_bytes(case, impl, device)
+    need = own if resident else own + case_bytes(case, device)
+    if free is None:
+        free = free_bytes(device)
+    if need <= HEADROOM * free:
+        return None
+    parts = f"{impl} {own / GiB:.1f}" + (", inputs and reference resident" if resident
+                                         else f" + inputs and reference {(need - own) / GiB:.1f}")
+    note = "" if impl in SCRATCH else f"; {impl} is charged its output plus {UNKNOWN_INPUT_COPIES}x the inputs"
+    return (f"needs about {need / GiB:.1f} GiB ({parts}), {free / GiB:.1f} GiB free on {device} "
+            f"(up to {HEADROOM:.0%} used){note}")
