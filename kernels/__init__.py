@@ -1,13 +1,15 @@
-"""Attention implementations behind one calling convention (BHSD, GQA, bottom-right causal)."""
+"""Operator implementations behind one calling convention each: attention (BHSD, GQA, bottom-right causal), linear."""
 
 from __future__ import annotations
 
 # isort: off
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
-from . import flash, naive  # noqa: F401  (registers the implementations)
+from . import flash, linear_naive, linear_torch, naive  # noqa: F401  (registers the implementations)
 # isort: on
 from .errors import Unsupported
-from .registry import IMPLS, AttentionCall, Impl, available_impls, describe_impls, get_impl
+from .linear_request import LinearRequest, validate_linear
+from .registry import IMPLS, OPS, AttentionCall, Impl, available_impls, describe_impls, get_impl
+from .plugins import load_plugin, register
 from .request import AttentionRequest, validate
 
 try:
@@ -18,7 +20,8 @@ else:
     TRITON_IMPORT_ERROR = None
 
 __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
-           "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate"]
+           "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
+           "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS"]
 
 
 def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> AttentionCall:
@@ -37,3 +40,16 @@ def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None):
 def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> str:
     """The concrete backend that `attention` with the same arguments uses."""
     return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens).backend
+
+
+def prepare_linear(x, w, *, impl) -> AttentionCall:
+    """Validate and plan `linear` without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl, op="linear")
+    req = validate_linear(x, w)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def linear(x, w, *, impl):
+    """x [M, K] times w [N, K] transposed (the nn.Linear layout): [M, N] in x's dtype, fp32 accumulation."""
+    return prepare_linear(x, w, impl=impl).run()

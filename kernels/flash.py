@@ -26,7 +26,7 @@ from torch.nn.attention.bias import causal_lower_right
 from . import buffers
 from .errors import Unsupported
 from .naive import allowed_keys
-from .registry import AttentionCall, Impl, register
+from .registry import AttentionCall, Impl, add_builtin
 from .request import AttentionRequest
 
 HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
@@ -123,7 +123,7 @@ def _cuda_only(device_type: str) -> str | None:
     return None if torch.cuda.is_available() else "no CUDA device here"
 
 
-FLASH = register(Impl(
+FLASH = add_builtin(Impl(
     name="flash",
     summary="FlashAttention: flash_attn package if installed, else SDPA pinned to FLASH_ATTENTION",
     devices=frozenset({"cpu", "cuda"}),
@@ -132,7 +132,7 @@ FLASH = register(Impl(
     backends=_flash_backends,
 ))
 
-SDPA_EFFICIENT = register(Impl(
+SDPA_EFFICIENT = add_builtin(Impl(
     name="sdpa_efficient",
     summary="PyTorch SDPA pinned to EFFICIENT_ATTENTION (memory-efficient / xFormers kernel)",
     devices=frozenset({"cuda"}),
@@ -142,7 +142,7 @@ SDPA_EFFICIENT = register(Impl(
     backends=lambda device_type: "sdpa-efficient",
 ))
 
-CUDNN = register(Impl(
+CUDNN = add_builtin(Impl(
     name="cudnn",
     summary="PyTorch SDPA pinned to CUDNN_ATTENTION",
     devices=frozenset({"cuda"}),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import AttentionCall, Impl, register
+from .registry import AttentionCall, Impl, add_builtin
 from .request import AttentionRequest
 
 
@@ -46,7 +46,7 @@ def _plan(req: AttentionRequest) -> AttentionCall:
     return AttentionCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
-NAIVE = register(Impl(
+NAIVE = add_builtin(Impl(
     name="naive",
     summary="matmul, fp32 softmax, matmul; materialises the [Sq, Sk] scores; GQA folds query heads into rows",
     devices=frozenset({"cpu", "cuda"}),

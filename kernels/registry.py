@@ -37,6 +37,7 @@ class Impl:
     unavailable: Callable[[str], str | None] = field(default=lambda device_type: None)
     # the concrete backend name(s) it would use on a device type, for `phasebench list`
     backends: Callable[[str], str] = field(default=lambda device_type: "")
+    op: str = "attention"  # the operator whose calling convention `plan` serves
 
     def why_not(self, device_type: str) -> str | None:
         if device_type not in self.devices:
@@ -48,7 +49,14 @@ class Impl:
         reason = self.why_not(req.device_type)
         if reason is None and req.dtype not in self.dtypes:
             reason = f"{self.name} does not support dtype {req.dtype} on {req.device_type}"
-        if reason is None and req.head_dim > self.max_head_dim:
+        if reason is None and self.op == "attention":
+            reason = self._attention_limits(req)
+        if reason is not None:
+            raise Unsupported(reason)
+
+    def _attention_limits(self, req: AttentionRequest) -> str | None:
+        reason = None
+        if req.head_dim > self.max_head_dim:
             reason = f"{self.name} supports head dims up to {self.max_head_dim}, got {req.head_dim}"
         if reason is None and req.causal and not self.causal:
             reason = f"{self.name} does not support causal masks"
@@ -56,23 +64,35 @@ class Impl:
             reason = f"{self.name} does not support GQA/MQA"
         if reason is None and req.ragged and not self.ragged:
             reason = f"{self.name} does not support ragged cache_seqlens"
-        if reason is not None:
-            raise Unsupported(reason)
+        return reason
 
 
 IMPLS: dict[str, Impl] = {}
+BUILTINS: set[str] = set()  # names a plugin may not take
+LINEAR_IMPLS: dict[str, Impl] = {}
+OPS: dict[str, dict[str, Impl]] = {"attention": IMPLS, "linear": LINEAR_IMPLS}  # implementations by operator
 
 
-def register(impl: Impl) -> Impl:
-    IMPLS[impl.name] = impl
+def add_builtin(impl: Impl) -> Impl:
+    """Register one of phasebench's own implementations."""
+    OPS[impl.op][impl.name] = impl
+    BUILTINS.add((impl.op, impl.name))
     return impl
 
 
-def get_impl(name: str) -> Impl:
+def impls_of(op: str) -> dict[str, Impl]:
     try:
-        return IMPLS[name]
+        return OPS[op]
     except (KeyError, TypeError):
-        raise ValueError(f"impl: unknown implementation {name!r}, choose from {', '.join(IMPLS)}") from None
+        raise ValueError(f"op: unknown operator {op!r}, choose from {', '.join(OPS)}") from None
+
+
+def get_impl(name: str, op: str = "attention") -> Impl:
+    impls = impls_of(op)
+    try:
+        return impls[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"impl: unknown implementation {name!r} of {op}, choose from {', '.join(impls)}") from None
 
 
 def _device_type(device) -> str:
@@ -86,17 +106,17 @@ def _device_type(device) -> str:
     raise ValueError(f"device: must be a str or torch.device, got {type(device).__name__}")
 
 
-def available_impls(device="cpu") -> list[str]:
-    """Names of the implementations that can run on `device` here."""
+def available_impls(device="cpu", op: str = "attention") -> list[str]:
+    """Names of the implementations of `op` that can run on `device` here."""
     dev = _device_type(device)
-    return [name for name, impl in IMPLS.items() if impl.why_not(dev) is None]
+    return [name for name, impl in impls_of(op).items() if impl.why_not(dev) is None]
 
 
-def describe_impls(device="cpu") -> list[dict]:
+def describe_impls(device="cpu", op: str = "attention") -> list[dict]:
     """One dict per registered implementation: availability, backend(s) or the reason it is missing."""
     dev = _device_type(device)
     rows = []
-    for name, impl in IMPLS.items():
+    for name, impl in impls_of(op).items():
         reason = impl.why_not(dev)
         rows.append({"impl": name, "available": reason is None, "backend": impl.backends(dev) if reason is None else "",
                      "reason": reason or "", "summary": impl.summary})

@@ -7,7 +7,7 @@ import triton
 
 from . import buffers, triton_mode
 from .errors import Unsupported
-from .registry import AttentionCall, Impl, register
+from .registry import AttentionCall, Impl, add_builtin
 from .request import AttentionRequest, validate
 from .triton_decode import launch_split_kv
 from .triton_mode import device_types, interpreted, mode
@@ -69,7 +69,7 @@ def _check_device(device_type: str) -> str | None:
     return None
 
 
-TRITON = register(Impl(
+TRITON = add_builtin(Impl(
     name="triton",
     summary="phasebench's Triton kernels: tiled online-softmax prefill, split-KV (Flash-Decoding) decode",
     devices=frozenset({"cpu", "cuda"}),

@@ -1,0 +1,89 @@
+"""Users' own kernels: `register(op, name, fn, ...)` puts a function behind an operator's calling convention."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from .registry import OPS, AttentionCall, Impl
+
+DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+               "float64": torch.float64}
+DEFAULT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# How a planned request of each operator calls a user's function with that operator's convention.
+CALLERS: dict[str, Callable] = {
+    "attention": lambda fn, req: fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale,
+                                    cache_seqlens=req.cache_seqlens),
+    "linear": lambda fn, req: fn(req.x, req.w),
+}
+
+
+def _dtypes(dtypes: Iterable) -> frozenset[torch.dtype]:
+    out = set()
+    for d in dtypes:
+        if isinstance(d, str) and d.removeprefix("torch.") in DTYPE_NAMES:
+            d = DTYPE_NAMES[d.removeprefix("torch.")]
+        if not isinstance(d, torch.dtype):
+            raise ValueError(f"dtypes: expected torch dtypes or names such as 'bfloat16', got {d!r}")
+        out.add(d)
+    return frozenset(out)
+
+
+def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu", "cuda"),
+             dtypes: Iterable = DEFAULT_DTYPES, summary: str = "") -> Impl:
+    """Register `fn` as implementation `name` of `op`; it is then gated and timed like the built-ins.
+
+    `fn` takes the operator's arguments (attention: `fn(q, k, v, *, causal, scale, cache_seqlens)`;
+    linear: `fn(x, w)`), returns its output, and may raise `Unsupported` for a valid request it cannot serve.
+    """
+    from .registry import BUILTINS
+
+    if op not in OPS or op not in CALLERS:
+        raise ValueError(f"op: unknown operator {op!r}, choose from {', '.join(OPS)}")
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"name: must be letters, digits, '_' or '-', got {name!r}")
+    if (op, name) in BUILTINS:
+        raise ValueError(f"name: {name!r} is a built-in {op} implementation; choose another name")
+    if not callable(fn):
+        raise ValueError(f"fn: must be callable, got {type(fn).__name__}")
+    devices = frozenset(devices)
+    if not devices or not devices <= {"cpu", "cuda"}:
+        raise ValueError(f"devices: must be a non-empty subset of cpu, cuda, got {sorted(devices)}")
+    call = CALLERS[op]
+    backend = f"plugin:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', name)}"
+
+    def plan(req) -> AttentionCall:
+        return AttentionCall(name, backend, lambda: call(fn, req))
+
+    impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
+                devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16,
+                backends=lambda device_type: backend)
+    OPS[op][name] = impl
+    return impl
+
+
+def load_plugin(spec: str) -> None:
+    """Import a plugin module by name (`my_kernels`) or path (`./my_kernels.py`); one-line ValueError on failure."""
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec)
+            if not path.is_file():
+                raise FileNotFoundError(f"no such file {spec}")
+            mod_name = f"phasebench_plugin_{path.stem}"
+            loader = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[mod_name] = module
+            loader.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except ValueError as err:  # a clash or bad registration inside the plugin
+        raise ValueError(f"plugin: {spec}: {str(err).splitlines()[0]}") from None
+    except Exception as err:
+        text = str(err).strip().splitlines()
+        raise ValueError(f"plugin: cannot import {spec!r}: {type(err).__name__}: {text[0] if text else ''}") from None
