@@ -66,10 +66,10 @@ def others_cpu_share(before: dict, after: dict) -> float | None:
     return round(min(1.0, max(0.0, others / total)), 3)
 
 
-def _smi(args: list[str]) -> str | None:
+def smi(args: list[str], timeout: float = 10) -> str | None:
     """stdout of `nvidia-smi ARGS` ("" when it has nothing to list), None where it is missing or fails."""
     try:
-        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10,
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=timeout,
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -96,7 +96,7 @@ def driver_version(device: torch.device) -> str | None:
         return None
     with contextlib.suppress(Exception):
         smi_id = _smi_id(device)
-        out = _smi([f"--id={smi_id}", "--query-gpu=driver_version", "--format=csv,noheader"]) if smi_id else None
+        out = smi([f"--id={smi_id}", "--query-gpu=driver_version", "--format=csv,noheader"]) if smi_id else None
         if out and out.strip():
             return out.splitlines()[0].strip()
         return f"cuda {torch._C._cuda_getDriverVersion()}"  # no public torch API for it
@@ -146,7 +146,7 @@ def _gpu_state(device: torch.device) -> dict:
     fields = list(GPU_FIELDS)
     state: dict = {}
     for query in ([*fields, REASON_FIELDS[0]], [*fields, REASON_FIELDS[1]], fields):
-        out = _smi([f"--id={smi_id}", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits"])
+        out = smi([f"--id={smi_id}", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits"])
         if not out or not out.strip():
             continue
         values = out.splitlines()[0].split(",")
@@ -161,7 +161,7 @@ def _gpu_state(device: torch.device) -> dict:
         break
     if not state:
         return {}
-    apps = _smi([f"--id={smi_id}", "--query-compute-apps=pid", "--format=csv,noheader,nounits"])
+    apps = smi([f"--id={smi_id}", "--query-compute-apps=pid", "--format=csv,noheader,nounits"])
     if apps is not None:
         pids = {_value(line, int) for line in apps.splitlines()}
         state["other_pids"] = sorted(p for p in pids if p is not None and p != os.getpid())

@@ -147,7 +147,7 @@ def test_datasheet_warning_outside_its_range(fake_measure, monkeypatch, ratio, w
     monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(roofline, "measure_bandwidth", lambda device, cfg: ratio * sheet.peak_gbps)
     monkeypatch.setattr(roofline, "measure_matmul", lambda device, dtype, cfg: ratio * sheet.peak_tflops[dtype])
-    for call in range(2):  # measured, then cached: the check holds for both
+    for _ in range(2):  # measured, then cached: the check holds for both
         result = roofline.ceilings(CPU, ("bfloat16", "float32"))
         lines = [w for w in result.warnings if "datasheet" in w]
         if not warns:
@@ -247,7 +247,7 @@ def fake_smi(reasons_field: str, apps: str):
 @pytest.mark.parametrize("reasons_field", list(conditions.REASON_FIELDS) + ["none"])
 def test_gpu_state_reads_nvidia_smi(monkeypatch, reasons_field):
     monkeypatch.setattr(conditions, "_smi_id", lambda device: "GPU-0f3c")
-    monkeypatch.setattr(conditions, "_smi", fake_smi(reasons_field, f"{os.getpid()}\n2718\n"))
+    monkeypatch.setattr(conditions, "smi", fake_smi(reasons_field, f"{os.getpid()}\n2718\n"))
     state = conditions.gpu_state(torch.device("cuda", 0))
     assert state["driver"] == "550.54.15" and state["sm_clock_mhz"] == 1980 and state["mem_clock_max_mhz"] == 2619
     assert "power_w" not in state and state["power_limit_w"] == 700.0 and state["utilization_pct"] == 97
@@ -261,15 +261,15 @@ def test_gpu_state_reads_nvidia_smi(monkeypatch, reasons_field):
 
 def test_gpu_state_never_raises(monkeypatch):
     monkeypatch.setattr(conditions, "_smi_id", lambda device: "GPU-0f3c")
-    monkeypatch.setattr(conditions, "_smi", lambda args: None)
+    monkeypatch.setattr(conditions, "smi", lambda args: None)
     assert conditions.gpu_state(torch.device("cuda", 0)) == {}
-    monkeypatch.setattr(conditions, "_smi", lambda args: "garbage, , 0xZZ\n")
+    monkeypatch.setattr(conditions, "smi", lambda args: "garbage, , 0xZZ\n")
     assert isinstance(conditions.gpu_state(torch.device("cuda", 0)), dict)
 
     def broken(args):
         raise RuntimeError("NVML: driver/library version mismatch")
 
-    monkeypatch.setattr(conditions, "_smi", broken)
+    monkeypatch.setattr(conditions, "smi", broken)
     assert conditions.gpu_state(torch.device("cuda", 0)) == {}
 
 

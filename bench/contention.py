@@ -1,0 +1,418 @@
+"""Contention while a case is timed: other work on the host's CPUs or on the GPU flags the row as noisy."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .conditions import gpu_state, host_state, smi
+
+# Our threads waiting in a run queue (schedstat, ns resolution) is the direct sign that something else had
+# the CPU they were ready to use. Quiet windows on a 2-core host read 0.00-0.02 s per s; one busy process
+# reads ~0.6-1.3 s per s. 0.2 sits between them.
+WAIT_LIMIT = 0.2
+# CPU used by other processes, in cores, counted against the tick-rounding margin below. 0.25 of a core
+# is well above what idle daemons use (quiet reads ~0.0-0.05) and below one busy process (~0.6-1.3).
+OTHER_CORES_LIMIT = 0.25
+# /proc/stat counts in ticks (1/HZ s): each CPU's figure is off by up to a tick at each end of a window, and
+# our own ticks are sampled while process_time() is exact, so a window's "other" figure gets this many
+# ticks per CPU of slack before it may count.
+TICK_SLACK = 2
+# Where schedstat is unreadable, the CPUs count as saturated when our use plus others' is this close to all.
+SATURATION_SLACK = 0.5
+# NVML throttle bits that slow a kernel for reasons outside it: HW slowdown, SW thermal, HW thermal and HW
+# power brake. Idle, application clocks and the SW power cap are left out: a kernel that draws the board to
+# its power limit is measured as the hardware runs it.
+THROTTLE_NAMES = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "power brake"}
+THROTTLE_FLAGGED = sum(THROTTLE_NAMES)
+# nvidia-smi takes ~50-100 ms, so a reading this fresh (the previous case's "after") serves as "before".
+SMI_REUSE_S = 10.0
+SMI_TIMEOUT_S = 5.0
+
+HOST_CAUSE, GPU_SHARED_CAUSE, GPU_THROTTLE_CAUSE = "busy host", "shared GPU", "GPU throttled"
+
+
+# ---- host readings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """One look at the host: wall clock, busy ticks of our CPUs, our CPU time, our threads' run-queue wait."""
+
+    wall_s: float
+    cpus: int
+    busy_ticks: int | None = None  # summed over the CPUs this process may run on
+    steal_ticks: int | None = None
+    own_cpu_s: float = 0.0
+    wait_s: float | None = None  # run-queue wait of our threads, None where schedstat is unreadable
+    procs_running: int | None = None  # runnable tasks on the whole host, this reader included
+    own_running: int | None = None  # of which our threads
+    torch_threads: int = 1
+
+
+def _allowed_cpus() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _proc_stat(cpus: set[int]) -> tuple[int | None, int | None, int | None]:
+    """Busy and steal ticks summed over `cpus`, and procs_running, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None, None
+    busy = steal = 0
+    running = None
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            v = [int(x) for x in rest.split()]
+            # user nice system idle iowait irq softirq steal: idle and iowait are not busy
+            busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+            steal += v[7]
+        elif name == "procs_running":
+            running = int(rest)
+    return busy, steal, running
+
+
+def _own_threads() -> tuple[float | None, int | None]:
+    """Our threads' summed run-queue wait (s) and how many of them are runnable now."""
+    wait_ns, running, readable = 0, 0, False
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None, None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            running += stat[stat.rindex(")") + 2] == "R"
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                wait_ns += int(f.read().split()[1])
+            readable = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile, or a kernel without schedstat
+    return (wait_ns / 1e9 if readable else None), running
+
+
+def read_host() -> HostReading:
+    cpus = _allowed_cpus()
+    wait_s, own_running = _own_threads()
+    busy, steal, running = _proc_stat(cpus)
+    return HostReading(wall_s=time.perf_counter(), cpus=len(cpus), busy_ticks=busy, steal_ticks=steal,
+                       own_cpu_s=time.process_time(), wait_s=wait_s, procs_running=running,
+                       own_running=own_running, torch_threads=torch.get_num_threads())
+
+
+def running_others(limit: int = 3) -> list[str]:
+    """User processes other than this one that are runnable now, as 'name (pid N)'."""
+    found = []
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            close = stat.rindex(")")
+            fields = stat[close + 2:].split()
+            if int(pid) != me and fields[0] == "R" and fields[1] != "2":  # ppid 2: kernel threads
+                name = " ".join(stat[stat.index("(") + 1:close].split())  # a name may hold any character
+                found.append(f"{name} (pid {pid})")
+            if len(found) >= limit:
+                break
+    return found
+
+
+# ---- GPU readings ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """SM clock, its maximum, the active throttle reasons and the other compute processes on one GPU."""
+
+    sm_mhz: float | None = None
+    max_sm_mhz: float | None = None
+    throttle: int | None = None
+    other_pids: tuple[int, ...] | None = None
+    source: str = ""
+    at_s: float = 0.0
+
+
+def nvml_index(device: torch.device) -> int:
+    """The NVML / nvidia-smi index of a torch CUDA device (CUDA_VISIBLE_DEVICES renumbers them)."""
+    try:
+        return int(torch.cuda._get_nvml_device_index(device))
+    except Exception:  # a private helper: fall back to torch's numbering
+        return device.index or 0
+
+
+def _others(pids: list[int]) -> tuple[int, ...]:
+    me = os.getpid()
+    if me in pids:
+        return tuple(p for p in pids if p != me)
+    # in a container nvidia-smi may list host PIDs: then one of them is this process
+    if pids and torch.cuda.is_initialized():
+        return tuple(sorted(pids)[1:])
+    return tuple(pids)
+
+
+@functools.cache
+def _nvml():
+    """pynvml, initialised once per process; None where it is missing or finds no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def _nvml_reading(index: int) -> GpuReading | None:
+    pynvml = _nvml()
+    if pynvml is None:
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        pids = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        return GpuReading(sm_mhz=pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                          max_sm_mhz=pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                          throttle=int(reasons(handle)), other_pids=_others(pids), source="nvml",
+                          at_s=time.perf_counter())
+    except Exception:  # no pynvml, no driver, or a field this GPU does not report
+        return None
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None  # "[N/A]" and the like
+
+
+def parse_smi_gpu(text: str) -> tuple[float | None, float | None, int | None]:
+    """`clocks.sm,clocks.max.sm,clocks_throttle_reasons.active` as csv,noheader,nounits."""
+    parts = [p.strip() for p in text.strip().splitlines()[0].split(",")] if text.strip() else []
+    if len(parts) != 3:
+        return None, None, None
+    try:
+        throttle = int(parts[2], 16)
+    except ValueError:
+        throttle = None
+    return _number(parts[0]), _number(parts[1]), throttle
+
+
+def parse_smi_pids(text: str) -> list[int]:
+    return [int(line.strip()) for line in text.splitlines() if line.strip().isdigit()]
+
+
+def _smi_reading(index: int) -> GpuReading | None:
+    gpu = None
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer name first
+        gpu = smi([f"--query-gpu=clocks.sm,clocks.max.sm,{reasons}", "--format=csv,noheader,nounits",
+                    "-i", str(index)], timeout=SMI_TIMEOUT_S)
+        if gpu is not None:
+            break
+    if gpu is None:
+        return None
+    apps = smi(["--query-compute-apps=pid", "--format=csv,noheader", "-i", str(index)], timeout=SMI_TIMEOUT_S)
+    sm, max_sm, throttle = parse_smi_gpu(gpu)
+    return GpuReading(sm_mhz=sm, max_sm_mhz=max_sm, throttle=throttle,
+                      other_pids=None if apps is None else _others(parse_smi_pids(apps)), source="nvidia-smi",
+                      at_s=time.perf_counter())
+
+
+def read_gpu(device: torch.device) -> GpuReading | None:
+    """A reading of a CUDA device through pynvml, else nvidia-smi; None where neither answers."""
+    if device.type != "cuda":
+        return None
+    index = nvml_index(device)
+    return _nvml_reading(index) or _smi_reading(index)
+
+
+# ---- decisions -------------------------------------------------------------------------------------
+
+
+def judge_host(before: HostReading, after: HostReading, hz: int | None = None) -> tuple[str, dict]:
+    """The host reason (empty when quiet) and the figures of the window between two readings."""
+    hz = hz or os.sysconf("SC_CLK_TCK")
+    wall = max(after.wall_s - before.wall_s, 1e-9)
+    own = after.own_cpu_s - before.own_cpu_s
+    stats: dict = {"window_s": round(wall, 4), "cpus": after.cpus, "own_cores": round(own / wall, 3)}
+    other_cores = other_low = None
+    if before.busy_ticks is not None and after.busy_ticks is not None:
+        other = max(0.0, (after.busy_ticks - before.busy_ticks) / hz - own)
+        other_cores = other / wall
+        other_low = max(0.0, other - TICK_SLACK * after.cpus / hz) / wall
+        stats.update(other_cores=round(other_cores, 3), other_cores_low=round(other_low, 3),
+                     steal_cores=round((after.steal_ticks - before.steal_ticks) / hz / wall, 3))
+    wait = None
+    if before.wait_s is not None and after.wait_s is not None:
+        wait = max(0.0, after.wait_s - before.wait_s) / wall
+        stats["wait_cores"] = round(wait, 3)
+    runnable = [r.procs_running - r.own_running for r in (before, after)
+                if r.procs_running is not None and r.own_running is not None]
+    if runnable:
+        stats["others_runnable"] = max(runnable)
+    others_busy = other_low is not None and other_low >= OTHER_CORES_LIMIT
+    if wait is not None:
+        contended = wait >= WAIT_LIMIT
+    elif other_cores is not None:  # no schedstat: others were busy and the CPUs had no room left
+        contended = others_busy and own / wall + other_cores >= after.cpus - SATURATION_SLACK
+    else:  # neither source: other runnable tasks at both ends of the window
+        contended = len(runnable) == 2 and min(runnable) >= 1
+    if not contended:
+        return "", stats
+    parts = []
+    if others_busy:
+        steal = stats["steal_cores"]
+        stolen = f" ({steal:.2f} of it taken by the hypervisor)" if steal >= other_cores / 2 else ""
+        parts.append(f"other processes used {other_cores:.2f} of {after.cpus} CPUs while sampling{stolen}")
+    if wait is not None:
+        parts.append(f"our threads waited {wait:.2f} s per s for a CPU")
+    if not parts:
+        parts.append(f"{max(runnable)} other tasks were runnable")
+    if not others_busy and after.torch_threads > after.cpus:
+        parts.append(f"torch uses {after.torch_threads} threads on {after.cpus} CPUs")
+    return f"{HOST_CAUSE}: " + ", ".join(parts), stats
+
+
+def judge_gpu(before: GpuReading | None, after: GpuReading | None) -> tuple[list[str], dict]:
+    """GPU reasons (other compute processes, throttling) and the figures, from readings around a window."""
+    stats: dict = {}
+    reasons: list[str] = []
+    readings = [r for r in (before, after) if r is not None]
+    if not readings:
+        return reasons, stats
+    last = readings[-1]
+    stats.update(gpu_source=last.source, sm_mhz=last.sm_mhz, max_sm_mhz=last.max_sm_mhz)
+    pids = sorted({p for r in readings if r.other_pids for p in r.other_pids})
+    stats["gpu_other_pids"] = pids
+    if pids:
+        shown = ", ".join(map(str, pids[:4])) + (" ..." if len(pids) > 4 else "")
+        reasons.append(f"{GPU_SHARED_CAUSE}: {len(pids)} other compute processes on the GPU (pid {shown})")
+    mask = 0
+    for r in readings:
+        mask |= r.throttle or 0
+    stats["throttle"] = hex(mask)
+    if mask & THROTTLE_FLAGGED:
+        names = ", ".join(n for bit, n in THROTTLE_NAMES.items() if mask & bit)
+        clock = f" (SM {last.sm_mhz:.0f} of {last.max_sm_mhz:.0f} MHz)" if last.sm_mhz and last.max_sm_mhz else ""
+        reasons.append(f"{GPU_THROTTLE_CAUSE}: {names}{clock}")
+    return reasons, stats
+
+
+# ---- the probe -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """The verdict on one timed window; filled when the `with` block ends."""
+
+    noisy: bool = False
+    reason: str = ""
+    stats: dict = field(default_factory=dict)
+
+
+class ContentionProbe:
+    """Watches each case's sampling window on the host, and on the GPU for a CUDA device. Never raises."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self._last_gpu: GpuReading | None = None
+        self._gpu_readable = self.device.type == "cuda"  # cleared after the first reading that finds nothing
+
+    def _gpu(self, fresh_only: bool) -> GpuReading | None:
+        last = self._last_gpu
+        if (not fresh_only and last is not None and last.source == "nvidia-smi"
+                and time.perf_counter() - last.at_s < SMI_REUSE_S):
+            return last
+        if not self._gpu_readable:
+            return None
+        try:
+            self._last_gpu = read_gpu(self.device)
+        except Exception:
+            self._last_gpu = None
+        self._gpu_readable = self._last_gpu is not None
+        return self._last_gpu
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[Watch]:
+        result = Watch()
+        gpu_before = self._gpu(fresh_only=False)
+        before = read_host()
+        try:
+            yield result
+        finally:
+            try:
+                after = read_host()  # time_call has synchronised the device
+                self._judge(result, before, after, gpu_before, self._gpu(fresh_only=True))
+            except Exception as err:  # a probe failure must not fail the case it watches
+                result.stats["probe_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
+
+    @staticmethod
+    def _judge(result: Watch, before: HostReading, after: HostReading,
+               gpu_before: GpuReading | None, gpu_after: GpuReading | None) -> None:
+        host_reason, stats = judge_host(before, after)
+        gpu_reasons, gpu_stats = judge_gpu(gpu_before, gpu_after)
+        if host_reason:
+            names = running_others()
+            if names:
+                host_reason += f" (running: {', '.join(names)})"
+        reasons = [host_reason] * bool(host_reason) + gpu_reasons
+        result.noisy, result.reason, result.stats = bool(reasons), "; ".join(reasons), {**stats, **gpu_stats}
+
+
+# ---- run snapshots and the end-of-run line ---------------------------------------------------------
+
+
+def snapshot(device: torch.device | str) -> dict:
+    """Host and device state for run.json, taken before and after a run. Never raises."""
+    out: dict = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    def host():
+        return {**host_state(), "running_others": running_others(limit=5)}
+
+    for key, fn in (("host", host), ("gpu", lambda: gpu_state(torch.device(device)))):
+        try:
+            out[key] = fn()
+        except Exception as err:
+            out[key] = {"error": str(err).splitlines()[0] if str(err) else type(err).__name__}
+    return out
+
+
+def _records(rows) -> list[dict]:
+    return rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+
+
+def summary_warning(rows) -> str | None:
+    """One line on how many rows were timed under contention, the likely cause and what to do; None if none.
+
+    `rows`: dicts or a DataFrame with `noisy` and `noise_reason`; a row whose `noisy` is None or NaN was not timed.
+    """
+    records = _records(rows)
+    flags = [r.get("noisy") for r in records]
+    timed = [f for f in flags if isinstance(f, bool) or f in (0, 1)]  # NaN / None: the row was not timed
+    noisy = [r for r in records if r.get("noisy") is True or r.get("noisy") == 1]
+    if not noisy:
+        return None
+    reasons = [str(r.get("noise_reason") or "cause unknown") for r in noisy]
+    causes = Counter(reason.split(":")[0] for reason in reasons)
+    cause, _ = causes.most_common(1)[0]
+    example = next(reason for reason in reasons if reason.split(":")[0] == cause).split(": ", 1)[-1].split(";")[0]
+    named = ", ".join(c for c, _ in causes.most_common())
+    return (f"{len(noisy)} of {len(timed)} timed rows were noisy ({named}), e.g. {example}. "
+            "Their latencies are inflated: stop the other work and re-run those cases.")
