@@ -1,14 +1,24 @@
-"""The (case, impl) grid and shared state of the pytest-benchmark suite, from its command-line options."""
+"""The (case, impl) grid, plugins and timer of the pytest-benchmark suite, from its command-line options."""
 
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 import torch
 
+from ..profiles.nvtx_ranges import nvtx_range
+from .measure import sync
 from .roofline import Ceilings, ceilings
-from .selection import UsageError, build_cases, resolve_device, resolve_impls
+from .selection import UsageError, build_cases, load_plugins, resolve_device, resolve_impls
+from .timing import Timing, l2_flush_buffer
+
+BUDGET_S = 0.5
+
+
+def _env_list(name: str) -> list[str]:
+    return [i for i in os.environ.get(name, "").split(",") if i]
 
 
 class _Options:
@@ -16,8 +26,8 @@ class _Options:
 
     def __init__(self, config):
         self.suite = config.getoption("--suite")
-        env_impls = [i for i in os.environ.get("PHASEBENCH_IMPL", "").split(",") if i]
-        self.impl = config.getoption("--impl") or env_impls or None
+        self.impl = config.getoption("--impl") or _env_list("PHASEBENCH_IMPL") or None
+        self.plugin = config.getoption("--plugin") or _env_list("PHASEBENCH_PLUGIN")
         self.device = config.getoption("--device")
         self.dtype = config.getoption("--dtype")
         self.model = None
@@ -27,6 +37,7 @@ class _Options:
 def bench_params(config) -> tuple[list, list[str]]:
     opts = _Options(config)
     try:
+        load_plugins(opts.plugin)
         device = resolve_device(opts.device)
         cases, _ = build_cases(opts, device)
         impls = resolve_impls(opts.impl, device)
@@ -41,3 +52,34 @@ def bench_params(config) -> tuple[list, list[str]]:
 def suite_ceilings(device: torch.device, dtypes: tuple[str, ...]) -> Ceilings:
     return ceilings(device, dtypes)
 
+
+class BenchmarkSampler:
+    """The measuring path's timer under pytest-benchmark: `pedantic` rounds of a call that completes on the device."""
+
+    label = "pytest-benchmark"
+
+    def __init__(self, benchmark, device: torch.device):
+        self.benchmark = benchmark
+        self.flush = l2_flush_buffer(device) if device.type == "cuda" else None
+
+    def __call__(self, fn, device, *, range_name, payload, interpreter) -> Timing:
+        def timed():  # the host clock stops only once the device has finished
+            fn()
+            sync(device)
+
+        setup = None
+        if self.flush is not None:  # the flush runs and completes before the clock starts
+            def setup():
+                self.flush.zero_()
+                torch.cuda.synchronize(device)
+        from .measure import INTERPRETER_SAMPLES
+
+        rounds = INTERPRETER_SAMPLES
+        if not interpreter:  # as many rounds as fit the budget, from one warm call
+            t0 = time.perf_counter()
+            timed()
+            rounds = max(5, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6))))
+        with nvtx_range(range_name, payload=payload):
+            self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=1, iterations=1)
+        data = self.benchmark.stats.stats.data
+        return Timing(tuple(s * 1e3 for s in data), self.label)

@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .selection import UsageError, build_cases, default_dtype, resolve_device, resolve_impls
+from .selection import UsageError, build_cases, default_dtype, load_plugins, resolve_device, resolve_impls
 
 
 def package_version() -> str:
@@ -68,15 +68,19 @@ def check_writable(path: Path) -> None:
 
 
 def cmd_run(args) -> int:
+    load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
     impls = resolve_impls(args.impl, device)
     out = out_dir_for(args)
     if args.resume and not args.out:
         raise UsageError("resume: needs --out DIR of the run to resume")
+    if args.retry_failed and not args.resume:
+        raise UsageError("retry-failed: goes with --resume --out DIR")
     check_writable(out)
 
-    from .console import Progress, format_table
+    from .console import Progress, closing_lines, format_table
+    from .results import ResumeError
     from .runner import RunConfig, run
 
     print(f"phasebench run: {len(cases)} cases x {len(impls)} impls on {device} -> {out}", file=sys.stderr)
@@ -91,17 +95,21 @@ def cmd_run(args) -> int:
             raise UsageError("cuda-graph: needs a CUDA device")
         from .runner import CUDA_TIMER
         timer = dataclasses.replace(CUDA_TIMER, cuda_graph=True)
-    df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, timer=timer,
-                       refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture))
+    try:
+        df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
+                           timer=timer, refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture,
+                           profiled=args.cuda_profiler_range))
+    except ResumeError as err:
+        raise UsageError(str(err)) from None
     print(format_table(df))
-    counts = df["status"].value_counts().to_dict() if not df.empty else {}
-    print(f"\nrows: {', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}; "
-          f"results in {out}/results.csv, results.parquet, run.json")
+    for line in closing_lines(df, out):
+        print(line)
     return 0
 
 
 def cmd_ceilings(args) -> int:
     from .cases import DTYPES
+    from .conditions import describe
     from .roofline import ceilings
 
     device = resolve_device(args.device)
@@ -114,21 +122,31 @@ def cmd_ceilings(args) -> int:
         print(json.dumps(ceil.to_json()))
         return 0
     print(f"device: {ceil.device} ({ceil.kind})")
+    print(f"  source: {ceil.provenance()}")
+    print(f"  conditions: {describe(ceil.conditions)}")
+    for d, later in ceil.added.items():
+        print(f"  matmul {d} added at {later['measured_at']}, took {later['duration_s']:.1f} s: "
+              f"{describe(later.get('conditions') or {})}")
     sheet = ceil.datasheet
     print(f"  copy bandwidth   {ceil.peak_gbps:10.1f} GB/s measured"
           + (f"   {sheet.peak_gbps:10.1f} GB/s datasheet ({sheet.name})" if sheet else ""))
     for d, tf in ceil.peak_tflops.items():
         ds = f"   {sheet.peak_tflops[d]:10.1f} TFLOP/s datasheet" if sheet and d in sheet.peak_tflops else ""
         print(f"  matmul {d:<9} {tf:10.3f} TFLOP/s measured{ds}   ridge {ceil.ridge(d):.1f} FLOP/B")
+    for warning in ceil.warnings:
+        print(f"  warning: {warning}")
     return 0
 
 
 def add_case_arguments(verb: argparse.ArgumentParser) -> None:
-    verb.add_argument("--suite", default="quick", help="quick (default), prefill, chunked, decode, verify, full")
+    verb.add_argument("--suite", default="quick",
+                      help="quick (default), prefill, chunked, decode, verify, ragged, full")
     verb.add_argument("--impl", nargs="+", metavar="I", help="implementations (default: all available here)")
     verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
     verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    verb.add_argument("--plugin", action="append", metavar="MODULE",
+                      help="import MODULE (or a .py file) first, so the kernels it registers can be named with --impl")
     verb.add_argument("--shape", action="append", metavar="K=V,...",
                       help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
 
@@ -144,10 +162,13 @@ def case_argv(args) -> list[str]:
             argv += [f"--{flag}", getattr(args, flag)]
     for shape in args.shape or ():
         argv += ["--shape", shape]
+    for plugin in args.plugin or ():
+        argv += ["--plugin", plugin]
     return argv
 
 
 def cmd_profile(args) -> int:
+    load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
     impls = resolve_impls(args.impl, device)
@@ -168,6 +189,7 @@ def cmd_profile(args) -> int:
 
         profile_path = out / "trace.json"
         run(RunConfig(cases, impls, device, out / "run", suite=suite, timer=PROFILE_TIMER, on_row=Progress(),
+                      profiled=True, detect_contention=False,
                       capture=lambda: capture.torch_profiler_capture(profile_path, device.type == "cuda")))
     summary = capture.write_tables(profile_path, out)
     print(capture.format_summary(summary))
@@ -176,7 +198,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..analysis import load, write_report
+    from ..analysis import load, report_rows, write_report
     from ..analysis.report import summary_table
 
     sources = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
@@ -188,9 +210,11 @@ def cmd_report(args) -> int:
         raise UsageError(str(err).splitlines()[0]) from None
     out = Path(args.out)
     check_writable(out)
-    paths = write_report(df, out)
-    print(summary_table(df).to_string())
-    print(f"\n{len(df)} rows from {df['run_id'].nunique()} run(s); report: {paths['html']}")
+    paths = write_report(df, out, include_profiled=args.include_profiled)
+    shown = report_rows(df, include_profiled=args.include_profiled)
+    print(summary_table(shown).to_string())
+    left_out = f" ({len(df) - len(shown)} profiled rows left out)" if len(shown) < len(df) else ""
+    print(f"\n{len(shown)} rows from {shown['run_id'].nunique()} run(s){left_out}; report: {paths['html']}")
     return 0
 
 
@@ -206,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_case_arguments(run)
     run.add_argument("--out", help="results folder (default: a new ./results/<timestamp>/)")
     run.add_argument("--resume", action="store_true", help="skip the rows already in --out")
+    run.add_argument("--retry-failed", action="store_true", help="with --resume: measure failed and skipped rows again")
     run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
     run.add_argument("--cuda-graph", action="store_true",
                      help="time CUDA-graph replays of each call (no host launch cost inside the events)")
@@ -224,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("results", nargs="*", help="run folders, results files or pytest-benchmark JSON "
                                                    "(default: every folder under ./results/)")
     report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
+    report.add_argument("--include-profiled", action="store_true",
+                        help="keep rows measured under a profiler (`phasebench profile`); left out by default")
     report.set_defaults(func=cmd_report)
 
     ceil = verbs.add_parser("ceilings", help="measured bandwidth and matmul peaks (cached per machine)")

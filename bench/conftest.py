@@ -11,6 +11,8 @@ def pytest_addoption(parser):
                     help="phasebench suite to benchmark (default quick; env PHASEBENCH_SUITE)")
     group.addoption("--impl", action="append", default=None,
                     help="implementation to benchmark, repeatable (default: all available; env PHASEBENCH_IMPL=a,b)")
+    group.addoption("--plugin", action="append", default=None,
+                    help="module (or .py file) that registers implementations, repeatable (env PHASEBENCH_PLUGIN=a,b)")
     group.addoption("--device", default=os.environ.get("PHASEBENCH_DEVICE"),
                     help="cpu, cuda or cuda:N (default: the best device here; env PHASEBENCH_DEVICE)")
     group.addoption("--dtype", default=os.environ.get("PHASEBENCH_DTYPE"),

@@ -20,6 +20,8 @@ class Progress:
         filled = self.width * index // max(total, 1)
         bar = "#" * filled + "-" * (self.width - filled)
         status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms"
+        if row.get("noisy"):
+            status += " NOISY"
         text = (f"[{bar}] {index}/{total} {row['impl']:<8} {row['phase']:<15} "
                 f"b{row['batch']} q{row['q_len']} k{row['kv_len']}  {status}")
         if self.tty:
@@ -44,9 +46,25 @@ def format_table(df: pd.DataFrame) -> str:
         shape = (f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
                  f"{' c' if r.causal else ''} {r.dtype}")
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
+        if getattr(r, "noisy", False) is True:
+            status = ("NOISY " + status).strip()
         spread = "" if r.status != "ok" else f"{_num(r.latency_p20_ms, '.3f')}-{_num(r.latency_p80_ms, '.3f')}"
-        lines.append({"impl": r.impl, "phase": r.phase, "shape": shape, "latency ms": _num(r.latency_ms, ".3f"),
+        lines.append({"op": r.op, "impl": r.impl, "phase": r.phase, "shape": shape,
+                      "latency ms": _num(r.latency_ms, ".3f"),
                       "p20-p80 ms": spread, "n": r.samples if r.status == "ok" else "",
                       "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
                       "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
     return pd.DataFrame(lines).to_string(index=False)
+
+
+def closing_lines(df: pd.DataFrame, out) -> list[str]:
+    """The status counts, where the files are, and a warning when rows were timed on a contended device."""
+    from .contention import summary_warning
+
+    counts = df["status"].value_counts().to_dict() if not df.empty else {}
+    lines = [f"\nrows: {', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}; "
+             f"results in {out}/results.csv, results.parquet, run.json"]
+    warning = summary_warning(df) if not df.empty else None
+    if warning:
+        lines.append(f"warning: {warning}")
+    return lines

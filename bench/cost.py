@@ -7,24 +7,30 @@ from .cases import AttentionCase
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def sequence_pairs(q_len: int, kv_len: int, causal: bool) -> float:
+    """(query, key) pairs one sequence keeps: Sq*Sk, or with the bottom-right causal mask Sq*(Sk-Sq) + Sq*(Sq+1)/2."""
+    if not causal:
+        return float(q_len * kv_len)
+    return q_len * (kv_len - q_len) + q_len * (q_len + 1) / 2
+
+
 def pairs(case: AttentionCase) -> float:
-    """(query, key) pairs the mask keeps: Sq*Sk, or with the bottom-right causal mask Sq*(Sk-Sq) + Sq*(Sq+1)/2."""
-    sq, sk = case.q_len, case.kv_len
-    if not case.causal:
-        return float(sq * sk)
-    return sq * (sk - sq) + sq * (sq + 1) / 2
+    """Kept (query, key) pairs of one sequence; for a ragged batch, the mean over its sequences."""
+    if case.seqlens is None:
+        return sequence_pairs(case.q_len, case.kv_len, case.causal)
+    return sum(sequence_pairs(case.q_len, n, case.causal) for n in case.seqlens) / case.batch
 
 
 def flops(case: AttentionCase) -> float:
-    """4 * B * Hq * D * pairs: QK^T and PV, two FLOPs per multiply-add."""
+    """4 * B * Hq * D * pairs: QK^T and PV, two FLOPs per multiply-add, each sequence with its own length."""
     return 4.0 * case.batch * case.q_heads * case.head_dim * pairs(case)
 
 
 def min_bytes(case: AttentionCase) -> float:
-    """Read q, k, v once and write o once; K/V counted by kv heads (GQA)."""
+    """Read q, k, v once and write o once; K/V counted by kv heads (GQA) and by the keys each sequence uses."""
     elem = ELEMENT_BYTES[case.dtype]
     d = case.head_dim
-    return float(elem * 2 * case.batch * d * (case.q_heads * case.q_len + case.kv_heads * case.kv_len))
+    return float(elem * 2 * d * (case.batch * case.q_heads * case.q_len + case.kv_heads * sum(case.lengths)))
 
 
 def intensity(case: AttentionCase) -> float:

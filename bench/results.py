@@ -10,28 +10,37 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
-CASE_COLUMNS = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype"]
-COLUMNS = [
-    "run_id", "time", "device", "device_kind", "suite", "model",
-    "impl", "backend", "mode", "phase", *CASE_COLUMNS,
-    "flops", "bytes", "intensity",
-    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
-    "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline", "bound",
-    "max_rel_err", "status", "reason",
-]
-STATUSES = ("ok", "skipped", "failed", "incorrect")
+from . import schema
+
+SCHEMA_VERSION = schema.SCHEMA_VERSION
+CASE_COLUMNS = list(schema.CASE_COLUMNS)
+COLUMNS = list(schema.RESULT_COLUMNS)
+STATUSES = schema.STATUSES
+TEXT_COLUMNS = schema.RESULT_STRING_COLUMNS
+
+
+# Every field that changes a measurement: two rows that agree on all of them measured the same thing.
+KEY_COLUMNS = ("op", "impl", "model", *CASE_COLUMNS, "seqlens", "device", "mode", "timer")
+RETRIED = ("failed", "skipped")
+
+
+class ResumeError(ValueError):
+    """A --resume that would mix unlike measurements in one folder (one line)."""
 
 
 def row_key(row: dict) -> tuple:
-    """What identifies a measurement for --resume: the impl and the case."""
-    return (str(row["impl"]), str(row.get("model", "")), *(str(row[c]) for c in CASE_COLUMNS))
+    """What identifies a measurement for --resume."""
+    return tuple(str(row.get(c, "")) for c in KEY_COLUMNS)
 
 
 class ResultsStore:
-    """Appends rows to DIR/results.csv (flushed and synced per row) and writes parquet and run.json."""
+    """Appends rows to DIR/results.csv (flushed and synced per row) and writes parquet and run.json.
 
-    def __init__(self, out_dir: Path, resume: bool = False):
+    `options` are the run's measurement options (device, timer, mode); a resume whose options differ
+    from those in DIR/run.json is refused. `retry_failed` drops failed and skipped rows so they run again.
+    """
+
+    def __init__(self, out_dir: Path, resume: bool = False, retry_failed: bool = False, options: dict | None = None):
         self.out_dir = Path(out_dir)
         self.csv_path = self.out_dir / "results.csv"
         self.parquet_path = self.out_dir / "results.parquet"
@@ -41,11 +50,44 @@ class ResultsStore:
             raise PermissionError(f"out: {self.out_dir} is not writable")
         self.done: set[tuple] = set()
         if resume and self.csv_path.exists():
-            with self.csv_path.open(newline="") as fh:
-                self.done = {row_key(r) for r in csv.DictReader(fh)}
+            self._check_options(options)
+            rows = self._read_rows()
+            if retry_failed:
+                kept = [r for r in rows if r.get("status") not in RETRIED]
+                if len(kept) != len(rows):
+                    self._rewrite(kept)
+                rows = kept
+            self.done = {row_key(r) for r in rows}
         elif self.csv_path.exists():
             self.csv_path.unlink()
             self.parquet_path.unlink(missing_ok=True)
+
+    def _check_options(self, options: dict | None) -> None:
+        previous = (self.previous_run() or {}).get("measurement")
+        if options is None or previous is None:
+            return
+        for name in sorted(set(options) | set(previous)):
+            if options.get(name) != previous.get(name):
+                raise ResumeError(f"resume: {self.out_dir} was measured with {name}={previous.get(name)!r}, "
+                                  f"this run has {name}={options.get(name)!r}; use another --out")
+
+    def _read_rows(self) -> list[dict]:
+        with self.csv_path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames != COLUMNS:
+                raise ResumeError(f"resume: {self.csv_path} has other columns than this phasebench writes "
+                                  f"(schema {SCHEMA_VERSION}); use another --out")
+            return list(reader)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        tmp = self.csv_path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.csv_path)
 
     def previous_run(self) -> dict | None:
         try:
@@ -89,15 +131,12 @@ def _csv_value(value):
     return value
 
 
-TEXT_COLUMNS = ("run_id", "time", "device", "device_kind", "suite", "model", "impl", "backend", "mode", "phase",
-                "dtype", "timer", "bound", "status", "reason")
-
-
 def read_results_csv(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={c: str for c in TEXT_COLUMNS})
     for col in TEXT_COLUMNS:
         if col in df:
             df[col] = df[col].fillna("")
-    if "causal" in df:
-        df["causal"] = df["causal"].astype(str).str.lower().isin(["true", "1"])
+    for col in schema.BOOL_COLUMNS:
+        if col in df:
+            df[col] = df[col].astype(str).str.lower().isin(["true", "1"])
     return df

@@ -32,21 +32,34 @@ def default_dtype(device) -> str:
 
 
 def build_cases(args, device):
-    from .cases import DTYPES, MODELS, parse_shape, suite_cases
+    from .cases import DTYPES, parse_shape, suite_cases
+    from .models import model_config
 
     dtype = args.dtype or default_dtype(device)
     if dtype not in DTYPES:
         raise UsageError(f"dtype: unknown dtype {dtype!r}, choose from {', '.join(DTYPES)}")
-    for model in args.model or ():
-        if model not in MODELS:
-            raise UsageError(f"model: unknown model {model!r}, choose from {', '.join(MODELS)}")
     try:
-        if args.shape:
-            model = args.model[0] if args.model else None
-            return [parse_shape(text, dtype, model) for text in args.shape], "custom"
-        return suite_cases(args.suite, device.type, dtype, tuple(args.model) if args.model else None), args.suite
+        models = [model_config(m).name for m in args.model or ()]
     except ValueError as err:
         raise UsageError(str(err)) from None
+    try:
+        if args.shape:
+            model = models[0] if models else None
+            return [parse_shape(text, dtype, model) for text in args.shape], "custom"
+        return suite_cases(args.suite, device.type, dtype, tuple(models) or None), args.suite
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def load_plugins(specs) -> None:
+    """Import each plugin module so what it registers can be named with --impl."""
+    from ..kernels import load_plugin
+
+    for spec in specs or ():
+        try:
+            load_plugin(spec)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
 
 
 def resolve_impls(names, device) -> list[str]:

@@ -25,15 +25,19 @@ def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedP
                           timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
 
 
+def run_pytest_bench(out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`pytest bench --benchmark-json OUT ARGS` in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p", "no:cacheprovider",
+                           f"--benchmark-json={out}", "--benchmark-columns=median,rounds", *args],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=out.parent,
+                          timeout=600, stdin=subprocess.DEVNULL)
+
+
 @pytest.fixture(scope="session")
 def bench_json(tmp_path_factory) -> Path:
-    """`pytest bench --benchmark-json` on the quick CPU cases (naive and flash), run once per session."""
+    """`pytest bench --benchmark-json` on the quick cases of the best device (naive and flash), run once per session."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    env = {**os.environ, "PHASEBENCH_IMPL": "naive,flash"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p", "no:cacheprovider",
-                           f"--benchmark-json={out}", "--benchmark-columns=median,rounds"],
-                          capture_output=True, text=True, env=env, cwd=out.parent, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    proc = run_pytest_bench(out, env={"PHASEBENCH_IMPL": "naive,flash"})
     assert proc.returncode == 0, proc.stdout[-3000:]
     return out
 

@@ -6,22 +6,29 @@ import json
 import subprocess
 import sys
 
-from ..conftest import REPO
+from phasebench.bench.cases import suite_cases
+from phasebench.bench.selection import default_dtype, resolve_device
+
+from ..conftest import REPO, run_pytest_bench
 
 
 def test_benchmark_suite_writes_tidy_json(bench_json):
+    device = resolve_device(None)
+    cases = suite_cases("quick", device.type, default_dtype(device))
     data = json.loads(bench_json.read_text())
     benches = data["benchmarks"]
-    assert len(benches) == 8  # the 4 quick CPU cases x 2 impls
+    assert len(benches) == len(cases) * 2  # the quick cases of the best device here x naive, flash
     names = {b["name"] for b in benches}
-    assert "test_attention[b2-h32/8-q1-k512-d128-causal-decode-naive]" in names
+    decode = next(c for c in cases if c.phase == "decode")
+    assert f"test_attention[{decode.shape_label.replace(' ', '-')}-decode-naive]" in names
     for b in benches:
         info = b["extra_info"]
         for key in ("impl", "backend", "mode", "phase", "flops", "bytes", "intensity", "tflops", "gbps",
                     "pct_roofline", "bound", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim",
                     "causal", "dtype"):
             assert key in info, key
-        assert info["tflops"] > 0 and info["bound"] in ("compute", "memory")
+        assert info["tflops"] > 0 and info["bound"] in ("compute", "memory") and info["status"] == "ok"
+        assert info["timer"] == "pytest-benchmark" and isinstance(info["noisy"], bool)
         assert b["stats"]["rounds"] >= 5
         median_s = b["stats"]["median"]
         assert abs(info["tflops"] - info["flops"] / median_s / 1e12) <= 1e-9 * info["tflops"] + 1e-12
@@ -32,3 +39,21 @@ def test_root_pytest_collects_only_the_tests_folder():
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     assert collected and all(line.startswith("tests/") for line in collected)
+
+
+def test_a_plugin_kernel_is_gated_in_the_benchmark_suite(tmp_path):
+    plugin = tmp_path / "plug.py"
+    plugin.write_text(
+        "from phasebench.kernels import attention, register\n"
+        "def good(q, k, v, *, causal, scale, cache_seqlens):\n"
+        "    return attention(q, k, v, impl='naive', causal=causal, scale=scale, cache_seqlens=cache_seqlens)\n"
+        "def bad(q, k, v, *, causal, scale, cache_seqlens):\n"
+        "    return attention(q, k, v, impl='naive', causal=causal, scale=2 * scale, cache_seqlens=cache_seqlens)\n"
+        "register('attention', 'good', good)\nregister('attention', 'bad', bad)\n")
+    out = tmp_path / "bench.json"
+    proc = run_pytest_bench(out, "--plugin", str(plugin), "--impl", "good", "--impl", "bad", "-k", "decode or prefill")
+    assert proc.returncode == 1, proc.stdout[-3000:]  # the wrong kernel fails its test
+    assert "bad incorrect: max relative error" in proc.stdout
+    data = json.loads(out.read_text())
+    impls = {b["extra_info"]["impl"] for b in data["benchmarks"]}
+    assert impls == {"good"}

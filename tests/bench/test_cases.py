@@ -56,7 +56,8 @@ def test_gpu_sweeps_cover_the_ranges_the_issue_names():
     verify = suite_cases("verify", "cuda", "bfloat16")
     assert min(c.q_len for c in verify) == 2 and max(c.q_len for c in verify) == 16
     full = suite_cases("full", "cuda", "bfloat16")
-    assert set(prefill + decode + chunked + verify) == set(full)
+    ragged = suite_cases("ragged", "cuda", "bfloat16")
+    assert set(prefill + decode + chunked + verify + ragged) == set(full)
 
 
 def test_cpu_sizes_are_small_and_models_can_change():
@@ -92,3 +93,24 @@ def test_parse_shape():
 def test_malformed_shapes(text, message):
     with pytest.raises(ValueError, match=message):
         parse_shape(text, "float32")
+
+
+def test_ragged_suite_is_seeded_long_tailed_and_capped():
+    for device in ("cpu", "cuda"):
+        cases = suite_cases("ragged", device, "bfloat16")
+        assert cases and cases == suite_cases("ragged", device, "bfloat16")  # the same lengths every time
+        for c in cases:
+            assert c.phase == "decode" and c.ragged and len(c.seqlens) == c.batch
+            assert max(c.seqlens) == c.kv_len and min(c.seqlens) >= 1
+            ordered = sorted(c.seqlens)
+            assert ordered[len(ordered) // 2] < c.kv_len / 4  # most sequences are far shorter than the longest
+
+
+def test_ragged_lengths_are_checked_and_parsed():
+    with pytest.raises(ValueError, match="seqlens: must be a tuple of batch=2"):
+        AttentionCase(2, 4, 2, 1, 10, 8, True, "float32", seqlens=(3,))
+    with pytest.raises(ValueError, match=r"seqlens: each length must be an int in \[1, kv_len=10\]"):
+        AttentionCase(2, 4, 2, 1, 10, 8, True, "float32", seqlens=(3, 11))
+    c = parse_shape("model=llama-3-8b,q_len=1,seqlens=97/1025/3", "bfloat16")
+    assert (c.batch, c.kv_len, c.seqlens, c.seqlens_text) == (3, 1025, (97, 1025, 3), "97,1025,3")
+    assert c.row_fields()["kv_tokens"] == 1125 and "avg" in c.shape_label

@@ -59,3 +59,14 @@ def test_prefill_intensity_grows_with_length():
     short, long = case(1, 32, 32, 512, 512, 128, True), case(1, 32, 32, 8192, 8192, 128, True)
     assert intensity(long) > 10 * intensity(short)
     assert intensity(long) == pytest.approx(8192 / 4, rel=0.01)  # Sq/4 for causal MHA in bf16 (Sq/2 unmasked)
+
+
+def test_ragged_cost_sums_each_sequence():
+    lens = (97, 1025, 3)
+    ragged = AttentionCase(3, 8, 2, 1, 1025, 64, True, "bfloat16", seqlens=lens)
+    per_seq = [AttentionCase(1, 8, 2, 1, n, 64, True, "bfloat16") for n in lens]
+    assert flops(ragged) == pytest.approx(sum(flops(c) for c in per_seq))
+    assert min_bytes(ragged) == pytest.approx(sum(min_bytes(c) for c in per_seq))
+    chunk = AttentionCase(2, 8, 2, 5, 40, 64, True, "float32", seqlens=(40, 7))
+    one = [AttentionCase(1, 8, 2, 5, n, 64, True, "float32") for n in (40, 7)]
+    assert flops(chunk) == pytest.approx(4 * 8 * 64 * sum(brute_force_pairs(c) for c in one))

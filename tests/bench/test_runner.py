@@ -10,10 +10,10 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench import memory, runner
+from phasebench.bench import cost, memory, runner
 from phasebench.bench.cases import AttentionCase
-from phasebench.bench.results import COLUMNS
-from phasebench.kernels import IMPLS, AttentionCall, Impl, Unsupported
+from phasebench.bench.results import COLUMNS, ResumeError, row_key
+from phasebench.kernels import IMPLS, AttentionCall, Impl, Unsupported, available_impls
 from phasebench.kernels.naive import naive_attention
 
 CASES = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32")]
@@ -55,7 +55,7 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path, fakes):
     failed = by[("raises", "prefill")]
     assert failed.status == "failed" and failed.reason == "RuntimeError: kernel exploded"
     wrong = by[("wrong", "decode")]
-    assert wrong.status == "incorrect" and wrong.max_rel_err > 0.01 and "tolerance" in wrong.reason
+    assert wrong.status == "incorrect" and wrong.max_rel_err > 0.01 and "above the float32 limit" in wrong.reason
     skipped = by[("unsupported", "prefill")]
     assert skipped.status == "skipped" and skipped.reason == "this fake serves nothing"
     for r in (failed, wrong, skipped):
@@ -126,3 +126,61 @@ def test_a_killed_run_resumes_without_losing_or_repeating_rows(tmp_path):
     assert set(after.run_id) == {run_id}
     meta = __import__("json").loads((out / "run.json").read_text())
     assert meta["finished"] and meta["run_id"] == run_id
+
+
+def test_resume_with_other_measurement_options_is_refused(tmp_path):
+    run(tmp_path, ["naive"], cases=CASES[:1], detect_contention=False)
+    other = runner.TimerConfig(warmup_s=0.01, budget_s=0.05, min_samples=3, max_samples=10, flush_l2=False)
+    with pytest.raises(ResumeError, match=r"resume: .* was measured with timer=.*use another --out"):
+        run(tmp_path, ["naive"], cases=CASES[:1], resume=True, timer=other)
+
+
+def test_resume_checks_the_csv_header(tmp_path):
+    run(tmp_path, ["naive"], cases=CASES[:1], detect_contention=False)
+    csv_path = tmp_path / "results.csv"
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([lines[0].replace(",noisy,", ",loud,")] + lines[1:]) + "\n")
+    with pytest.raises(ResumeError, match="has other columns"):
+        run(tmp_path, ["naive"], cases=CASES[:1], resume=True)
+
+
+def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypatch):
+    state = {"broken": True}
+
+    def plan(req):
+        def call():
+            if state["broken"]:
+                raise RuntimeError("transient")
+            return naive_attention(req)
+        return AttentionCall("flaky", "fake", call)
+
+    monkeypatch.setitem(IMPLS, "flaky", fake("flaky", plan))
+    first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
+    assert list(first.status) == ["ok", "failed", "ok", "failed"]
+    state["broken"] = False
+    kept = run(tmp_path, ["naive", "flaky"], resume=True, detect_contention=False)
+    assert list(kept.status) == ["ok", "failed", "ok", "failed"]  # plain resume keeps what is there
+    retried = run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False)
+    assert sorted(retried.status) == ["ok"] * 4 and len(retried) == 4
+    naive_times = first[first.impl == "naive"].time.tolist()
+    assert retried[retried.impl == "naive"].time.tolist() == naive_times  # ok rows are not re-measured
+
+
+def test_the_resume_key_holds_every_field_that_changes_a_measurement():
+    row = {"op": "attention", "impl": "naive", "model": "", "batch": 1, "q_heads": 4, "kv_heads": 2, "q_len": 16,
+           "kv_len": 16, "head_dim": 32, "causal": True, "dtype": "float32", "seqlens": "", "device": "cpu0",
+           "mode": "compiled", "timer": "perf_counter_ns"}
+    for field, other in (("device", "gpu"), ("dtype", "bfloat16"), ("mode", "interpreter"),
+                         ("timer", "cuda-graph+events"), ("seqlens", "3,16"), ("op", "linear")):
+        assert row_key(row) != row_key({**row, field: other}), field
+
+
+def test_a_ragged_decode_batch_is_measured_with_its_own_lengths(tmp_path):
+    ragged = AttentionCase(3, 4, 2, 1, 97, 32, True, "float32", seqlens=(97, 40, 5))
+    df = run(tmp_path, ["naive", "flash"] + (["triton"] if "triton" in available_impls("cpu") else []),
+             cases=[ragged], detect_contention=False)
+    assert (df.status == "ok").all(), df[["impl", "reason"]]
+    assert set(df.seqlens) == {"97,40,5"} and set(df.kv_tokens) == {142}
+    assert df.backend.str.contains("per-seq|splitkv|matmul").all()
+    dense = AttentionCase(3, 4, 2, 1, 97, 32, True, "float32")
+    assert df.flops.iloc[0] == pytest.approx(cost.flops(dense) * 142 / (3 * 97))

@@ -1,0 +1,102 @@
+"""Decoder model presets from public configs, custom models, and the projections a layer runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The shape of a decoder-only transformer: what its attention and its linear layers multiply."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    name: str = "custom"
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "name" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{f.name}: must be a positive int, got {value!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads: must be a multiple of kv_heads, got {self.q_heads} and {self.kv_heads}")
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each linear layer, output features by input features: fused qkv, o, fused gate_up,
+        down (one decoder layer each) and the lm_head (once per step)."""
+        d = self.head_dim
+        return {
+            "qkv": ((self.q_heads + 2 * self.kv_heads) * d, self.hidden),
+            "o": (self.hidden, self.q_heads * d),
+            "gate_up": (2 * self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+            "lm_head": (self.vocab, self.hidden),
+        }
+
+    def layer_weight_count(self) -> int:
+        """Weights of one decoder layer's projections (norms excluded)."""
+        return sum(n * k for name, (n, k) in self.projections().items() if name != "lm_head")
+
+
+# From the models' public config.json files (hidden_size, intermediate_size, num_hidden_layers,
+# num_attention_heads, num_key_value_heads, head_dim, vocab_size).
+MODELS: dict[str, DecoderConfig] = {
+    "llama-3-8b": DecoderConfig(4096, 14336, 32, 32, 8, 128, 128256, "llama-3-8b"),
+    "llama-3-70b": DecoderConfig(8192, 28672, 80, 64, 8, 128, 128256, "llama-3-70b"),
+    "mistral-7b": DecoderConfig(4096, 14336, 32, 32, 8, 128, 32000, "mistral-7b"),
+    "qwen2.5-7b": DecoderConfig(3584, 18944, 28, 28, 4, 128, 152064, "qwen2.5-7b"),
+    "gemma-2-9b": DecoderConfig(3584, 14336, 42, 16, 8, 256, 256000, "gemma-2-9b"),
+    "llama-2-7b": DecoderConfig(4096, 11008, 32, 32, 32, 128, 32000, "llama-2-7b"),
+}
+CONFIG_KEYS = tuple(f.name for f in fields(DecoderConfig))
+
+
+def parse_model(text: str) -> DecoderConfig:
+    """A custom model from `name=tiny,hidden=512,intermediate=1536,layers=4,q_heads=8,kv_heads=2,head_dim=64,
+    vocab=32000` (every key but name required)."""
+    values: dict = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in CONFIG_KEYS or not value:
+            raise ValueError(f"model: malformed {part!r} in {text!r}; "
+                             f"expected key=value with keys {', '.join(CONFIG_KEYS)}")
+        if key == "name":
+            values[key] = value
+            continue
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise ValueError(f"model: {key} must be an integer, got {value!r}") from None
+    missing = [k for k in CONFIG_KEYS if k != "name" and k not in values]
+    if missing:
+        raise ValueError(f"model: {text!r} lacks {', '.join(missing)}")
+    return DecoderConfig(**values)
+
+
+def model_config(spec) -> DecoderConfig:
+    """A preset by name, a DecoderConfig as it is, or a custom `key=value,...` spec (registered under its name)."""
+    if isinstance(spec, DecoderConfig):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"model: expected a preset name, a key=value spec or a DecoderConfig, got {spec!r}")
+    if "=" in spec:
+        config = parse_model(spec)
+        return register_model(config)
+    if spec not in MODELS:
+        raise ValueError(f"model: unknown model {spec!r}, choose from {', '.join(MODELS)} or give key=value,...")
+    return MODELS[spec]
+
+
+def register_model(config: DecoderConfig) -> DecoderConfig:
+    """Make a custom model usable by name in this process (suites, --model)."""
+    known = MODELS.get(config.name)
+    if known is not None and known != config:
+        raise ValueError(f"model: {config.name!r} is already a different model; give the custom one another name")
+    MODELS[config.name] = config
+    return config
