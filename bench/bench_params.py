@@ -11,7 +11,7 @@ import torch
 from ..profiles.nvtx_ranges import nvtx_range
 from .measure import sync
 from .roofline import Ceilings, ceilings
-from .selection import UsageError, build_cases, load_plugins, resolve_device, resolve_impls
+from .selection import UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 from .timing import Timing, l2_flush_buffer
 
 BUDGET_S = 0.5
@@ -32,6 +32,7 @@ class _Options:
         self.dtype = config.getoption("--dtype")
         self.model = None
         self.shape = None
+        self.op = config.getoption("--op") or _env_list("PHASEBENCH_OP") or None
 
 
 def bench_params(config) -> tuple[list, list[str]]:
@@ -40,7 +41,7 @@ def bench_params(config) -> tuple[list, list[str]]:
         load_plugins(opts.plugin)
         device = resolve_device(opts.device)
         cases, _ = build_cases(opts, device)
-        impls = resolve_impls(opts.impl, device)
+        impls = resolve_impls(opts.impl, device, case_ops(cases))
     except UsageError as err:
         raise ValueError(str(err)) from None
     config.phasebench_device = device

@@ -7,7 +7,7 @@ import math
 import random
 from dataclasses import dataclass, fields
 
-from .models import MODELS, model_config  # noqa: F401  (MODELS: the presets, re-exported)
+from .models import MODELS, key_values, model_config  # noqa: F401  (MODELS: the presets, re-exported)
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -141,58 +141,6 @@ class RaggedSweep:
         return out
 
 
-K = 1024
-# Each suite has a GPU and a CPU variant: the CPU sizes keep interpreter rows to seconds.
-SUITES: dict[str, dict[str, list[Sweep]]] = {
-    "quick": {
-        "cuda": [Sweep(("llama-3-8b",), (1,), seq=(2 * K,)),
-                 Sweep(("llama-3-8b",), (1,), chunk=(512,), prefix=(4 * K,)),
-                 Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(4 * K,)),
-                 Sweep(("llama-3-8b",), (8,), kv=(8 * K,))],
-        "cpu": [Sweep(("llama-3-8b",), (1,), seq=(128,)),
-                Sweep(("llama-3-8b",), (1,), chunk=(32,), prefix=(224,)),
-                Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(252,)),
-                Sweep(("llama-3-8b",), (2,), kv=(512,))],
-    },
-    "prefill": {
-        "cuda": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(512, K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K))],
-        "cpu": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(64, 128, 256))],
-    },
-    "chunked": {
-        "cuda": [Sweep(("llama-3-8b",), (1,), chunk=(256, K, 4 * K), prefix=(4 * K, 16 * K, 28 * K))],
-        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(32, 64), prefix=(192, 448))],
-    },
-    "decode": {
-        "cuda": [Sweep(("llama-3-8b",), (1, 4, 16, 64, 256), kv=(K, 4 * K, 16 * K, 32 * K, 64 * K, 128 * K))],
-        "cpu": [Sweep(("llama-3-8b",), (1, 4), kv=(256, 1 * K))],
-    },
-    "verify": {
-        "cuda": [Sweep(("llama-3-8b",), (1, 8), chunk=(2, 4, 8, 16), prefix=(4 * K, 32 * K))],
-        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(2, 8, 16), prefix=(256,))],
-    },
-}
-SUITES["ragged"] = {
-    "cuda": [RaggedSweep(("llama-3-8b",), (16, 64), kv_max=(32 * K, 128 * K))],
-    "cpu": [RaggedSweep(("llama-3-8b",), (5,), kv_max=(1 * K,))],
-}
-SUITES["full"] = {dev: [s for name in ("prefill", "chunked", "decode", "verify", "ragged") for s in SUITES[name][dev]]
-                  for dev in ("cuda", "cpu")}
-
-
-def suite_cases(suite: str, device_type: str, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
-    """The cases of a suite for a device type ('cuda' or 'cpu'), optionally for other model presets."""
-    if suite not in SUITES:
-        raise ValueError(f"suite: unknown suite {suite!r}, choose from {', '.join(SUITES)}")
-    models = tuple(model_config(m).name for m in models) if models else None
-    sweeps = SUITES[suite]["cuda" if device_type == "cuda" else "cpu"]
-    seen, cases = set(), []
-    for case in itertools.chain.from_iterable(s.cases(dtype, models) for s in sweeps):
-        if case not in seen:
-            seen.add(case)
-            cases.append(case)
-    return cases
-
-
 SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens")
 
 
@@ -203,14 +151,7 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
     defaults to 1 and causal to true. `seqlens=97/1025/3` makes a ragged batch (batch and
     kv_len default to its count and its longest length).
     """
-    values: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SHAPE_KEYS or not value.strip():
-            raise ValueError(f"shape: malformed {part!r} in {text!r}; "
-                             f"expected key=value with keys {', '.join(SHAPE_KEYS)}")
-        values[key] = value.strip()
+    values = key_values(text, SHAPE_KEYS, "shape")
     name = values.pop("model", model)
     preset = {}
     if name is not None:

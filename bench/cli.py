@@ -10,7 +10,15 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .selection import UsageError, build_cases, default_dtype, load_plugins, resolve_device, resolve_impls
+from .selection import (
+    UsageError,
+    build_cases,
+    case_ops,
+    default_dtype,
+    load_plugins,
+    resolve_device,
+    resolve_impls,
+)
 
 
 def package_version() -> str:
@@ -27,21 +35,25 @@ def package_version() -> str:
 def cmd_list(args) -> int:
     import torch
 
-    from ..kernels import describe_impls
-    from .cases import MODELS, SUITES, suite_cases
+    from ..kernels import OPS, describe_impls
+    from .models import MODELS
+    from .suites import SUITES, suite_cases
 
-    print("suites (cases on this machine's best device):")
+    print("suites (cases on this machine's best device, by operator):")
     best = resolve_device(None)
     for name in SUITES:
-        print(f"  {name:<8} {len(suite_cases(name, best.type, default_dtype(best)))} cases")
-    print("model presets (q heads / kv heads / head dim):")
+        cases = suite_cases(name, best.type, default_dtype(best))
+        counts = ", ".join(f"{sum(c.op == op for c in cases)} {op}" for op in OPS if any(c.op == op for c in cases))
+        print(f"  {name:<15} {counts}")
+    print("model presets (hidden / intermediate / layers / q heads / kv heads / head dim / vocab):")
     for name, m in MODELS.items():
-        print(f"  {name:<12} {m.q_heads}/{m.kv_heads}/{m.head_dim}")
+        print(f"  {name:<12} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}")
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        print(f"implementations on {device}:")
-        for row in describe_impls(device):
-            where = row["backend"] if row["available"] else f"unavailable: {row['reason']}"
-            print(f"  {row['impl']:<15} {where}")
+        for op in OPS:
+            print(f"{op} implementations on {device}:")
+            for row in describe_impls(device, op=op):
+                where = row["backend"] if row["available"] else f"unavailable: {row['reason']}"
+                print(f"  {row['impl']:<15} {where}")
     return 0
 
 
@@ -71,7 +83,7 @@ def cmd_run(args) -> int:
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
-    impls = resolve_impls(args.impl, device)
+    impls = resolve_impls(args.impl, device, case_ops(cases))
     out = out_dir_for(args)
     if args.resume and not args.out:
         raise UsageError("resume: needs --out DIR of the run to resume")
@@ -140,8 +152,11 @@ def cmd_ceilings(args) -> int:
 
 def add_case_arguments(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("--suite", default="quick",
-                      help="quick (default), prefill, chunked, decode, verify, ragged, full")
-    verb.add_argument("--impl", nargs="+", metavar="I", help="implementations (default: all available here)")
+                      help="quick (default), prefill, chunked, decode, verify, ragged, decode-linear, "
+                           "prefill-linear, full")
+    verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
+    verb.add_argument("--impl", nargs="+", metavar="I",
+                      help="implementations (default: all available here); each case runs those its operator has")
     verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
     verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
@@ -154,7 +169,7 @@ def add_case_arguments(verb: argparse.ArgumentParser) -> None:
 def case_argv(args) -> list[str]:
     """The case-selection arguments again, for a `phasebench run` started under nsys."""
     argv = ["--suite", args.suite]
-    for flag in ("impl", "model"):
+    for flag in ("impl", "model", "op"):
         if getattr(args, flag):
             argv += [f"--{flag}", *getattr(args, flag)]
     for flag in ("device", "dtype"):
@@ -171,7 +186,7 @@ def cmd_profile(args) -> int:
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
-    impls = resolve_impls(args.impl, device)
+    impls = resolve_impls(args.impl, device, case_ops(cases))
     from ..profiles import capture
 
     tool = args.tool or ("nsys" if device.type == "cuda" and capture.nsys_path() else "torch")

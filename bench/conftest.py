@@ -1,4 +1,4 @@
-"""Options of the pytest-benchmark suite: `pytest bench [--suite S] [--impl I] [--device D]`."""
+"""Options of the pytest-benchmark suite: `pytest bench [--suite S] [--op O] [--impl I] [--device D]`, and its grid."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ def pytest_addoption(parser):
                     help="implementation to benchmark, repeatable (default: all available; env PHASEBENCH_IMPL=a,b)")
     group.addoption("--plugin", action="append", default=None,
                     help="module (or .py file) that registers implementations, repeatable (env PHASEBENCH_PLUGIN=a,b)")
+    group.addoption("--op", action="append", default=None,
+                    help="only cases of this operator, repeatable: attention, linear (env PHASEBENCH_OP=a,b)")
     group.addoption("--device", default=os.environ.get("PHASEBENCH_DEVICE"),
                     help="cpu, cuda or cuda:N (default: the best device here; env PHASEBENCH_DEVICE)")
     group.addoption("--dtype", default=os.environ.get("PHASEBENCH_DTYPE"),
@@ -23,7 +25,9 @@ def pytest_generate_tests(metafunc):
     if not {"case", "impl"} <= set(metafunc.fixturenames):
         return
     from phasebench.bench.bench_params import bench_params
+    from phasebench.bench.runner import impls_for
 
     cases, impls = bench_params(metafunc.config)
-    metafunc.parametrize("case", cases, ids=[c.shape_label.replace(" ", "-") + f"-{c.phase}" for c in cases])
-    metafunc.parametrize("impl", impls)
+    pairs = [(case, impl) for case in cases for impl in impls_for(case, impls)]
+    ids = [f"{c.op}-{c.shape_label.replace(' ', '-')}-{c.phase}-{impl}" for c, impl in pairs]
+    metafunc.parametrize("case,impl", pairs, ids=ids)

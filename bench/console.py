@@ -22,8 +22,7 @@ class Progress:
         status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms"
         if row.get("noisy"):
             status += " NOISY"
-        text = (f"[{bar}] {index}/{total} {row['impl']:<8} {row['phase']:<15} "
-                f"b{row['batch']} q{row['q_len']} k{row['kv_len']}  {status}")
+        text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
         if self.tty:
             end = "\n" if index == total else ""
             self.stream.write("\r" + text.ljust(100)[:100] + end)
@@ -43,8 +42,7 @@ def format_table(df: pd.DataFrame) -> str:
         return "(no rows)"
     lines = []
     for r in df.itertuples(index=False):
-        shape = (f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
-                 f"{' c' if r.causal else ''} {r.dtype}")
+        shape = f"{r.shape} {r.dtype}"
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
         if getattr(r, "noisy", False) is True:
             status = ("NOISY " + status).strip()

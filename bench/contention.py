@@ -384,7 +384,8 @@ def snapshot(device: torch.device | str) -> dict:
     """Host and device state for run.json, taken before and after a run. Never raises."""
     out: dict = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     def host():
-        return {**host_state(), "running_others": running_others(limit=5)}
+        return {**host_state(), "cpus_allowed": len(_allowed_cpus()), "torch_threads": torch.get_num_threads(),
+                "running_others": running_others(limit=5)}
 
     for key, fn in (("host", host), ("gpu", lambda: gpu_state(torch.device(device)))):
         try:

@@ -11,14 +11,11 @@ from typing import Protocol
 
 import torch
 
-from ..kernels import Unsupported, prepare, triton_mode
-from ..profiles.names import CHECK, SETUP, case_key_for, stage_name
+from ..kernels import Unsupported, triton_mode
+from ..profiles.names import CHECK, SETUP, stage_name
 from ..profiles.nvtx_ranges import nvtx_range
-from . import cost
-from .cases import AttentionCase
-from .correctness import CaseInputs, make_inputs, reference
-from .gate import baseline_error, judge
-from .memory import does_not_fit
+from .gate import judge
+from .ops import operator_of
 from .roofline import Ceilings
 from .timing import TimerConfig, Timing, time_call
 
@@ -26,10 +23,11 @@ INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep t
 
 
 def impl_mode(impl: str) -> str:
+    """How an impl's rows are produced: Triton kernels may run in the interpreter; the rest compiled."""
     return triton_mode.mode() if impl == "triton" else "compiled"
 
 
-def case_seed(case: AttentionCase) -> int:
+def case_seed(case) -> int:
     return zlib.crc32(repr(case).encode())
 
 
@@ -73,11 +71,12 @@ class HarnessSampler:
 
 
 class CaseState:
-    """Inputs, reference and low-precision baseline of one case, built once and shared by every impl."""
+    """Inputs, reference and low-precision baseline of one case of any operator, built once for every impl."""
 
-    def __init__(self, case: AttentionCase, device: torch.device):
+    def __init__(self, case, device: torch.device):
         self.case, self.device = case, device
-        self._inputs: CaseInputs | None = None
+        self.op = operator_of(case)
+        self._inputs = None
         self._reference: torch.Tensor | None = None
         self._baseline: tuple[float | None] | None = None
 
@@ -87,33 +86,34 @@ class CaseState:
         return self._reference is not None
 
     @property
-    def inputs(self) -> CaseInputs:
+    def inputs(self):
         if self._inputs is None:
-            self._inputs = make_inputs(self.case, self.device, seed=case_seed(self.case))
+            self._inputs = self.op.make_inputs(self.case, self.device, case_seed(self.case))
         return self._inputs
 
     @property
     def reference(self) -> torch.Tensor:
         if self._reference is None:
-            self._reference = reference(self.case, self.inputs, self.device)
+            self._reference = self.op.reference(self.case, self.inputs, self.device)
         return self._reference
 
     @property
     def baseline_error(self) -> float | None:
         if self._baseline is None:
-            self._baseline = (baseline_error(self.case, self.inputs, self.reference),)
+            self._baseline = (self.op.baseline_error(self.case, self.inputs, self.reference),)
         return self._baseline[0]
 
 
-def base_row(case: AttentionCase, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
+def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
     """A row with the case, its cost and the ceilings filled, no figures yet, status ok."""
-    flops, nbytes = cost.flops(case), cost.min_bytes(case)
+    op = operator_of(case)
+    flops, nbytes = op.flops(case), op.min_bytes(case)
     inten = flops / nbytes
     peak = ceil.peak_tflops[case.dtype]
     roof = ceil.roof_tflops(case.dtype, inten)
     return {
         "run_id": run_id, "device": ceil.device, "device_kind": ceil.kind, "suite": suite,
-        "impl": impl, "backend": "", "mode": impl_mode(impl), **case.row_fields(),
+        "impl": impl, "backend": "", "mode": impl_mode(impl), "shape": case.shape_label, **case.row_fields(),
         "flops": flops, "bytes": nbytes, "intensity": inten,
         "latency_ms": math.nan, "latency_p20_ms": math.nan, "latency_p80_ms": math.nan, "samples": 0,
         "timer": timer, "noisy": False, "noise_reason": "",
@@ -133,15 +133,14 @@ def speed_figures(row: dict, latency_ms: float) -> dict:
 
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
     """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures."""
-    case, device = state.case, state.device
-    key = case_key_for(case, impl)
-    reason = does_not_fit(case, impl, device, resident=state.resident)
+    case, device, op = state.case, state.device, state.op
+    key = op.key(case, impl)
+    reason = op.does_not_fit(case, impl, device, resident=state.resident)
     if reason:
         return {**row, "status": "skipped", "reason": reason}
     try:
         with nvtx_range(stage_name(SETUP, key)):
-            x = state.inputs
-            call = prepare(x.q, x.k, x.v, impl=impl, causal=case.causal, cache_seqlens=x.cache_seqlens)
+            call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
         with nvtx_range(stage_name(CHECK, key)):
             ref, base = state.reference, state.baseline_error

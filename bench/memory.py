@@ -149,14 +149,21 @@ def does_not_fit(case: AttentionCase, impl: str, device: torch.device, *, reside
     resident: the case's inputs and reference already live on the device (inside the free figure),
     so only the impl is charged. free: the free bytes to check against, else measured here.
     """
-    own = impl_bytes(case, impl, device)
-    need = own if resident else own + case_bytes(case, device)
+    note = "" if impl in SCRATCH else f"; {impl} is charged its output plus {UNKNOWN_INPUT_COPIES}x the inputs"
+    return fit_reason(impl, impl_bytes(case, impl, device), case_bytes(case, device), device,
+                      resident=resident, free=free, note=note)
+
+
+def fit_reason(impl: str, own: int, shared: int, device: torch.device, *, resident: bool, free: int | None,
+               note: str = "") -> str | None:
+    """The one-line skip reason when `own` (the impl's bytes) plus, unless resident, `shared` (the case's
+    inputs and reference) exceed the usable free memory; None when they fit. Any operator's check ends here."""
+    need = own if resident else own + shared
     if free is None:
         free = free_bytes(device)
     if need <= HEADROOM * free:
         return None
     parts = f"{impl} {own / GiB:.1f}" + (", inputs and reference resident" if resident
                                          else f" + inputs and reference {(need - own) / GiB:.1f}")
-    note = "" if impl in SCRATCH else f"; {impl} is charged its output plus {UNKNOWN_INPUT_COPIES}x the inputs"
     return (f"needs about {need / GiB:.1f} GiB ({parts}), {free / GiB:.1f} GiB free on {device} "
             f"(up to {HEADROOM:.0%} used){note}")

@@ -56,16 +56,23 @@ MODELS: dict[str, DecoderConfig] = {
 CONFIG_KEYS = tuple(f.name for f in fields(DecoderConfig))
 
 
+def key_values(text: str, keys, what: str) -> dict[str, str]:
+    """`a=1,b=x` as a dict, each key one of `keys`; a one-line ValueError led by `what` otherwise."""
+    values: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in keys or not value:
+            raise ValueError(f"{what}: malformed {part!r} in {text!r}; expected key=value with keys {', '.join(keys)}")
+        values[key] = value
+    return values
+
+
 def parse_model(text: str) -> DecoderConfig:
     """A custom model from `name=tiny,hidden=512,intermediate=1536,layers=4,q_heads=8,kv_heads=2,head_dim=64,
     vocab=32000` (every key but name required)."""
     values: dict = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or key not in CONFIG_KEYS or not value:
-            raise ValueError(f"model: malformed {part!r} in {text!r}; "
-                             f"expected key=value with keys {', '.join(CONFIG_KEYS)}")
+    for key, value in key_values(text, CONFIG_KEYS, "model").items():
         if key == "name":
             values[key] = value
             continue

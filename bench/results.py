@@ -20,7 +20,7 @@ TEXT_COLUMNS = schema.RESULT_STRING_COLUMNS
 
 
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
-KEY_COLUMNS = ("op", "impl", "model", *CASE_COLUMNS, "seqlens", "device", "mode", "timer")
+KEY_COLUMNS = ("op", "impl", "model", *CASE_COLUMNS, "seqlens", *schema.LINEAR_COLUMNS, "device", "mode", "timer")
 RETRIED = ("failed", "skipped")
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels import triton_mode
-from .cases import AttentionCase
+from ..kernels import OPS, triton_mode
 from .measure import CaseState, HarnessSampler, base_row, measure
 from .metadata import run_metadata
 from .results import ResultsStore
@@ -35,9 +34,11 @@ def new_run_id() -> str:
 
 @dataclass
 class RunConfig:
-    """What to measure and where: cases x impls on one device, rows into out_dir."""
+    """What to measure and where: cases x impls on one device, rows into out_dir.
 
-    cases: Sequence[AttentionCase]
+    Cases may be of any operator; each runs with the named impls that its operator has."""
+
+    cases: Sequence
     impls: Sequence[str]
     device: torch.device
     out_dir: Path
@@ -50,6 +51,11 @@ class RunConfig:
     detect_contention: bool = True
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
+
+
+def impls_for(case, impls: Sequence[str]) -> list[str]:
+    """The impls of `impls` that the case's operator has (naive serves every operator, flash attention only)."""
+    return [name for name in impls if name in OPS[case.op]]
 
 
 def measurement_options(device: torch.device, timer: TimerConfig, profiled: bool) -> dict:
@@ -89,14 +95,15 @@ def run(cfg: RunConfig):
     store.write_run(meta)
     sampler = HarnessSampler(timer, device.type)
     probe = _probe(device, cfg.detect_contention)
-    total = len(cfg.cases) * len(cfg.impls)
+    plan = [(case, impls_for(case, cfg.impls)) for case in cfg.cases]
+    total = sum(len(impls) for _, impls in plan)
     index = 0
     capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
     try:
         with on_device(device), capture:  # a profiler records the cases only, not the ceilings or the setup of the run
-            for case in cfg.cases:
+            for case, impls in plan:
                 state = CaseState(case, device)
-                for impl in cfg.impls:
+                for impl in impls:
                     index += 1
                     row = base_row(case, impl, run_id, cfg.suite, ceil, sampler.label)
                     if store.is_done(row):

@@ -5,19 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# 2: op, seqlens, kv_tokens, noisy, noise_reason, profiled; timer joined the schema.
+# 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
 SCHEMA_VERSION = 2
 
 # The fields of an attention case, in the order rows carry them (bench.cases.AttentionCase).
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
+# The fields of a linear case (bench.linear_cases.LinearCase) beside dtype, phase and model.
+LINEAR_COLUMNS = ("m", "n", "k", "projection")
 
 # One row per (case, impl), in the order the runner writes them.
 RESULT_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op",
     "impl", "backend", "mode", "phase",
+    "shape",  # the case's label for tables ("b2 h32/8 q1 k512 d128 causal", "gate_up m8 n28672 k4096"); never parsed
     *CASE_COLUMNS,
     "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
+    *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     "flops", "bytes", "intensity",
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
@@ -35,7 +39,8 @@ RUN_COLUMNS = (
 )
 
 # The fields that identify a case (together with device and dtype when comparing impls).
-CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens")
+CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
+               "m", "n", "k", "projection")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -49,13 +54,13 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "dtype", "seqlens", "timer", "noise_reason", "bound", "status", "reason",
+    "phase", "shape", "dtype", "seqlens", "projection", "timer", "noise_reason", "bound", "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
     "phasebench_version", "git_commit", "datasheet_name",
 )
-INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens")
+INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k")
 BOOL_COLUMNS = ("causal", "noisy", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",

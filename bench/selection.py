@@ -32,8 +32,11 @@ def default_dtype(device) -> str:
 
 
 def build_cases(args, device):
-    from .cases import DTYPES, parse_shape, suite_cases
+    from .cases import DTYPES, parse_shape
+    from .linear_cases import parse_linear_shape
     from .models import model_config
+    from .ops import OPERATORS
+    from .suites import suite_cases
 
     dtype = args.dtype or default_dtype(device)
     if dtype not in DTYPES:
@@ -42,13 +45,24 @@ def build_cases(args, device):
         models = [model_config(m).name for m in args.model or ()]
     except ValueError as err:
         raise UsageError(str(err)) from None
+    ops = tuple(getattr(args, "op", None) or ())
+    for op in ops:
+        if op not in OPERATORS:
+            raise UsageError(f"op: unknown operator {op!r}, choose from {', '.join(OPERATORS)}")
     try:
         if args.shape:
             model = models[0] if models else None
-            return [parse_shape(text, dtype, model) for text in args.shape], "custom"
-        return suite_cases(args.suite, device.type, dtype, tuple(models) or None), args.suite
+            cases = [parse_linear_shape(text, dtype, model) if text.startswith("m=") or ",m=" in text
+                     else parse_shape(text, dtype, model) for text in args.shape]
+            return [c for c in cases if not ops or c.op in ops], "custom"
+        return suite_cases(args.suite, device.type, dtype, tuple(models) or None, ops or None), args.suite
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def case_ops(cases) -> tuple[str, ...]:
+    """The operators of the selected cases, in first-seen order."""
+    return tuple(dict.fromkeys(c.op for c in cases)) or ("attention",)
 
 
 def load_plugins(specs) -> None:
@@ -62,12 +76,16 @@ def load_plugins(specs) -> None:
             raise UsageError(str(err)) from None
 
 
-def resolve_impls(names, device) -> list[str]:
-    from ..kernels import IMPLS, available_impls
+def resolve_impls(names, device, ops=("attention",)) -> list[str]:
+    """The named impls (each must exist for one of `ops`), or every impl of those ops available here."""
+    from ..kernels import OPS, available_impls
 
     if not names:
-        return available_impls(device)
+        found = [name for op in ops for name in available_impls(device, op=op)]
+        return list(dict.fromkeys(found))
+    known = {name for op in ops for name in OPS[op]}
     for name in names:
-        if name not in IMPLS:
-            raise UsageError(f"impl: unknown implementation {name!r}, choose from {', '.join(IMPLS)}")
+        if name not in known:
+            raise UsageError(f"impl: unknown implementation {name!r} for {'/'.join(ops)}, "
+                             f"choose from {', '.join(sorted(known))}")
     return list(dict.fromkeys(names))

@@ -8,12 +8,12 @@ from . import flash, linear_naive, linear_torch, naive  # noqa: F401  (registers
 # isort: on
 from .errors import Unsupported
 from .linear_request import LinearRequest, validate_linear
-from .registry import IMPLS, OPS, AttentionCall, Impl, available_impls, describe_impls, get_impl
 from .plugins import load_plugin, register
+from .registry import IMPLS, OPS, AttentionCall, Impl, available_impls, describe_impls, get_impl
 from .request import AttentionRequest, validate
 
 try:
-    from . import triton_attention  # noqa: F401
+    from . import triton_attention, triton_linear  # noqa: F401
 except ImportError as err:  # no triton on this platform: the other implementations still work
     TRITON_IMPORT_ERROR = str(err)
 else:

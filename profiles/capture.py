@@ -100,10 +100,14 @@ def format_summary(summary: pd.DataFrame) -> str:
     """Per (case, impl): kernel count, kernel time, range wall time, L2 flush kernels and launch overhead, in µs."""
     if summary.empty:
         return "(no timed ranges found in the profile)"
+    def shape(r) -> str:
+        if r.op == "linear":
+            return f"m{r.m} n{r.n} k{r.k}"
+        return f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
+
     view = pd.DataFrame({
-        "impl": summary["impl"], "phase": summary["phase"],
-        "shape": [f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
-                  for r in summary.itertuples()],
+        "op": summary["op"], "impl": summary["impl"], "phase": summary["phase"],
+        "shape": [shape(r) for r in summary.itertuples()],
         "ranges": summary["ranges"], "kernels": summary["kernel_count"],
         "kernel us": (summary["kernel_time_ns"] / 1e3).round(1), "wall us": (summary["wall_ns"] / 1e3).round(1),
         "l2 flush us": (summary["flush_kernel_ns"] / 1e3).round(1),  # the flush kernels' GPU time

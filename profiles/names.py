@@ -11,6 +11,8 @@ TIMING = "timing"
 L2FLUSH = "l2flush"  # nested range around the L2 flush between timed calls
 STAGES = (SETUP, CHECK, TIMING)
 FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")
+LINEAR_FIELDS = ("m", "n", "k")
+ALL_FIELDS = ("op", *FIELDS, "kv_tokens", *LINEAR_FIELDS)  # what parse_case_key returns (None where n/a)
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -18,7 +20,11 @@ _WORD = re.compile(r"[A-Za-z0-9_]+")
 _KEY = re.compile(
     r"(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
     r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
-    r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?"
+    r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?(?:-t(?P<kv_tokens>\d+))?"
+)
+_LINEAR_KEY = re.compile(
+    r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
+    r"-(?P<dtype>[A-Za-z0-9_]+)"
 )
 
 
@@ -50,25 +56,48 @@ def case_key(impl, phase, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dty
 
 
 def case_key_for(case, impl: str) -> str:
-    """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase)."""
-    return case_key(
+    """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase); a ragged
+    batch adds the KV positions it uses ('-t1125') so it is told apart from the dense case of its length."""
+    key = case_key(
         impl, case.phase, case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len,
         case.head_dim, case.dtype, case.causal,
     )
+    seqlens = getattr(case, "seqlens", None)
+    return key + (f"-t{sum(seqlens)}" if seqlens is not None else "")
+
+
+def linear_key_for(case, impl: str) -> str:
+    """The NVTX name of a linear case: 'linear/<impl>/<phase>/m8-n28672-k4096-bfloat16'."""
+    dims = {}
+    for field in LINEAR_FIELDS:
+        value = getattr(case, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}={value!r}: must be a positive int")
+        dims[field] = value
+    return "linear/{}/{}/m{m}-n{n}-k{k}-{}".format(
+        _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims)
 
 
 def parse_case_key(name) -> dict | None:
     """The fields of a case key (ints as int, causal as bool), or None when `name` is not exactly one."""
     if not isinstance(name, str):
         return None
+    out = dict.fromkeys(ALL_FIELDS)
     m = _KEY.fullmatch(name)
-    if m is None:
-        return None
-    out = m.groupdict()
-    for field in _INT_FIELDS:
-        out[field] = int(out[field])
-    out["causal"] = out["causal"] is not None
-    return {field: out[field] for field in FIELDS}
+    if m is not None:
+        out.update(m.groupdict(), op="attention")
+        for field in _INT_FIELDS:
+            out[field] = int(out[field])
+        out["causal"] = out["causal"] is not None
+        out["kv_tokens"] = int(out["kv_tokens"]) if out["kv_tokens"] else out["batch"] * out["kv_len"]
+        return out
+    m = _LINEAR_KEY.fullmatch(name)
+    if m is not None:
+        out.update(m.groupdict(), op="linear")
+        for field in LINEAR_FIELDS:
+            out[field] = int(out[field])
+        return out
+    return None
 
 
 def stage_name(stage: str, key: str) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .names import FIELDS, L2FLUSH, TIMING, parse_case_key, stage_of
+from .names import ALL_FIELDS, L2FLUSH, TIMING, parse_case_key, stage_of
 
-SUMMARY_COLUMNS = ["key", *FIELDS, "ranges", "wall_ns", "flush_ns", "kernel_count", "kernel_time_ns",
+SUMMARY_COLUMNS = ["key", *ALL_FIELDS, "ranges", "wall_ns", "flush_ns", "kernel_count", "kernel_time_ns",
                    "flush_kernel_ns", "launch_overhead_ns"]
 
 
@@ -86,12 +86,13 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     out = walls.join(work, how="left").join(flushing, how="left")
     out = out.fillna({"kernel_count": 0, "kernel_time_ns": 0, "flush_kernel_ns": 0})
     out = out.rename_axis("key").reset_index()
-    fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(FIELDS))
+    fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(ALL_FIELDS))
     out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
+    # attention fields are empty on linear rows and the other way round: nullable ints
+    ints = [f for f in ALL_FIELDS if f not in ("op", "impl", "phase", "dtype", "causal")]
     out = out.astype({"ranges": "int64", "wall_ns": "int64", "flush_ns": "int64", "kernel_count": "int64",
-                      "kernel_time_ns": "int64", "flush_kernel_ns": "int64",
-                      **{f: "int64" for f in FIELDS if f not in ("impl", "phase", "dtype", "causal")},
-                      "causal": bool})
+                      "kernel_time_ns": "int64", "flush_kernel_ns": "int64", **{f: "Int64" for f in ints},
+                      "causal": "boolean"})
     # what is neither the case's kernels nor the flush kernels between its samples: launches, syncs, Python
     out["launch_overhead_ns"] = out["wall_ns"] - out["kernel_time_ns"] - out["flush_kernel_ns"]
     return out[SUMMARY_COLUMNS]

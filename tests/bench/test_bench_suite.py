@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 
-from phasebench.bench.cases import suite_cases
+from phasebench.bench.runner import impls_for
 from phasebench.bench.selection import default_dtype, resolve_device
+from phasebench.bench.suites import suite_cases
 
 from ..conftest import REPO, run_pytest_bench
 
@@ -17,15 +18,18 @@ def test_benchmark_suite_writes_tidy_json(bench_json):
     cases = suite_cases("quick", device.type, default_dtype(device))
     data = json.loads(bench_json.read_text())
     benches = data["benchmarks"]
-    assert len(benches) == len(cases) * 2  # the quick cases of the best device here x naive, flash
+    # the quick cases of the best device here, each with those of naive and flash its operator has
+    assert len(benches) == sum(len(impls_for(c, ["naive", "flash"])) for c in cases)
+    assert {b["extra_info"]["op"] for b in benches} == {"attention", "linear"}
     names = {b["name"] for b in benches}
     decode = next(c for c in cases if c.phase == "decode")
-    assert f"test_attention[{decode.shape_label.replace(' ', '-')}-decode-naive]" in names
+    assert f"test_kernel[attention-{decode.shape_label.replace(' ', '-')}-decode-naive]" in names
+    case_keys = {"attention": ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal"),
+                 "linear": ("m", "n", "k", "projection")}
     for b in benches:
         info = b["extra_info"]
         for key in ("impl", "backend", "mode", "phase", "flops", "bytes", "intensity", "tflops", "gbps",
-                    "pct_roofline", "bound", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim",
-                    "causal", "dtype"):
+                    "pct_roofline", "bound", "dtype", "shape", *case_keys[info["op"]]):
             assert key in info, key
         assert info["tflops"] > 0 and info["bound"] in ("compute", "memory") and info["status"] == "ok"
         assert info["timer"] == "pytest-benchmark" and isinstance(info["noisy"], bool)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from phasebench.bench.cases import MODELS, SUITES, AttentionCase, parse_shape, suite_cases
+from phasebench.bench.cases import MODELS, AttentionCase, parse_shape
+from phasebench.bench.models import model_config
+from phasebench.bench.suites import SUITES, suite_cases
 
 
 def case(q_len, kv_len, **over):
@@ -41,8 +43,9 @@ def test_presets_hold_the_public_configurations():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_quick_suite_has_every_phase(device):
-    phases = {c.phase for c in suite_cases("quick", device, "bfloat16")}
-    assert phases == {"prefill", "chunked_prefill", "decode"}
+    phases = {(c.op, c.phase) for c in suite_cases("quick", device, "bfloat16")}
+    assert phases == {("attention", "prefill"), ("attention", "chunked_prefill"), ("attention", "decode"),
+                      ("linear", "decode"), ("linear", "prefill")}
 
 
 def test_gpu_sweeps_cover_the_ranges_the_issue_names():
@@ -57,12 +60,15 @@ def test_gpu_sweeps_cover_the_ranges_the_issue_names():
     assert min(c.q_len for c in verify) == 2 and max(c.q_len for c in verify) == 16
     full = suite_cases("full", "cuda", "bfloat16")
     ragged = suite_cases("ragged", "cuda", "bfloat16")
-    assert set(prefill + decode + chunked + verify + ragged) == set(full)
+    linear = suite_cases("decode-linear", "cuda", "bfloat16") + suite_cases("prefill-linear", "cuda", "bfloat16")
+    assert set(prefill + decode + chunked + verify + ragged + linear) == set(full)
+    assert set(suite_cases("full", "cuda", "bfloat16", ops=("attention",))) == set(full) - set(linear)
 
 
 def test_cpu_sizes_are_small_and_models_can_change():
-    assert max(c.kv_len for s in SUITES for c in suite_cases(s, "cpu", "float32")) <= 1024
+    assert max(c.kv_len for s in SUITES for c in suite_cases(s, "cpu", "float32", ops=("attention",))) <= 1024
     cases = suite_cases("decode", "cpu", "float32", ("llama-3-70b", "gemma-2-9b"))
+    assert all(c.op == "attention" for c in cases)
     assert {c.model for c in cases} == {"llama-3-70b", "gemma-2-9b"}
     assert {(c.q_heads, c.head_dim) for c in cases} == {(64, 128), (16, 256)}
 
@@ -114,3 +120,30 @@ def test_ragged_lengths_are_checked_and_parsed():
     c = parse_shape("model=llama-3-8b,q_len=1,seqlens=97/1025/3", "bfloat16")
     assert (c.batch, c.kv_len, c.seqlens, c.seqlens_text) == (3, 1025, (97, 1025, 3), "97,1025,3")
     assert c.row_fields()["kv_tokens"] == 1125 and "avg" in c.shape_label
+
+
+def test_linear_suites_cover_every_projection_and_the_batch_range():
+    decode = suite_cases("decode-linear", "cuda", "bfloat16")
+    assert {c.m for c in decode} == {1, 2, 4, 8, 16, 32, 64, 128, 256} and {c.phase for c in decode} == {"decode"}
+    assert {c.projection for c in decode} == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert {c.model for c in decode} == {"llama-3-8b", "llama-3-70b"}
+    prefill = suite_cases("prefill-linear", "cuda", "bfloat16")
+    assert min(c.m for c in prefill) == 512 and max(c.m for c in prefill) == 16384
+    gate_up = next(c for c in decode if c.model == "llama-3-70b" and c.projection == "gate_up")
+    assert (gate_up.n, gate_up.k) == (2 * 28672, 8192)
+    assert all(c.m <= 1024 for c in suite_cases("full", "cpu", "float32", ops=("linear",)))
+
+
+def test_model_presets_give_the_layer_projections_and_custom_models_parse():
+    llama = MODELS["llama-3-8b"]
+    assert llama.projections() == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                                   "down": (4096, 14336), "lm_head": (128256, 4096)}
+    assert (MODELS["gemma-2-9b"].vocab, MODELS["qwen2.5-7b"].intermediate, MODELS["llama-3-70b"].layers) == \
+        (256000, 18944, 80)
+    custom = model_config("name=tiny,hidden=96,intermediate=200,layers=3,q_heads=6,kv_heads=2,head_dim=16,vocab=97")
+    assert custom.projections()["qkv"] == ((6 + 4) * 16, 96) and MODELS["tiny"] is custom
+    assert suite_cases("decode", "cpu", "float32", ("tiny",))[0].q_heads == 6
+    with pytest.raises(ValueError, match="model: .* lacks vocab"):
+        model_config("name=x,hidden=8,intermediate=8,layers=1,q_heads=2,kv_heads=1,head_dim=4")
+    with pytest.raises(ValueError, match="q_heads: must be a multiple of kv_heads"):
+        model_config("name=y,hidden=8,intermediate=8,layers=1,q_heads=3,kv_heads=2,head_dim=4,vocab=9")

@@ -9,10 +9,10 @@ import time
 
 import pandas as pd
 import pytest
-from phasebench.bench.cases import suite_cases
 from phasebench.bench.cli import main
 from phasebench.bench.results import COLUMNS, SCHEMA_VERSION
 from phasebench.bench.selection import default_dtype, resolve_device
+from phasebench.bench.suites import suite_cases
 from phasebench.kernels import available_impls, triton_mode
 
 from ..conftest import run_cli
@@ -26,15 +26,21 @@ def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
     # what must hold on any machine: the best device here, its default dtype, every impl available on it
     device = resolve_device(None)
     dtype = default_dtype(device)
-    cases, impls = suite_cases("quick", device.type, dtype), available_impls(device)
+    cases = suite_cases("quick", device.type, dtype)
+    impls = {op: available_impls(device, op=op) for op in ("attention", "linear")}
     csv = pd.read_csv(quick_run / "results.csv")
     parquet = pd.read_parquet(quick_run / "results.parquet")
     assert list(csv.columns) == COLUMNS and set(ISSUE_COLUMNS) <= set(csv.columns)
-    assert len(csv) == len(parquet) == len(cases) * len(impls)
+    assert len(csv) == len(parquet) == sum(len(impls[c.op]) for c in cases)
     assert (parquet.status == "ok").all(), parquet[["impl", "status", "reason"]]
     assert set(parquet.phase) == {"prefill", "chunked_prefill", "decode"} and set(parquet.dtype) == {dtype}
-    assert set(parquet.impl) == set(impls) and {"naive", "flash"} <= set(impls)
-    assert (parquet.op == "attention").all() and (parquet.device_kind == device.type).all()
+    assert set(parquet.op) == {"attention", "linear"} and (parquet.device_kind == device.type).all()
+    for op, names in impls.items():
+        assert set(parquet[parquet.op == op].impl) == set(names)
+    assert {"naive", "flash"} <= set(impls["attention"]) and {"naive", "torch"} <= set(impls["linear"])
+    linear = parquet[parquet.op == "linear"]
+    assert set(linear.phase) == {"decode", "prefill"} and (linear.flops == 2 * linear.m * linear.n * linear.k).all()
+    parquet = parquet[parquet.op == "attention"]
     triton = parquet[parquet.impl == "triton"]
     assert (triton["mode"] == triton_mode.mode()).all() and triton.backend.str.startswith("triton-").all()
     assert (parquet.max_rel_err < (1e-4 if dtype == "float32" else 0.05)).all() and (parquet.pct_roofline > 0).all()
@@ -161,3 +167,16 @@ def test_a_run_on_a_busy_host_is_flagged_in_rows_table_and_warning(tmp_path):
     assert proc.stdout.count("NOISY") == 2
     warning = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "2 of 2 timed rows were noisy" in warning[0] and "re-run" in warning[0]
+
+
+def test_run_linear_by_hand_and_by_op(tmp_path):
+    proc = run_cli("run", "--op", "linear", "--impl", "naive", "torch", "--model", "llama-3-8b",
+                   "--shape", "m=3,n=97,k=4095", "--shape", "m=2,projection=o", "--shape", "q_len=4,kv_len=40",
+                   "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert set(df.op) == {"linear"} and len(df) == 4 and (df.status == "ok").all()  # the attention shape is left out
+    assert set(df.projection.dropna()) == {"o"} and set(df.n) == {97, 4096}
+    assert "linear" in proc.stdout and "m3 n97 k4095" in proc.stdout
+    bad = run_cli("run", "--op", "matmul")
+    assert bad.returncode == 2 and "op: unknown operator 'matmul'" in bad.stderr

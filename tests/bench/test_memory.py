@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 from phasebench.bench import correctness, memory
-from phasebench.bench.cases import AttentionCase, suite_cases
+from phasebench.bench.cases import AttentionCase
 from phasebench.bench.correctness import CaseInputs, make_inputs, reference, reference_scratch_bytes
+from phasebench.bench.suites import suite_cases
 from phasebench.kernels import buffers, prepare
 from phasebench.kernels.triton_decode import choose_splits
 

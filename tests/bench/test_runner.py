@@ -184,3 +184,28 @@ def test_a_ragged_decode_batch_is_measured_with_its_own_lengths(tmp_path):
     assert df.backend.str.contains("per-seq|splitkv|matmul").all()
     dense = AttentionCase(3, 4, 2, 1, 97, 32, True, "float32")
     assert df.flops.iloc[0] == pytest.approx(cost.flops(dense) * 142 / (3 * 97))
+
+
+def test_linear_cases_run_through_the_same_path_and_a_wrong_plugin_is_incorrect(tmp_path):
+    from phasebench.bench.linear_cases import LinearCase
+    from phasebench.kernels import register
+    from phasebench.kernels.registry import OPS
+
+    def transposed_sum(x, w):  # a wrong GEMV: drops the last input feature
+        return torch.nn.functional.linear(x[:, :-1], w[:, :-1])
+
+    register("linear", "drops_k", transposed_sum)
+    try:
+        cases = [LinearCase(3, 97, 4095, "float32", "decode"), LinearCase(70, 130, 200, "bfloat16", "prefill")]
+        impls = ["naive", "torch", "drops_k", "flash"] + (["triton"] if "triton" in available_impls("cpu", "linear")
+                                                         else [])
+        df = run(tmp_path, impls, cases=cases, detect_contention=False)
+    finally:
+        OPS["linear"].pop("drops_k", None)
+    assert set(df.op) == {"linear"} and "flash" not in set(df.impl)  # flash has no linear implementation
+    ok = df[df.impl != "drops_k"]
+    assert (ok.status == "ok").all(), ok[["impl", "reason"]]
+    assert (df[df.impl == "drops_k"].status == "incorrect").all()
+    r = ok[(ok.impl == "torch") & (ok.m == 3)].iloc[0]
+    assert r.flops == 2 * 3 * 97 * 4095 and r.bytes == 4 * (3 * 4095 + 97 * 4095 + 3 * 97)
+    assert r["shape"] == "m3 n97 k4095" and r.bound == "memory"

@@ -4,12 +4,14 @@ from types import SimpleNamespace
 
 import pytest
 from phasebench.profiles.names import (
+    ALL_FIELDS,
     CHECK,
     SETUP,
     TIMING,
     case_key,
     case_key_for,
     is_timed_case,
+    linear_key_for,
     parse_case_key,
     stage_name,
     stage_of,
@@ -35,10 +37,23 @@ def test_case_key_matches_schema_example():
 def test_round_trip(fields):
     key = case_key(**fields)
     parsed = parse_case_key(key)
-    assert parsed == fields
-    assert list(parsed) == list(FIELDS)  # fields come in the schema's order
+    assert {f: parsed[f] for f in fields} == fields and parsed["op"] == "attention"
+    assert list(parsed) == list(ALL_FIELDS)  # fields come in the schema's order
+    assert parsed["m"] is None and parsed["kv_tokens"] == fields["batch"] * fields["kv_len"]
     assert type(parsed["causal"]) is bool and all(type(parsed[f]) is int for f in ("batch", "head_dim"))
-    assert case_key(**parsed) == key
+    assert case_key(**{f: parsed[f] for f in FIELDS}) == key
+
+
+def test_ragged_and_linear_keys_round_trip():
+    ragged = SimpleNamespace(**{k: v for k, v in FIELDS.items() if k != "impl"}, seqlens=(3, 97))
+    key = case_key_for(ragged, "triton")
+    assert key.endswith("-t100") and parse_case_key(key)["kv_tokens"] == 100
+    lin = SimpleNamespace(m=8, n=28672, k=4096, phase="decode", dtype="bfloat16")
+    key = linear_key_for(lin, "triton")
+    assert key == "linear/triton/decode/m8-n28672-k4096-bfloat16"
+    parsed = parse_case_key(key)
+    assert (parsed["op"], parsed["impl"], parsed["m"], parsed["n"], parsed["k"], parsed["batch"]) == \
+        ("linear", "triton", 8, 28672, 4096, None)
 
 
 def test_case_key_accepts_torch_dtype_names_and_case_objects():

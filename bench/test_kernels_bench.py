@@ -1,4 +1,5 @@
-"""pytest-benchmark suite: each (case, impl) goes through the runner's measuring path, timed by pytest-benchmark."""
+"""pytest-benchmark suite: each (case, impl) of any operator goes through the runner's measuring path,
+timed by pytest-benchmark."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from phasebench.bench.contention import ContentionProbe
 from phasebench.bench.measure import CaseState, base_row, measure
 from phasebench.bench.roofline import on_device
 
-EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len",
-                "head_dim", "causal", "dtype", "seqlens", "kv_tokens", "model", "suite", "device", "device_kind",
+EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops",
                 "pct_roofline", "bound", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason")
 _states: dict = {}
@@ -36,7 +36,7 @@ def probe(device):
     return ContentionProbe(device)
 
 
-def test_attention(benchmark, case, impl, device, probe, pytestconfig):
+def test_kernel(benchmark, case, impl, device, probe, pytestconfig):
     ceil = suite_ceilings(device, (case.dtype,))
     sampler = BenchmarkSampler(benchmark, device)
     row = base_row(case, impl, "pytest-benchmark", pytestconfig.phasebench_suite, ceil, sampler.label)
@@ -45,4 +45,5 @@ def test_attention(benchmark, case, impl, device, probe, pytestconfig):
     if row["status"] == "skipped":
         pytest.skip(row["reason"])
     assert row["status"] == "ok", f"{impl} {row['status']}: {row['reason']}"
-    benchmark.extra_info.update({k: row[k] for k in EXTRA_FIELDS})
+    case_fields = [k for k in case.row_fields() if k not in EXTRA_FIELDS]
+    benchmark.extra_info.update({k: row[k] for k in (*EXTRA_FIELDS, *case_fields)})
