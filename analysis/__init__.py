@@ -1,6 +1,7 @@
 """phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
 
 from ..bench.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
+from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
 from .phase_plots import phase_comparison, tokens_per_second
 from .report import correctness_table, report_rows, status_table, summary_table, write_report
@@ -15,6 +16,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "correctness_table",
     "decode_scaling",
+    "layer_tokens_per_second",
+    "layer_tokens_per_second_table",
+    "linear_crossings",
+    "linear_sweep",
     "load",
     "load_profile",
     "phase_comparison",

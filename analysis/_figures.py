@@ -12,8 +12,10 @@ from ..bench.schema import PHASES
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.
 
-IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn")
+IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn", "torch")
+OPS = ("attention", "linear")
 PHASE_MARKERS = {"prefill": "o", "chunked_prefill": "s", "decode": "^"}
+LINEAR_MARKERS = {"prefill": "D", "decode": "v"}
 EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", ":", "-.")
 # Rows that differ in any of these are never pooled: not in a median, a speedup or a plot.
@@ -45,6 +47,18 @@ def no_data(title: str, why: str, *, figsize=(6.0, 3.0)) -> Figure:
     ax.set_title(title)
     ax.text(0.5, 0.5, f"no data: {why}", ha="center", va="center", transform=ax.transAxes, color="0.4")
     return fig
+
+
+def op_rows(df: pd.DataFrame, op: str) -> pd.DataFrame:
+    """The rows of one operator; rows of a frame without an op column are attention rows."""
+    if "op" not in df.columns:
+        return df if op == "attention" else df.iloc[0:0]
+    return df[df["op"].fillna("attention").replace("", "attention") == op]
+
+
+def ordered_ops(ops) -> list[str]:
+    present = set(ops)
+    return [op for op in OPS if op in present] + sorted(present - set(OPS))
 
 
 def ok_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
@@ -147,6 +161,15 @@ def phase_marker(phase: str) -> str:
     if phase in PHASE_MARKERS:
         return PHASE_MARKERS[phase]
     return EXTRA_MARKERS[sum(map(ord, phase)) % len(EXTRA_MARKERS)]  # stable across processes
+
+
+def op_phase_marker(op: str, phase: str) -> str:
+    """Attention keeps the phase markers; linear rows get markers of their own."""
+    if op == "linear" and phase in LINEAR_MARKERS:
+        return LINEAR_MARKERS[phase]
+    if op in ("attention", ""):
+        return phase_marker(phase)
+    return EXTRA_MARKERS[sum(map(ord, op + phase)) % len(EXTRA_MARKERS)]
 
 
 def ordered_phases(phases) -> list[str]:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..bench.schema import (
+    LINEAR_COLUMNS,
     PROFILE_FLOAT_COLUMNS,
     PROFILE_INT_COLUMNS,
     PROFILE_REQUIRED_COLUMNS,
@@ -20,14 +21,19 @@ from ..bench.schema import (
     coerce_columns,
     conform,
 )
-from ..profiles.names import FIELDS as CASE_KEY_FIELDS
+from ..profiles.names import ALL_FIELDS as CASE_KEY_FIELDS
 from ..profiles.names import parse_case_key  # pure Python: no torch behind it
 
 __all__ = ["DataFileError", "load", "load_profile"]
 
 RESULTS_NAMES = ("results.parquet", "results.csv")  # preferred first
 RUN_JSON = "run.json"
-
+# What every row needs whatever its operator; the case columns depend on the op (see _missing).
+_COMMON_REQUIRED = ("impl", "phase", "dtype", "latency_ms", "status")
+_OP_REQUIRED = {
+    "attention": tuple(name for name in REQUIRED_COLUMNS if name not in _COMMON_REQUIRED),
+    "linear": LINEAR_COLUMNS,
+}
 
 
 class DataFileError(ValueError):
@@ -180,7 +186,7 @@ def _read_results(path: Path) -> pd.DataFrame:
     table = _read_table(path)
     if set(PROFILE_REQUIRED_COLUMNS) <= set(table.columns) and "latency_ms" not in table.columns:
         raise ValueError("this is a profile summary table, not result rows; read it with load_profile()")
-    missing = [name for name in REQUIRED_COLUMNS if name not in table.columns]
+    missing = _missing(table)
     if missing:
         raise ValueError(f"missing result column(s) {', '.join(missing)}")
     run = _read_run_json(path.parent / RUN_JSON)
@@ -191,6 +197,16 @@ def _read_results(path: Path) -> pd.DataFrame:
     if (table["run_id"] == "").any():
         table.loc[table["run_id"] == "", "run_id"] = path.parent.name
     return table
+
+
+def _missing(table: pd.DataFrame) -> list[str]:
+    """The required columns a table lacks: the common ones, and the case columns of each op its rows hold
+    (a table without an op column holds attention rows, as schema 1 did)."""
+    ops = set(table["op"].fillna("").astype(str).replace("", "attention")) if "op" in table.columns else set()
+    needed = list(_COMMON_REQUIRED)
+    for op in sorted(ops or {"attention"}):
+        needed += [name for name in _OP_REQUIRED.get(op, ()) if name not in needed]
+    return [name for name in needed if name not in table.columns]
 
 
 def _read_run_json(path: Path) -> dict | None:
@@ -274,7 +290,7 @@ def _read_pytest_benchmark(path: Path) -> pd.DataFrame:
     for index, bench in enumerate(data["benchmarks"]):
         extra = bench.get("extra_info") or {}
         if "impl" not in extra:
-            continue  # not an attention benchmark of this suite
+            continue  # not a benchmark of this suite
         stats = bench.get("stats")
         if not isinstance(stats, dict) or "median" not in stats:
             raise ValueError(f"benchmark {index} ({bench.get('name', '?')}) has no stats.median")
@@ -301,7 +317,7 @@ def _read_pytest_benchmark(path: Path) -> pd.DataFrame:
     if not rows:
         raise ValueError("no phasebench benchmarks in it (no entry has extra_info.impl)")
     table = pd.DataFrame(rows)
-    missing = [name for name in REQUIRED_COLUMNS if name not in table.columns]
+    missing = _missing(table)
     if missing:
         raise ValueError(f"extra_info lacks field(s) {', '.join(missing)}")
     table = conform(table)

@@ -19,6 +19,7 @@ from ._figures import (
     no_performance,
     ok_rows,
     one_group_note,
+    op_rows,
     ordered_impls,
     ordered_phases,
     performance_rows,
@@ -33,9 +34,11 @@ def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
 
     Each row is one point; the short bar is the median. Device, mode, timer and dtype join
     the impl label when the frame holds several, so no strip pools unlike rows.
-    Interpreter-mode and noisy rows are left out (the title counts them).
+    Interpreter-mode and noisy rows are left out (the title counts them). Attention rows
+    only: other operators' rows are ignored.
     """
-    title = "Prefill vs decode by implementation"
+    title = "Prefill vs decode by implementation (attention)"
+    df = op_rows(df, "attention")
     rows = performance_rows(df)
     if rows.empty:
         return no_performance(title, df)
@@ -75,9 +78,10 @@ def tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsize=Non
     pair is the prefill/decode ratio. Attention kernel only, one layer. `model` picks one
     preset; rows with no preset (hand-given shapes) form their own panel. Bars are per impl
     and (where several) device, mode, timer and dtype; interpreter-mode and noisy rows are
-    left out (the title counts them).
+    left out (the title counts them). Other operators' rows are ignored.
     """
     title = "Prompt vs generated tokens/s (attention, one layer)"
+    df = op_rows(df, "attention")
     if model is not None:
         df = df[df["model"] == model]
         title += f" · {model}"

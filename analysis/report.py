@@ -12,7 +12,17 @@ import numpy as np
 import pandas as pd
 
 from ..bench.schema import STATUSES
-from ._figures import GROUP_FIELDS, interpreter, ok_rows, ordered_impls, ordered_phases, performance_rows
+from ._figures import (
+    GROUP_FIELDS,
+    interpreter,
+    ok_rows,
+    op_rows,
+    ordered_impls,
+    ordered_ops,
+    ordered_phases,
+    performance_rows,
+)
+from .linear_plots import layer_tokens_per_second, linear_crossings, linear_sweep
 from .phase_plots import phase_comparison, tokens_per_second
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
@@ -21,8 +31,8 @@ from .speedup import speedup
 SUMMARY_COLUMNS = (
     "ok", "noisy", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
 )
-SUMMARY_BY = GROUP_FIELDS + ("phase", "impl")
-STATUS_BY = ("device", "mode", "phase", "impl")
+SUMMARY_BY = GROUP_FIELDS + ("op", "phase", "impl")
+STATUS_BY = ("device", "mode", "op", "phase", "impl")
 CORRECTNESS_COLUMNS = ("device", "impl", "case", "max_rel_err", "status")
 
 _CAPTIONS = {
@@ -35,6 +45,11 @@ _CAPTIONS = {
     "prefill_scaling": "Prefill latency and TFLOP/s as the sequence grows.",
     "decode_scaling": "Decode bandwidth as the KV cache grows, against the measured peak.",
     "speedup": "Speedup over the baseline implementation on identical cases of one device, mode and timer.",
+    "linear_sweep": "Each projection's achieved TFLOP/s, GB/s and latency against M under the measured roofs as "
+                    "functions of M; the dash-dot line is the M where the intensity reaches the measured ridge, "
+                    "the dotted one on the latency panel the time to read the weights once at the measured GB/s.",
+    "layer_tokens_per_second": "M / (qkv + o + gate_up + down latency): tokens per second through one decoder "
+                               "layer's projections, at the M values where all four were measured.",
 }
 _LEFT_OUT = ("Interpreter-mode rows (correctness only) and noisy rows (timed while the device was "
              "contended) are left out of every figure; each figure's title counts them.")
@@ -50,8 +65,10 @@ img { max-width: 100%; border: 1px solid #eee; }
 
 
 def _sort_rows(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Phases and impls in their usual order rather than alphabetical."""
+    """Operators, phases and impls in their usual order rather than alphabetical."""
     keys = {}
+    if "op" in by:
+        keys["op"] = {name: index for index, name in enumerate(ordered_ops(table["op"].unique()))}
     if "phase" in by:
         keys["phase"] = {name: index for index, name in enumerate(ordered_phases(table["phase"].unique()))}
     if "impl" in by:
@@ -62,7 +79,7 @@ def _sort_rows(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
-    """Per group of ok rows (device, mode, timer, profiled, phase and impl by default): the
+    """Per group of ok rows (device, mode, timer, profiled, op, phase and impl by default): the
     ok count, how many of them are noisy, and best and median pct_roofline, median TFLOP/s
     and GB/s over the ok rows that are not noisy. Interpreter-mode rows are not performance
     and never enter it (see correctness_table)."""
@@ -90,11 +107,15 @@ def correctness_table(df: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=list(CORRECTNESS_COLUMNS))
     table = rows.assign(case=[_case_text(row) for row in rows.to_dict("records")])
-    table = _sort_rows(table, ["device", "phase", "impl", "batch", "q_len", "kv_len"])
+    table = _sort_rows(table, [name for name in ("device", "op", "phase", "impl", "batch", "q_len", "kv_len", "m")
+                               if name in table.columns])
     return table[list(CORRECTNESS_COLUMNS)]
 
 
 def _case_text(row: dict) -> str:
+    if row.get("op") == "linear":
+        return f"linear {row['phase']} {row.get('projection') or ''} m{row['m']} n{row['n']} k{row['k']} " \
+               f"{row['dtype']}".replace("  ", " ")
     text = (f"{row.get('op') or 'attention'} {row['phase']} b{row['batch']} hq{row['q_heads']} "
             f"hkv{row['kv_heads']} q{row['q_len']} k{row['kv_len']} d{row['head_dim']} {row['dtype']}")
     if row.get("causal") is True:
@@ -131,11 +152,12 @@ def report_rows(df: pd.DataFrame, *, include_profiled: bool = False) -> pd.DataF
 
 def problems_table(df: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
     """The reasons rows are not ok, most frequent first."""
-    columns = ["status", "impl", "phase", "reason", "rows"]
+    by = [name for name in ("status", "op", "impl", "phase", "reason") if name in df.columns]
+    columns = by + ["rows"]
     bad = df[df["status"] != "ok"]
     if bad.empty:
         return pd.DataFrame(columns=columns)
-    counts = bad.groupby(["status", "impl", "phase", "reason"], dropna=False).size().rename("rows")
+    counts = bad.groupby(by, dropna=False).size().rename("rows")
     return counts.reset_index().sort_values("rows", ascending=False, kind="stable").head(limit)[columns]
 
 
@@ -159,15 +181,25 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def figures(df: pd.DataFrame, *, datasheet: dict | None = None, baseline: str = "naive") -> dict:
-    """Every report figure by name (a name is also the PNG's file stem)."""
-    return {
-        "roofline": roofline(df, datasheet=datasheet),
-        "phase_comparison": phase_comparison(df),
-        "tokens_per_second": tokens_per_second(df),
-        "prefill_scaling": prefill_scaling(df),
-        "decode_scaling": decode_scaling(df),
-        "speedup": speedup(df, baseline=baseline),
-    }
+    """Every report figure by name (a name is also the PNG's file stem): the attention figures
+    when the frame holds attention rows, the linear ones when it holds linear rows."""
+    found = {"roofline": roofline(df, datasheet=datasheet)}
+    if has_op(df, "attention") or not has_op(df, "linear"):
+        found.update({
+            "phase_comparison": phase_comparison(df),
+            "tokens_per_second": tokens_per_second(df),
+            "prefill_scaling": prefill_scaling(df),
+            "decode_scaling": decode_scaling(df),
+        })
+    found["speedup"] = speedup(df, baseline=baseline)
+    if has_op(df, "linear"):
+        found["linear_sweep"] = linear_sweep(df)
+        found["layer_tokens_per_second"] = layer_tokens_per_second(df)
+    return found
+
+
+def has_op(df: pd.DataFrame, op: str) -> bool:
+    return not op_rows(df, op).empty
 
 
 def write_report(
@@ -220,6 +252,22 @@ def _format_number(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
+def _linear_section(df: pd.DataFrame) -> list[str]:
+    """The crossings table, only for a frame with linear rows."""
+    if not has_op(df, "linear"):
+        return []
+    return [
+        '<h2 id="linear">Linear layers: where decode turns compute-bound</h2>',
+        '<p class="note">Per projection and implementation: the measured ridge (peak TFLOP/s · 1000 / peak GB/s, '
+        "FLOP/B), the M at which this N, K reaches it (crossing_m, from 2·M·N·K / (elem·(M·K + N·K + M·N))), the M "
+        "range measured and whether its ends are memory- and compute-bound. The achieved figures at the smallest "
+        "and largest M, and the latency against the weight-streaming floor (elem·N·K bytes at the measured GB/s; "
+        "floor_pct = 100 · floor / latency), are over the rows that are not noisy; interpreter-mode rows take no "
+        "part. See the linear sweep figure below.</p>",
+        _table_html(linear_crossings(df)),
+    ]
+
+
 def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str], left_out: int) -> str:
     runs = runs_table(df)
     profiled_note = (f" {left_out} rows measured under a profiler are left out "
@@ -234,7 +282,7 @@ def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[st
         "Percentages are against the roofline measured on the machine that ran the row; "
         f"rows of different devices, modes and timers are never pooled.{profiled_note}</p>",
         "<h2>Runs</h2>", _table_html(runs),
-        "<h2>Summary by device, mode, timer, phase and implementation</h2>",
+        "<h2>Summary by device, mode, timer, operator, phase and implementation</h2>",
         '<p class="note">Per group of ok rows (interpreter-mode rows are in the correctness table): '
         "how many, how many were noisy, and over the ones that were not, best and median % of the "
         "measured roofline, median TFLOP/s and GB/s.</p>",
@@ -244,6 +292,7 @@ def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[st
         _table_html(correctness_table(df)),
         "<h2>Status</h2>", _table_html(status_table(df)),
         "<h2>Rows that are not ok</h2>", _table_html(problems_table(df)),
+        *_linear_section(df),
         "<h2>Figures</h2>",
         f'<p class="note">{html.escape(_LEFT_OUT)}</p>',
     ]

@@ -16,10 +16,11 @@ from ._figures import (
     left_out_note,
     new_figure,
     no_performance,
+    op_phase_marker,
     ordered_impls,
+    ordered_ops,
     ordered_phases,
     performance_rows,
-    phase_marker,
 )
 
 _CEILING_SHADES = ("0.1", "0.45", "0.3", "0.6", "0.2", "0.5")
@@ -32,8 +33,9 @@ def roofline(
     title: str = "Roofline",
     figsize=None,
 ) -> Figure:
-    """Log-log roofline of the ok rows: one point per row, colour = impl, marker = phase,
-    one panel per (device, mode, timer) group (titled with it).
+    """Log-log roofline of the ok rows of every operator: one point per row, colour = impl,
+    marker = operator and phase (attention and linear rows have markers of their own), one
+    panel per (device, mode, timer) group (titled with it).
 
     Interpreter-mode and noisy rows are left out (the title counts them). For each
     (device, dtype) in a panel the measured ceilings (median of the rows' peak_gbps and
@@ -59,10 +61,11 @@ def roofline(
 def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for (impl, phase), group in rows.groupby(["impl", "phase"], sort=False):
+    rows = rows.assign(_op=_ops(rows))
+    for (impl, op, phase), group in rows.groupby(["impl", "_op", "phase"], sort=False):
         ax.scatter(
             floats(group["intensity"]), floats(group["tflops"]),
-            color=colors[impl], marker=phase_marker(phase), s=40, alpha=0.85,
+            color=colors[impl], marker=op_phase_marker(op, phase), s=40, alpha=0.85,
             edgecolors="white", linewidths=0.6, zorder=3, gid=SERIES_GID,
         )
 
@@ -91,14 +94,23 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None) -> None
         Line2D([], [], linestyle="", marker="o", color=colors[impl], label=impl)
         for impl in ordered_impls(rows["impl"].unique())
     ]
+    ops = ordered_ops(rows["_op"].unique())
     phase_handles = [
-        Line2D([], [], linestyle="", marker=phase_marker(phase), color="0.35", label=phase)
-        for phase in ordered_phases(rows["phase"].unique())
+        Line2D([], [], linestyle="", marker=op_phase_marker(op, phase), color="0.35",
+               label=phase if ops == ["attention"] else f"{op} · {phase}")
+        for op in ops
+        for phase in ordered_phases(rows.loc[rows["_op"] == op, "phase"].unique())
     ]
     ax.legend(
         handles=impl_handles + phase_handles + ceiling_handles,
         loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False,
     )
+
+
+def _ops(rows: pd.DataFrame) -> pd.Series:
+    if "op" not in rows.columns:
+        return pd.Series("attention", index=rows.index)
+    return rows["op"].fillna("attention").replace("", "attention")
 
 
 def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:

@@ -17,6 +17,7 @@ from ._figures import (
     left_out_note,
     new_figure,
     no_performance,
+    op_rows,
     ordered_impls,
     performance_rows,
     series_fields,
@@ -31,11 +32,12 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Prefill rows: latency (log) and achieved TFLOP/s against sequence length, one line per
     impl, split (and labelled) by dtype, model or shape where those vary; one row of panels
     per (device, mode, timer) group. Interpreter-mode and noisy rows are left out (the
-    title counts them).
+    title counts them). Attention rows only.
 
     Lines carry gid "series"; a point is the median of the rows at that length.
     """
     title = "Prefill scaling with sequence length"
+    df = op_rows(df, "attention")
     rows = performance_rows(df, "prefill")
     if rows.empty:
         return no_performance(title, df, "prefill")
@@ -64,10 +66,12 @@ def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Decode rows: achieved GB/s against KV length, one line per impl × batch (split further
     where dtype, model or heads vary), one panel per (device, mode, timer) group with its
     measured peak dotted. Interpreter-mode and noisy rows are left out (the title counts them).
+    Attention rows only.
 
     Data lines carry gid "series", peak lines gid "ceiling".
     """
     title = "Decode bandwidth with KV length"
+    df = op_rows(df, "attention")
     rows = performance_rows(df, "decode")
     if rows.empty:
         return no_performance(title, df, "decode")

@@ -18,6 +18,7 @@ from ._figures import (
     no_data,
     one_group_note,
     ordered_impls,
+    ordered_ops,
     ordered_phases,
     performance_rows,
     spread,
@@ -48,23 +49,29 @@ def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
 
 
 def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figure:
-    """Per phase: the speedup of every other impl over `baseline` (log scale; 1 = as fast).
+    """Per operator and phase: the speedup of every other impl over `baseline` (log scale;
+    1 = as fast).
 
-    Cases match on the case fields, dtype, device, mode and timer; one point per matched
-    case, the bar is the median (also written as text). Labels name the group where the
-    frame holds several.
+    Cases match on the operator, the case fields (linear: m, n, k, projection), dtype,
+    device, mode and timer; one point per matched case, the bar is the median (also written
+    as text). Labels name the group where the frame holds several; panel titles name the
+    operator where the frame holds several.
     """
     title = f"Speedup over {baseline} (same case, dtype, device, mode and timer)"
     table = speedup_table(df, baseline)
     if table.empty:
         return no_data(title, f"no case ran ok with both {baseline!r} and another impl in one group")
     table = table.assign(category=categories(table))
-    phases = ordered_phases(table["phase"].unique())
+    if "op" not in table.columns:
+        table["op"] = "attention"
+    ops = ordered_ops(table["op"].unique())
+    panels = [(op, phase) for op in ops
+              for phase in ordered_phases(table.loc[table["op"] == op, "phase"].unique())]
     colors = impl_colors(table["impl"].unique())
-    fig, axes = new_figure(1, len(phases), figsize=figsize)
-    for column, phase in enumerate(phases):
+    fig, axes = new_figure(1, len(panels), figsize=figsize)
+    for column, (op, phase) in enumerate(panels):
         ax = axes[0, column]
-        in_phase = table[table["phase"] == phase]
+        in_phase = table[(table["op"] == op) & (table["phase"] == phase)]
         rank = {impl: index for index, impl in enumerate(ordered_impls(in_phase["impl"].unique()))}
         order = sorted(
             in_phase[["category", "impl"]].drop_duplicates().itertuples(index=False),
@@ -85,7 +92,7 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
         ax.set_xlim(-0.6, len(order) - 0.1)
         ax.set_xlabel("implementation")
         ax.set_ylabel(f"speedup over {baseline} (×)")
-        ax.set_title(phase)
+        ax.set_title(phase if len(ops) == 1 else f"{op} · {phase}")
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title + one_group_note(table) + left_out_note(df))
     return fig

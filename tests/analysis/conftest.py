@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import RESULT_COLUMNS
+from phasebench.bench.models import DecoderConfig
 from phasebench.bench.schema import conform
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -19,6 +20,10 @@ PEAKS = {  # (device, dtype) -> (peak_tflops, peak_gbps), "measured"
     ("AMD EPYC 9654", "float32"): (2.5, 180.0),
     ("AMD EPYC 9654", "bfloat16"): (1.2, 180.0),
 }
+# A decoder of awkward sizes: qkv 1500x1000, o 1000x1000, gate_up 5460x1000, down 1000x2730, lm_head 5003x1000.
+AWKWARD = DecoderConfig(hidden=1000, intermediate=2730, layers=3, q_heads=8, kv_heads=2, head_dim=125, vocab=5003,
+                        name="awkward-1k")
+LINEAR_MS = (1, 3, 8, 24, 96, 384, 1536)
 NAN_PERF = ("latency_ms", "latency_p20_ms", "latency_p80_ms", "tflops", "gbps", "pct_roofline")
 
 
@@ -100,6 +105,62 @@ def make_rows(
     return frame
 
 
+def make_linear_rows(
+    rng: np.random.Generator,
+    *,
+    run_id: str = "lin-a",
+    device: str = "NVIDIA H200",
+    device_kind: str = "cuda",
+    impls=("naive", "torch", "triton"),
+    dtype: str = "bfloat16",
+    config: DecoderConfig = AWKWARD,
+    projections=("qkv", "o", "gate_up", "down"),
+    ms=LINEAR_MS,
+    drop=(),
+    timer: str | None = None,
+    interpreter_impls=(),
+    noisy: bool = False,
+) -> pd.DataFrame:
+    """Linear result rows as the runner writes them (attention columns empty): x [m, k] times w [n, k]
+    for each projection of `config`, random (seeded) latencies under the roofline of PEAKS;
+    (projection, m) pairs in `drop` are not measured. M up to 256 is decode, above it prefill."""
+    peak_tflops, peak_gbps = PEAKS[(device, dtype)]
+    elem = ELEMENT_BYTES[dtype]
+    timer = timer or ("cuda-events" if device_kind == "cuda" else "perf_counter_ns")
+    shapes = config.projections()
+    rows = []
+    for impl in impls:
+        for projection in projections:
+            n, k = shapes[projection]
+            for m in ms:
+                if (projection, m) in drop:
+                    continue
+                flops, moved = 2.0 * m * n * k, float(elem * (m * k + n * k + m * n))
+                intensity = flops / moved
+                roof = min(peak_tflops, intensity * peak_gbps / 1e3)
+                achieved = roof * rng.uniform(0.05, 0.9)
+                latency_ms = flops / (achieved * 1e12) * 1e3
+                rows.append({
+                    "run_id": run_id, "time": "2025-06-03T09:00:00+00:00", "device": device,
+                    "device_kind": device_kind, "suite": "decode-linear", "model": config.name, "op": "linear",
+                    "impl": impl, "backend": {"naive": "torch-loops", "torch": "F.linear"}.get(impl, "triton-gemm"),
+                    "mode": "interpreter" if impl in interpreter_impls else "compiled",
+                    "phase": "decode" if m <= 256 else "prefill", "shape": f"{projection} m{m} n{n} k{k}",
+                    "dtype": dtype, "seqlens": "", "m": m, "n": n, "k": k, "projection": projection,
+                    "flops": flops, "bytes": moved, "intensity": intensity, "latency_ms": latency_ms,
+                    "latency_p20_ms": latency_ms * (1 - rng.uniform(0.005, 0.05)),
+                    "latency_p80_ms": latency_ms * (1 + rng.uniform(0.005, 0.05)),
+                    "samples": int(rng.integers(20, 200)), "timer": timer,
+                    "noisy": noisy, "noise_reason": "another process held the CPU" if noisy else "",
+                    "tflops": flops / (latency_ms / 1e3) / 1e12, "gbps": moved / (latency_ms / 1e3) / 1e9,
+                    "peak_tflops": peak_tflops, "peak_gbps": peak_gbps, "roof_tflops": roof,
+                    "pct_roofline": 100 * achieved / roof,
+                    "bound": "memory" if intensity * peak_gbps / 1e3 < peak_tflops else "compute",
+                    "max_rel_err": float(rng.uniform(1e-4, 5e-3)), "status": "ok", "reason": "", "profiled": False,
+                })
+    return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+
+
 def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int = 2, datasheet=True,
               profiled: bool | None = None) -> Path:
     """A `phasebench run` output folder: results files plus run.json."""
@@ -146,8 +207,13 @@ def write_pytest_benchmark(path: Path, rows: pd.DataFrame, rng: np.random.Genera
     benchmarks = []
     for row in rows[rows["status"] == "ok"].itertuples(index=False):
         row = row._asdict()
-        extra = {name: (row[name].item() if hasattr(row[name], "item") else row[name]) for name in info_fields}
-        param = f"{row['impl']}-{row['phase']}-b{row['batch']}-k{row['kv_len']}"
+        # as the bench writes them: each op's own case fields only (a linear entry has no batch, no kv_len)
+        extra = {name: (row[name].item() if hasattr(row[name], "item") else row[name])
+                 for name in info_fields if not pd.isna(row[name])}
+        if row["op"] == "linear":
+            param = f"{row['impl']}-{row['phase']}-{row['projection']}-m{row['m']}"
+        else:
+            param = f"{row['impl']}-{row['phase']}-b{row['batch']}-k{row['kv_len']}"
         benchmarks.append({
             "group": row["phase"], "name": f"test_attention[{param}]",
             "fullname": f"bench/test_attention.py::test_attention[{param}]",
@@ -199,4 +265,10 @@ def mixed(rng) -> pd.DataFrame:
 def helpers():
     """The builders above, for tests that need several runs or files."""
 
-    return SimpleNamespace(make_rows=make_rows, write_run=write_run, write_pytest_benchmark=write_pytest_benchmark)
+    return SimpleNamespace(make_rows=make_rows, make_linear_rows=make_linear_rows, write_run=write_run,
+                           write_pytest_benchmark=write_pytest_benchmark)
+
+
+@pytest.fixture
+def linear_rows(rng) -> pd.DataFrame:
+    return conform(make_linear_rows(rng))

@@ -22,7 +22,7 @@ def frame(rows) -> pd.DataFrame:
 
 def test_summary_table(frame):
     table = summary_table(frame)
-    assert list(table.columns[:6]) == ["device", "mode", "timer", "profiled", "phase", "impl"]
+    assert list(table.columns[:7]) == ["device", "mode", "timer", "profiled", "op", "phase", "impl"]
     assert table["phase"].tolist()[0] == "prefill" and table["impl"].tolist()[:3] == ["naive", "flash", "triton"]
     ok = frame[frame["status"] == "ok"]
     assert table["ok"].sum() == len(ok) and table["noisy"].sum() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -21,6 +22,7 @@ def test_report_on_a_fresh_quick_run(quick_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     pngs = {p.name for p in tmp_path.glob("*.png")}
     assert "roofline.png" in pngs and len(pngs) >= 5
+    assert {"linear_sweep.png", "layer_tokens_per_second.png"} <= pngs  # the quick suite has linear cases
     page = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64," in page and "best_pct_roofline" in page
     assert "prefill" in proc.stdout and "decode" in proc.stdout
@@ -32,9 +34,19 @@ def test_report_on_a_pytest_benchmark_json(bench_json, tmp_path):
 
 
 def test_runner_and_benchmark_rows_combine(quick_run, bench_json):
+    # What holds on any device: the counts come from the files (the suites differ between CPU and GPU).
+    runner_rows = len(load(quick_run))
+    with open(quick_run / "results.csv", encoding="utf-8") as handle:
+        assert runner_rows == sum(1 for _ in handle) - 1
+    entries = json.loads(bench_json.read_text())["benchmarks"]
+    bench_rows = sum(1 for entry in entries if "impl" in (entry.get("extra_info") or {}))
+    assert bench_rows == len(load(bench_json)) > 0
     df = load(quick_run, bench_json)
-    assert df.run_id.nunique() == 2 and len(df) == 12 + 8
-    assert set(df.impl) == {"naive", "flash", "triton"}
+    assert len(df) == runner_rows + bench_rows and df.run_id.nunique() == 2
+    assert set(df.op) == {"attention", "linear"}
+    assert {"naive", "flash", "triton"} <= set(df.impl)
+    for run_id, rows in df.groupby("run_id"):
+        assert set(rows.op) == {"attention", "linear"}, run_id
 
 
 def test_report_refuses_a_broken_file(tmp_path, capsys):
@@ -51,10 +63,23 @@ def test_committed_samples_load():
     assert (df.status == "ok").sum() > 0 and {"prefill", "decode"} <= set(df.phase)
 
 
+# The figures each notebook draws, at least.
+NOTEBOOK_IMAGES = {
+    "roofline.ipynb": 6,  # roofline, phases, tokens/s, two scaling figures, speedup
+    "linear.ipynb": 4,  # linear sweep, layer tokens/s, roofline, speedup
+}
+NO_TORCH = 'import sys\nassert not [m for m in sys.modules if m.split(".")[0] in ("torch", "triton")]'
+
+
+def test_every_notebook_is_checked():
+    assert {path.name for path in NOTEBOOKS} == set(NOTEBOOK_IMAGES)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path: Path):
     nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(NO_TORCH))  # whatever the notebook itself checks
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     images = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if "image/png" in o.get("data", {})]
-    assert len(images) >= 6  # roofline, phases, tokens/s, two scaling figures, speedup
+    assert len(images) >= NOTEBOOK_IMAGES[path.name]
