@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,16 @@ class Verdict:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Viewed:
+    """A reference for an output that is not one tensor in the case's dtype (a tuple, indices): the gate
+    applies `view` to the output, outside the timed call, and judges the tensor it gives against `tensor`.
+    `view` raises ValueError, with one line, for an output it cannot take."""
+
+    tensor: torch.Tensor
+    view: Callable[[object], torch.Tensor]
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| / max |ref|, NaN anywhere counting as an infinite error."""
     diff = (out.to(ref.dtype) - ref).abs()
@@ -45,6 +56,12 @@ def limit_for(dtype: str, baseline_error: float | None) -> float:
 
 def judge(out, reference: torch.Tensor, dtype: str, baseline_error: float | None = None) -> Verdict:
     """Check shape, dtype, finiteness and error of `out` against the higher-precision `reference`."""
+    if isinstance(reference, Viewed):
+        try:
+            out = reference.view(out)
+        except ValueError as err:
+            return Verdict(False, float("inf"), 0.0, str(err).splitlines()[0] if str(err) else "unviewable output")
+        reference = reference.tensor
     if not isinstance(out, torch.Tensor):
         return Verdict(False, float("inf"), 0.0, f"output is a {type(out).__name__}, not a tensor")
     if tuple(out.shape) != tuple(reference.shape):

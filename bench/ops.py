@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import prepare, prepare_linear
-from ..profiles.names import case_key_for, linear_key_for
-from . import correctness, cost, linear_cases, linear_check, memory
+from ..profiles.names import case_key_for, elementwise_key_for, linear_key_for
+from . import correctness, cost, elementwise_cases, elementwise_check, linear_cases, linear_check, memory
 from .cases import AttentionCase
+from .elementwise_cases import ElementwiseCase
 from .linear_cases import LinearCase
 
 
@@ -45,7 +46,13 @@ LINEAR = Operator(
     prepare=lambda case, x, impl: prepare_linear(x.x, x.w, impl=impl),
     does_not_fit=linear_check.does_not_fit, key=linear_key_for,
 )
-OPERATORS: dict[str, Operator] = {op.name: op for op in (ATTENTION, LINEAR)}
+ELEMENTWISE = Operator(
+    name="elementwise", case_type=ElementwiseCase, flops=elementwise_cases.flops,
+    min_bytes=elementwise_cases.min_bytes, make_inputs=elementwise_check.make_inputs,
+    reference=elementwise_check.reference, baseline_error=elementwise_check.baseline_error,
+    prepare=elementwise_check.prepare, does_not_fit=elementwise_check.does_not_fit, key=elementwise_key_for,
+)
+OPERATORS: dict[str, Operator] = {op.name: op for op in (ATTENTION, LINEAR, ELEMENTWISE)}
 
 
 def operator_of(case) -> Operator:

@@ -39,7 +39,7 @@ class RunConfig:
     Cases may be of any operator; each runs with the named impls that its operator has."""
 
     cases: Sequence
-    impls: Sequence[str]
+    impls: Sequence[str] | dict[str, Sequence[str]]
     device: torch.device
     out_dir: Path
     suite: str = "custom"
@@ -53,9 +53,11 @@ class RunConfig:
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
 
 
-def impls_for(case, impls: Sequence[str]) -> list[str]:
-    """The impls of `impls` that the case's operator has (naive serves every operator, flash attention only)."""
-    return [name for name in impls if name in OPS[case.op]]
+def impls_for(case, impls) -> list[str]:
+    """The impls of `impls` that the case's operator has (naive serves every operator, flash attention only);
+    `impls` may also map each operator to its own list."""
+    names = impls.get(case.op, ()) if isinstance(impls, dict) else impls
+    return [name for name in names if name in OPS[case.op]]
 
 
 def measurement_options(device: torch.device, timer: TimerConfig, profiled: bool) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
 from . import flash, linear_naive, linear_torch, naive  # noqa: F401  (registers the implementations)
 # isort: on
+from .elementwise import elementwise, prepare_elementwise
 from .errors import Unsupported
 from .linear_request import LinearRequest, validate_linear
 from .plugins import load_plugin, register
@@ -21,7 +22,8 @@ else:
 
 __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
            "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
-           "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS"]
+           "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
+           "elementwise", "prepare_elementwise"]
 
 
 def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> AttentionCall:

@@ -21,6 +21,7 @@ CALLERS: dict[str, Callable] = {
     "attention": lambda fn, req: fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale,
                                     cache_seqlens=req.cache_seqlens),
     "linear": lambda fn, req: fn(req.x, req.w),
+    "elementwise": lambda fn, req: fn(req.kind, *req.tensors, **req.options),  # options: eps, base (filled)
 }
 
 

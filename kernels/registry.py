@@ -70,7 +70,8 @@ class Impl:
 IMPLS: dict[str, Impl] = {}
 BUILTINS: set[str] = set()  # names a plugin may not take
 LINEAR_IMPLS: dict[str, Impl] = {}
-OPS: dict[str, dict[str, Impl]] = {"attention": IMPLS, "linear": LINEAR_IMPLS}  # implementations by operator
+ELEMENTWISE_IMPLS: dict[str, Impl] = {}
+OPS: dict[str, dict[str, Impl]] = {"attention": IMPLS, "linear": LINEAR_IMPLS, "elementwise": ELEMENTWISE_IMPLS}
 
 
 def add_builtin(impl: Impl) -> Impl:

@@ -12,7 +12,8 @@ L2FLUSH = "l2flush"  # nested range around the L2 flush between timed calls
 STAGES = (SETUP, CHECK, TIMING)
 FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")
 LINEAR_FIELDS = ("m", "n", "k")
-ALL_FIELDS = ("op", *FIELDS, "kv_tokens", *LINEAR_FIELDS)  # what parse_case_key returns (None where n/a)
+ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fields kv_heads, head_dim
+ALL_FIELDS = ("op", *FIELDS, "kv_tokens", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS)  # parse_case_key's (None where n/a)
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -26,6 +27,12 @@ _LINEAR_KEY = re.compile(
     r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
     r"-(?P<dtype>[A-Za-z0-9_]+)"
 )
+_ELEMENTWISE_KEY = re.compile(
+    r"elementwise/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/(?P<kind>[A-Za-z0-9_]+)-m(?P<m>\d+)-n(?P<n>\d+)"
+    r"(?:-hkv(?P<kv_heads>\d+))?(?:-d(?P<head_dim>\d+))?(?:-c(?P<cache_len>\d+))?-(?P<dtype>[A-Za-z0-9_]+)"
+)
+# (tag, field) of the dimensions an elementwise key carries after m and n, where the case has them
+_ELEMENTWISE_DIMS = (("hkv", "kv_heads"), ("d", "head_dim"), ("c", "cache_len"))
 
 
 def _word(field: str, value, pattern=_WORD) -> str:
@@ -78,6 +85,20 @@ def linear_key_for(case, impl: str) -> str:
         _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims)
 
 
+def elementwise_key_for(case, impl: str) -> str:
+    """The NVTX name of an elementwise case: 'elementwise/<impl>/<phase>/rmsnorm-m8-n4096-bfloat16', with
+    '-hkv8', '-d128' and '-c4096' after n where the case has kv_heads, head_dim and cache_len."""
+    dims = []
+    for tag, field in (("m", "m"), ("n", "n"), *_ELEMENTWISE_DIMS):
+        value, needed = getattr(case, field, 0), field in ("m", "n")
+        if isinstance(value, bool) or not isinstance(value, int) or value < int(needed):
+            raise ValueError(f"{field}={value!r}: must be a {'positive' if needed else 'non-negative'} int")
+        if value or needed:
+            dims.append(f"{tag}{value}")
+    return "elementwise/{}/{}/{}-{}-{}".format(_word("impl", impl, _IMPL), _word("phase", case.phase),
+                                               _word("kind", case.kind), "-".join(dims), _word("dtype", case.dtype))
+
+
 def parse_case_key(name) -> dict | None:
     """The fields of a case key (ints as int, causal as bool), or None when `name` is not exactly one."""
     if not isinstance(name, str):
@@ -96,6 +117,12 @@ def parse_case_key(name) -> dict | None:
         out.update(m.groupdict(), op="linear")
         for field in LINEAR_FIELDS:
             out[field] = int(out[field])
+        return out
+    m = _ELEMENTWISE_KEY.fullmatch(name)
+    if m is not None:
+        out.update(m.groupdict(), op="elementwise")
+        for field in ("m", "n", "kv_heads", "head_dim", "cache_len"):
+            out[field] = int(out[field]) if out[field] is not None else None
         return out
     return None
 
