@@ -127,8 +127,10 @@ def speed_figures(row: dict, latency_ms: float) -> dict:
     """Latency, TFLOP/s, GB/s and % of roofline of a row from its median latency."""
     seconds = latency_ms / 1e3
     tflops = row["flops"] / seconds / 1e12
-    return {"latency_ms": latency_ms, "tflops": tflops, "gbps": row["bytes"] / seconds / 1e9,
-            "pct_roofline": 100 * tflops / row["roof_tflops"]}
+    gbps = row["bytes"] / seconds / 1e9
+    # an op with no arithmetic (a copy) has a zero roof: its share of the roof is its share of the bandwidth
+    pct = 100 * tflops / row["roof_tflops"] if row["roof_tflops"] > 0 else 100 * gbps / row["peak_gbps"]
+    return {"latency_ms": latency_ms, "tflops": tflops, "gbps": gbps, "pct_roofline": pct}
 
 
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
@@ -165,4 +167,5 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     except Exception as err:  # a sweep records the failure and goes on
         return {**row, "status": "failed", "reason": one_line(err)}
     return {**row, **speed_figures(row, timing.median_ms), "latency_p20_ms": timing.percentile_ms(20),
-            "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count}
+            "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
+            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not

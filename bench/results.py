@@ -17,10 +17,11 @@ CASE_COLUMNS = list(schema.CASE_COLUMNS)
 COLUMNS = list(schema.RESULT_COLUMNS)
 STATUSES = schema.STATUSES
 TEXT_COLUMNS = schema.RESULT_STRING_COLUMNS
+SAMPLES = schema.SAMPLES_COLUMN
 
 
-# Every field that changes a measurement: two rows that agree on all of them measured the same thing.
-KEY_COLUMNS = ("op", "impl", "model", *CASE_COLUMNS, "seqlens", *schema.LINEAR_COLUMNS, "device", "mode", "timer")
+KEY_COLUMNS = schema.KEY_COLUMNS
+sample_key, read_samples = schema.sample_key, schema.read_samples
 RETRIED = ("failed", "skipped")
 
 
@@ -36,6 +37,9 @@ def row_key(row: dict) -> tuple:
 class ResultsStore:
     """Appends rows to DIR/results.csv (flushed and synced per row) and writes parquet and run.json.
 
+    An ok row's raw samples go to DIR/samples.jsonl (one synced line per row, before its CSV line) and
+    join the CSV rows in results.parquet's `samples_ms` column, so a killed run loses none of them.
+
     `options` are the run's measurement options (device, timer, mode); a resume whose options differ
     from those in DIR/run.json is refused. `retry_failed` drops failed and skipped rows so they run again.
     """
@@ -45,6 +49,7 @@ class ResultsStore:
         self.csv_path = self.out_dir / "results.csv"
         self.parquet_path = self.out_dir / "results.parquet"
         self.run_json_path = self.out_dir / "run.json"
+        self.samples_path = self.out_dir / "samples.jsonl"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(self.out_dir, os.W_OK):
             raise PermissionError(f"out: {self.out_dir} is not writable")
@@ -58,9 +63,12 @@ class ResultsStore:
                     self._rewrite(kept)
                 rows = kept
             self.done = {row_key(r) for r in rows}
-        elif self.csv_path.exists():
-            self.csv_path.unlink()
-            self.parquet_path.unlink(missing_ok=True)
+            _end_line(self.samples_path)
+        else:
+            if self.csv_path.exists():
+                self.csv_path.unlink()
+                self.parquet_path.unlink(missing_ok=True)
+            self.samples_path.unlink(missing_ok=True)
 
     def _check_options(self, options: dict | None) -> None:
         previous = (self.previous_run() or {}).get("measurement")
@@ -104,6 +112,13 @@ class ResultsStore:
         return row_key(row_like) in self.done
 
     def append(self, row: dict) -> None:
+        if row.get(SAMPLES):
+            entry = {"key": dict(zip(KEY_COLUMNS, sample_key(row), strict=True)),
+                     SAMPLES: [float(v) for v in row[SAMPLES]]}
+            with self.samples_path.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
         new_file = not self.csv_path.exists()
         with self.csv_path.open("a", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
@@ -120,9 +135,25 @@ class ResultsStore:
         return read_results_csv(self.csv_path)
 
     def write_parquet(self) -> pd.DataFrame:
+        """results.parquet: the CSV rows plus their samples_ms (None where a row has none); returns the CSV rows."""
         df = self.frame()
-        df.to_parquet(self.parquet_path, index=False)
+        table = df.copy()
+        samples = read_samples(self.samples_path)
+        # keys from the CSV's own text, line by line: the frame's dtypes would blur blanks and bools
+        keys = [sample_key(r) for r in self._read_rows()] if self.csv_path.exists() else []
+        values = [samples.get(k) for k in keys] if len(keys) == len(table) else [None] * len(table)
+        table[SAMPLES] = pd.Series(values, index=table.index, dtype=object)
+        table.to_parquet(self.parquet_path, index=False)
         return df
+
+
+def _end_line(path: Path) -> None:
+    """End a line torn by a kill, so the next append starts a line of its own."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
 
 
 def _csv_value(value):

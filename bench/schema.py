@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -12,6 +16,8 @@ SCHEMA_VERSION = 2
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
 # The fields of a linear case (bench.linear_cases.LinearCase) beside dtype, phase and model.
 LINEAR_COLUMNS = ("m", "n", "k", "projection")
+# The fields of an elementwise case (bench.elementwise_cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
+ELEMENTWISE_COLUMNS = ("kind", "cache_len")
 
 # One row per (case, impl), in the order the runner writes them.
 RESULT_COLUMNS = (
@@ -22,6 +28,7 @@ RESULT_COLUMNS = (
     "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
+    *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
@@ -40,7 +47,7 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "m", "n", "k", "projection")
+               "m", "n", "k", "projection", "kind", "cache_len")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -54,19 +61,60 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "timer", "noise_reason", "bound", "status", "reason",
+    "phase", "shape", "dtype", "seqlens", "projection", "kind", "timer", "noise_reason", "bound", "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
     "phasebench_version", "git_commit", "datasheet_name",
 )
-INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k")
+INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k",
+               "cache_len")
 BOOL_COLUMNS = ("causal", "noisy", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline",
     "max_rel_err", "datasheet_tflops", "datasheet_gbps",
 )
+
+# Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which
+# keeps the summary; conform() and the CSV readers leave it as it is (bench.results writes it).
+SAMPLES_COLUMN = "samples_ms"
+
+
+# Every field that changes a measurement: two rows that agree on all of them measured the same thing.
+# phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", *LINEAR_COLUMNS, "kind", "cache_len",
+               "device", "mode", "timer")
+
+
+def sample_key(row) -> tuple:
+    """row_key with blanks (None, NaN, NA) as "" and whole floats as ints: one key for a measured row,
+    a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows."""
+    return tuple(_key_text(row.get(c)) for c in KEY_COLUMNS)
+
+
+def _key_text(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def read_samples(path: Path) -> dict[tuple, list[float]]:
+    """{sample_key: samples in ms} from a samples.jsonl; a line torn by a kill is skipped, the latest line wins."""
+    found: dict[tuple, list[float]] = {}
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return found
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+            found[tuple(entry["key"].get(c, "") for c in KEY_COLUMNS)] = [float(v) for v in entry[SAMPLES_COLUMN]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
 
 # What a row that lacks a column (an older schema) or leaves it blank holds; other missing
 # columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().

@@ -1,0 +1,494 @@
+"""Compare two result sets: pairs of the same measurement, the ratio of their medians with an interval, a verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from ..bench.schema import CASE_FIELDS, SAMPLES_COLUMN, conform, read_samples, sample_key
+from ._figures import GROUP_FIELDS, new_figure, no_data
+
+__all__ = ["BY", "KINDS", "VERDICTS", "compare", "comparison_figure", "format_comparison", "parse_threshold",
+           "regressions", "with_samples", "comparison_note", "comparison_tables"]
+
+# What may differ between the two sides of a pair, and the column that holds it.
+BY = {"run": "run_id", "impl": "impl", "device": "device", "timer": "timer"}
+VERDICTS = ("faster", "slower", "within noise")
+KINDS = ("pair", "status change", "base only", "new only")  # a comparison row's `pairing`
+RESAMPLES = 2000
+MIN_BOOTSTRAP = 3  # fewer samples on a side: the interval comes from the spread columns
+# Two rows are the same measurement when they agree on all of these (less the compared dimension).
+KEY_FIELDS = tuple(dict.fromkeys(("op", "model", *CASE_FIELDS, "dtype", "impl", *GROUP_FIELDS)))
+# Per side, in the output as base_X and new_X.
+SIDE_FIELDS = ("run_id", "impl", "device", "timer", "backend", "status", "reason", "latency_ms", "samples",
+               "tflops", "gbps", "pct_roofline", "noisy", "noise_reason", "source")
+# z of the half-width of the 20-80 and 25-75 percentile ranges of a normal distribution.
+_SPREAD_Z = {"p20/p80": NormalDist().inv_cdf(0.8), "q1/q3": NormalDist().inv_cdf(0.75)}
+_MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median: sqrt(pi/2) * sigma / sqrt(n)
+_SEP = "\x1f"
+
+
+def parse_threshold(text) -> float:
+    """'5%' or '0.05' -> 0.05; one-line ValueError otherwise."""
+    word = str(text).strip()
+    try:
+        value = float(word[:-1]) / 100 if word.endswith("%") else float(word)
+    except ValueError:
+        raise ValueError(f"threshold: expected a fraction (0.05) or a percentage (5%), got {text!r}") from None
+    if not word.endswith("%") and value >= 1:
+        raise ValueError(f"threshold: {text!r} reads as {value:g}x; write a percentage (5%) or a fraction (0.05)")
+    if not 0 <= value < 1:
+        raise ValueError(f"threshold: must be at least 0 and below 100%, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------- raw samples
+
+
+def with_samples(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with a `samples_ms` column (arrays of ms, None where unknown) filled from what its
+    sources kept: results.parquet's column, DIR/samples.jsonl beside a results.csv (a run that
+    died before writing parquet), or a pytest-benchmark JSON's stats.data."""
+    out = frame.copy()
+    if SAMPLES_COLUMN not in out.columns:
+        out[SAMPLES_COLUMN] = None
+    out[SAMPLES_COLUMN] = out[SAMPLES_COLUMN].astype(object)
+    values = [_as_samples(v) for v in out[SAMPLES_COLUMN]]
+    if "source" in out.columns:
+        lacking = [i for i, v in enumerate(values) if v is None]
+        sources = out["source"].astype(str).to_numpy()
+        for source in sorted({sources[i] for i in lacking}):
+            rows = [i for i in lacking if sources[i] == source]
+            found = _samples_from(Path(source), out.iloc[rows])
+            for i, got in zip(rows, found, strict=True):
+                values[i] = got
+    out[SAMPLES_COLUMN] = pd.Series(values, index=out.index, dtype=object)
+    return out
+
+
+def _as_samples(value) -> np.ndarray | None:
+    if value is None or (np.isscalar(value) and pd.isna(value)):
+        return None
+    array = np.asarray(value, dtype=float)
+    return array if array.size else None
+
+
+def _samples_from(path: Path, rows: pd.DataFrame) -> list:
+    if path.suffix == ".json":
+        data = _benchmark_data(path)
+        names = rows["benchmark"].astype(str) if "benchmark" in rows.columns else pd.Series("", index=rows.index)
+        return [_as_samples(data.get(name)) for name in names]
+    if path.suffix in (".csv", ".parquet"):
+        kept = read_samples(path.parent / "samples.jsonl")
+        return [_as_samples(kept.get(sample_key(row))) for row in rows.to_dict("records")]
+    return [None] * len(rows)
+
+
+def _benchmark_data(path: Path) -> dict[str, list[float]]:
+    """{fullname: samples in ms} of a pytest-benchmark JSON (`--benchmark-json` writes stats.data)."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for bench in document.get("benchmarks") or ():
+        data = (bench.get("stats") or {}).get("data")
+        if isinstance(data, list) and data:
+            found[bench.get("fullname") or bench.get("name", "")] = [1e3 * float(s) for s in data]
+    return found
+
+
+# ---------------------------------------------------------------- pairing
+
+
+def _side(source) -> pd.DataFrame:
+    if isinstance(source, pd.DataFrame):
+        frame = source if "status" in source.columns and "impl" in source.columns else conform(source)
+    else:
+        from .load import load
+
+        frame = load(source)
+    return with_samples(frame)
+
+
+def _key_fields(frame: pd.DataFrame, by: str) -> list[str]:
+    return [name for name in KEY_FIELDS if name in frame.columns and name != BY[by]]
+
+
+def _keyed(rows: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
+    """One row per key (the latest by `time`; `rows` counts how many shared it), with the key in `_key`."""
+    if rows.empty:
+        return rows.assign(_key=pd.Series(dtype=str), rows=pd.Series(dtype=int))
+    texts = [_SEP.join(_text(row[name]) for name in fields) for row in rows[fields].to_dict("records")]
+    rows = rows.assign(_key=texts)
+    order = rows.sort_values("time", kind="stable") if "time" in rows.columns else rows
+    counts = order.groupby("_key").size()
+    latest = order.drop_duplicates("_key", keep="last")
+    return latest.assign(rows=latest["_key"].map(counts).to_numpy())
+
+
+def _text(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_impl: str | None = None,
+            threshold: float = 0.05, confidence: float = 0.95, seed: int = 0,
+            resamples: int = RESAMPLES) -> pd.DataFrame:
+    """Compare result set `b` (new) against `a` (base); frames or paths as `load` takes them.
+
+    Two rows pair when they are the same measurement: equal op, model, case fields, dtype, impl,
+    device, mode, timer and profiled, less the dimension `by` that is compared:
+    - "run": two result sets of the same cases (before and after a change);
+    - "impl": impl `new_impl` against `base_impl`, rows of `a` against rows of `b` (or of `a` when b is None);
+    - "device" / "timer": two sets of one impl list on two devices, or two clocks (runner against pytest-benchmark).
+    A side with several rows of one key uses the latest (by `time`); base_rows / new_rows count them.
+
+    ratio = new median / base median (above 1: slower). Its interval (`confidence`, two-sided) is a
+    percentile bootstrap: both sides' raw samples resampled with replacement, independently,
+    `resamples` times, the ratio of the two medians each time (seeded per pair by `seed` and its
+    key). Without raw samples on both sides (at least 3 each), it is a normal approximation in log
+    space from each side's spread (p20/p80 of runner rows, q1/q3 of pytest-benchmark rows: sigma =
+    half the range / z of that range, standard error of a median sqrt(pi/2) sigma / sqrt(n)); the
+    `method` column says which. Verdict (symmetric in log space, so swapping sides swaps it):
+    slower when the interval's lower end exceeds 1 + threshold, faster when its upper end is below
+    1 / (1 + threshold), within noise otherwise (also when no interval can be made). The interval
+    covers the spread within each run only; the threshold is the allowance for run-to-run drift.
+
+    Returns one tidy frame, one row per key: `pairing` is "pair" (both ok), "status change" (both
+    sides have the key, not both ok: "ok -> incorrect", "failed -> failed"...), "base only" or
+    "new only"; nothing is dropped. Columns: the key fields, case (a label), base_/new_ run_id,
+    impl, device, timer, backend, status, reason, latency_ms, samples, tflops, gbps, pct_roofline,
+    noisy, noise_reason, source and rows; ratio, ratio_lo, ratio_hi, method, verdict, noisy
+    (either side), interpreter (either side in Triton's interpreter: not performance, never a
+    regression), change. attrs hold by, threshold and confidence.
+    """
+    if by not in BY:
+        raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+    if not (isinstance(threshold, (int, float)) and 0 <= threshold < 1):
+        raise ValueError(f"threshold: must be a fraction in [0, 1), got {threshold!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence: must be in (0, 1), got {confidence!r}")
+    if by == "impl":
+        if not base_impl or not new_impl:
+            raise ValueError("base_impl, new_impl: by='impl' needs both (e.g. base_impl='flash', new_impl='triton')")
+    elif base_impl or new_impl:
+        raise ValueError(f"base_impl, new_impl: go with by='impl', not by={by!r}")
+    elif b is None:
+        raise ValueError(f"b: by={by!r} compares two result sets; give the new one")
+    base = _side(a)
+    new = base if b is None else _side(b)
+    if by == "impl":
+        for name, side, impl in (("base_impl", base, base_impl), ("new_impl", new, new_impl)):
+            if not (side["impl"] == impl).any():
+                raise ValueError(f"{name}: no rows of impl {impl!r} (found {', '.join(sorted(set(side['impl'])))})")
+        base, new = base[base["impl"] == base_impl], new[new["impl"] == new_impl]
+    fields = [name for name in _key_fields(base, by) if name in new.columns]
+    left, right = _keyed(base, fields), _keyed(new, fields)
+    merged = left.add_prefix("base_").rename(columns={"base__key": "_key"}).merge(
+        right.add_prefix("new_").rename(columns={"new__key": "_key"}), on="_key", how="outer", indicator=True)
+    records = [_record(row, fields, threshold, confidence, seed, resamples) for row in merged.to_dict("records")]
+    frame = pd.DataFrame(records, columns=_columns(fields)).infer_objects()
+    frame = _ordered(frame)
+    frame.attrs.update(by=by, threshold=float(threshold), confidence=float(confidence))
+    return frame
+
+
+def _columns(fields: list[str]) -> list[str]:
+    sides = [f"{side}_{name}" for name in (*SIDE_FIELDS, "rows") for side in ("base", "new")]
+    return ["pairing", *fields, "case", "ratio", "ratio_lo", "ratio_hi", "method", "verdict", "noisy", "interpreter",
+            "change", *sides]
+
+
+def _record(row: dict, fields: list[str], threshold: float, confidence: float, seed: int, resamples: int) -> dict:
+    where = row["_merge"]
+    present = "base" if where in ("both", "left_only") else "new"
+    out = {name: row.get(f"{present}_{name}") for name in fields}
+    for side in ("base", "new"):
+        for name in (*SIDE_FIELDS, "rows"):
+            out[f"{side}_{name}"] = row.get(f"{side}_{name}")
+    out["case"] = _case_label({**out, "shape": row.get(f"{present}_shape")})
+    out["noisy"] = _true(out["base_noisy"]) or _true(out["new_noisy"])
+    out["interpreter"] = "interpreter" in (row.get("base_mode"), row.get("new_mode"))
+    out["change"] = ""
+    if where != "both":
+        out["pairing"] = "base only" if where == "left_only" else "new only"
+        return out
+    if not (out["base_status"] == "ok" and out["new_status"] == "ok"):
+        out["pairing"], out["change"] = "status change", f"{out['base_status']} -> {out['new_status']}"
+        return out
+    out["pairing"] = "pair"
+    ratio = float(out["new_latency_ms"]) / float(out["base_latency_ms"])
+    rng = np.random.default_rng([seed, zlib.crc32(row["_key"].encode())])  # a pair's interval ignores the others
+    low, high, method = _interval(row, ratio, confidence, rng, resamples)
+    out.update(ratio=ratio, ratio_lo=low, ratio_hi=high, method=method, verdict=_verdict(low, high, threshold))
+    return out
+
+
+def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int) -> tuple[float, float, str]:
+    base, new = _as_samples(row.get(f"base_{SAMPLES_COLUMN}")), _as_samples(row.get(f"new_{SAMPLES_COLUMN}"))
+    if base is not None and new is not None and min(len(base), len(new)) >= MIN_BOOTSTRAP:
+        medians = [np.median(s[rng.integers(0, len(s), size=(resamples, len(s)))], axis=1) for s in (base, new)]
+        ratios = medians[1] / medians[0]
+        tail = (1 - confidence) / 2
+        return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail)), "bootstrap"
+    errors, kinds = [], []
+    for side in ("base", "new"):
+        kind = "q1/q3" if str(row.get(f"{side}_source") or "").endswith(".json") else "p20/p80"
+        low, high, median = (_float(row.get(f"{side}_{name}")) for name in ("latency_p20_ms", "latency_p80_ms",
+                                                                            "latency_ms"))
+        count = _float(row.get(f"{side}_samples"))
+        if not (0 < low <= median <= high and count >= 2):
+            return math.nan, math.nan, "none"
+        sigma = (math.log(high) - math.log(low)) / (2 * _SPREAD_Z[kind])
+        errors.append(_MEDIAN_SE * sigma / math.sqrt(count))
+        kinds.append(kind)
+    z = NormalDist().inv_cdf((1 + confidence) / 2) * math.hypot(*errors)
+    return ratio * math.exp(-z), ratio * math.exp(z), "spread " + " | ".join(dict.fromkeys(kinds))
+
+
+def _verdict(low: float, high: float, threshold: float) -> str:
+    if low > 1 + threshold:
+        return "slower"
+    if high < 1 / (1 + threshold):
+        return "faster"
+    return "within noise"
+
+
+def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pairs first (slower, faster, within noise; larger ratio first), then status changes, base only, new only."""
+    rank = {kind: index for index, kind in enumerate(KINDS)}
+    verdict = {name: index for index, name in enumerate(("slower", "faster", "within noise"))}
+    keys = pd.DataFrame({"pairing": frame["pairing"].map(rank), "verdict": frame["verdict"].map(verdict).fillna(9),
+                         "ratio": -pd.to_numeric(frame["ratio"], errors="coerce").fillna(0), "case": frame["case"]})
+    order = keys.sort_values(["pairing", "verdict", "ratio", "case"], kind="stable").index
+    return frame.loc[order].reset_index(drop=True)
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _true(value) -> bool:
+    return value is not None and value is not pd.NA and not (isinstance(value, float) and math.isnan(value)) \
+        and bool(value)
+
+
+def _case_label(row: dict) -> str:
+    """The row's shape label ('b2 h32/8 q1 k512 d128 causal') and dtype; built from the case fields without one."""
+    shape = str(row.get("shape") or "").strip()
+    if not shape and row.get("op") == "linear":
+        shape = " ".join(str(part) for part in (row.get("projection") or "", f"m{_text(row.get('m'))}",
+                                                f"n{_text(row.get('n'))}", f"k{_text(row.get('k'))}") if part)
+    elif not shape and _text(row.get("batch")):
+        shape = (f"b{_text(row.get('batch'))} h{_text(row.get('q_heads'))}/{_text(row.get('kv_heads'))} "
+                 f"q{_text(row.get('q_len'))} k{_text(row.get('kv_len'))} d{_text(row.get('head_dim'))}"
+                 + (" causal" if _true(row.get("causal")) else ""))
+    shape = shape or f"{row.get('op') or ''} {row.get('phase') or ''}".strip()
+    return f"{shape} {row.get('dtype') or ''}".strip()
+
+
+def regressions(frame: pd.DataFrame) -> pd.DataFrame:
+    """The pairs found slower with confidence, less interpreter-mode ones (their timings are not performance)."""
+    return frame[(frame["pairing"] == "pair") & (frame["verdict"] == "slower") & ~frame["interpreter"].astype(bool)]
+
+
+# ---------------------------------------------------------------- output
+
+
+def pair_labels(frame: pd.DataFrame) -> pd.Series:
+    """Case labels with the key fields that vary among the rows (impl, device, mode, ...) appended."""
+    extra = [name for name in ("op", "impl", "model", *GROUP_FIELDS) if name in frame.columns
+             and frame[name].astype(str).nunique() > 1]
+    if not extra:
+        return frame["case"].astype(str)
+    return frame.apply(lambda row: " · ".join([str(row["case"]), *(_text(row[name]) for name in extra)]), axis=1)
+
+
+def _sides_label(frame: pd.DataFrame, side: str) -> str:
+    by = frame.attrs.get("by", "run")
+    column = f"{side}_{BY[by]}" if by != "run" else f"{side}_run_id"
+    values = sorted({_text(v) for v in frame[column] if _text(v)})
+    shown = ", ".join(values[:3]) + (f" (+{len(values) - 3})" if len(values) > 3 else "")
+    return f"{by} {shown}" if shown else by
+
+
+def comparison_figure(frame: pd.DataFrame, *, figsize=None) -> Figure:
+    """The ratio new/base per pair with its interval, sorted; the dashed lines are the threshold."""
+    threshold = frame.attrs.get("threshold", 0.05)
+    confidence = frame.attrs.get("confidence", 0.95)
+    title = f"{_sides_label(frame, 'new')} against {_sides_label(frame, 'base')}" if len(frame) else "comparison"
+    pairs = frame[frame["pairing"] == "pair"]
+    if pairs.empty:
+        return no_data(title, "no pair of the same measurement with status ok on both sides")
+    pairs = pairs.assign(label=pair_labels(pairs)).sort_values("ratio", kind="stable").reset_index(drop=True)
+    fig, axes = new_figure(figsize=figsize or (8.5, 1.6 + 0.3 * len(pairs)))
+    ax = axes[0, 0]
+    colors = {"faster": "#2ca02c", "slower": "#d62728", "within noise": "0.45"}
+    y = np.arange(len(pairs))
+    ratio = pairs["ratio"].to_numpy(dtype=float)
+    low = pairs["ratio_lo"].to_numpy(dtype=float)
+    high = pairs["ratio_hi"].to_numpy(dtype=float)
+    for verdict, color in colors.items():
+        pick = (pairs["verdict"] == verdict).to_numpy()
+        if not pick.any():
+            continue
+        known = pick & np.isfinite(low)
+        ax.errorbar(ratio[known], y[known], xerr=[ratio[known] - low[known], high[known] - ratio[known]], fmt="none",
+                    ecolor=color, elinewidth=1.6, capsize=3, gid="interval")
+        noisy = pairs["noisy"].to_numpy(dtype=bool)
+        if (pick & ~noisy).any():
+            ax.scatter(ratio[pick & ~noisy], y[pick & ~noisy], color=color, s=28, zorder=3, label=verdict,
+                       gid="series")
+        if (pick & noisy).any():
+            ax.scatter(ratio[pick & noisy], y[pick & noisy], facecolors="none", edgecolors=color, s=28, zorder=3,
+                       label=f"{verdict} (noisy)", gid="series")
+    ax.axvline(1.0, color="0.3", linewidth=1)
+    for edge in (1 + threshold, 1 / (1 + threshold)):
+        ax.axvline(edge, color="0.5", linestyle="--", linewidth=0.9)
+    ax.set_xscale("log")
+    shown = np.concatenate([ratio, low[np.isfinite(low)], high[np.isfinite(high)], [1 / (1 + threshold), 1.1]])
+    decades = math.log10(shown.max() / shown.min())
+    subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades < 1 else (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_yticks(y, pairs["label"], fontsize="small")
+    ax.set_ylim(-0.7, len(pairs) - 0.3)
+    ax.set_xlabel("latency ratio new / base (log; above 1: slower)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(f"{title}\n{confidence:.0%} intervals; dashed: ±{threshold:.0%} threshold", fontsize="medium")
+    return fig
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    number = _float(value)
+    return "–" if not math.isfinite(number) else format(number, spec)
+
+
+def _both(row, name: str, spec: str) -> str:
+    return f"{_fmt(row[f'base_{name}'], spec)} -> {_fmt(row[f'new_{name}'], spec)}"
+
+
+def _noise_mark(row) -> str:
+    sides = [side for side in ("base", "new") if _true(row[f"{side}_noisy"])]
+    return "NOISY " + "+".join(sides) if sides else ""
+
+
+def format_comparison(frame: pd.DataFrame) -> str:
+    """The comparison as text: pairs (ratio, interval, verdict, both sides' figures), then the
+    status changes and the unpaired rows, then a count line."""
+    by = frame.attrs.get("by", "run")
+    confidence = frame.attrs.get("confidence", 0.95)
+    threshold = frame.attrs.get("threshold", 0.05)
+    lines = [f"new: {_sides_label(frame, 'new')}", f"base: {_sides_label(frame, 'base')}"]
+    pairs = frame[frame["pairing"] == "pair"]
+    if not pairs.empty:
+        table = pd.DataFrame({
+            "case": pair_labels(pairs),
+            "ratio": pairs["ratio"].map(lambda v: _fmt(v, ".3f")),
+            f"{confidence:.0%} interval": [f"[{_fmt(lo, '.3f')}, {_fmt(hi, '.3f')}]"
+                                            for lo, hi in zip(pairs["ratio_lo"], pairs["ratio_hi"], strict=True)],
+            "verdict": pairs["verdict"],
+            "latency ms": [_both(row, "latency_ms", ".3g") for _, row in pairs.iterrows()],
+            "TFLOP/s": [_both(row, "tflops", ".3g") for _, row in pairs.iterrows()],
+            "GB/s": [_both(row, "gbps", ".3g") for _, row in pairs.iterrows()],
+            "% roof": [_both(row, "pct_roofline", ".3g") for _, row in pairs.iterrows()],
+            "method": pairs["method"],
+            "noisy": [_noise_mark(row) + (" interpreter" if row["interpreter"] else "") for _, row in pairs.iterrows()],
+        })
+        lines += ["", "pairs (ratio = new / base latency; figures base -> new):",
+                  table.to_string(index=False, justify="left")]
+    for kind, what in (("status change", "status changed"), ("base only", "only in base"), ("new only", "only in new")):
+        part = frame[frame["pairing"] == kind]
+        if part.empty:
+            continue
+        side = "new" if kind == "new only" else "base"
+        table = pd.DataFrame({"case": pair_labels(part), "impl": part[f"{side}_impl"]})
+        if kind == "status change":
+            table["status"] = part["change"]
+            table["reason"] = [row["new_reason"] or row["base_reason"] for _, row in part.iterrows()]
+        else:
+            table["status"] = part[f"{side}_status"]
+            table["run"] = part[f"{side}_run_id"]
+        lines += ["", f"{what} ({len(part)}):", table.to_string(index=False, justify="left")]
+    hint = _no_pair_hint(frame)
+    if hint:
+        lines += ["", hint]
+    counts = {verdict: int((pairs["verdict"] == verdict).sum()) for verdict in VERDICTS}
+    noisy = int(pairs["noisy"].astype(bool).sum())
+    lines += ["", f"{len(pairs)} pairs by {by}: {counts['slower']} slower, {counts['faster']} faster, "
+                  f"{counts['within noise']} within noise (threshold {threshold:.0%}, {confidence:.0%} intervals"
+                  f"{', ' + str(noisy) + ' noisy' if noisy else ''}); "
+                  f"{int((frame['pairing'] == 'status change').sum())} status changes, "
+                  f"{int((frame['pairing'] == 'base only').sum())} only in base, "
+                  f"{int((frame['pairing'] == 'new only').sum())} only in new"]
+    return "\n".join(lines)
+
+
+def _no_pair_hint(frame: pd.DataFrame) -> str:
+    """Why nothing paired, when the unpaired sides differ in a field that is part of the key."""
+    base = frame[frame["pairing"] == "base only"]
+    new = frame[frame["pairing"] == "new only"]
+    if (frame["pairing"] == "pair").any() or base.empty or new.empty:
+        return ""
+    for name in ("timer", "device", "impl", "mode", "dtype"):
+        column = f"{{}}_{name}" if name in SIDE_FIELDS else name
+        left = {_text(v) for v in base[column.format("base")]} if column.format("base") in base else set()
+        right = {_text(v) for v in new[column.format("new")]} if column.format("new") in new else set()
+        if left and right and not left & right:
+            way = f"; --by {name} compares across it" if name in BY and name != frame.attrs.get("by") else ""
+            return (f"no pairs: the sides differ in {name} ({', '.join(sorted(left))} against "
+                    f"{', '.join(sorted(right))}), which is part of what makes two rows the same measurement{way}")
+    return ""
+
+
+def comparison_note(frame: pd.DataFrame) -> str:
+    """One paragraph: what was compared, how the intervals were made, the verdict rule and the counts."""
+    threshold = frame.attrs.get("threshold", 0.05)
+    confidence = frame.attrs.get("confidence", 0.95)
+    pairs = frame[frame["pairing"] == "pair"]
+    methods = ", ".join(f"{count} {method}" for method, count in pairs["method"].value_counts().items())
+    return (f"New: {_sides_label(frame, 'new')}; base: {_sides_label(frame, 'base')}. Ratio = new / base median "
+            f"latency with a {confidence:.0%} interval: a percentile bootstrap of the raw samples where both sides "
+            "kept them, else a normal approximation from the p20/p80 (q1/q3 for pytest-benchmark) spread "
+            f"({methods or 'no pairs'}). Slower: the interval's lower end above {1 + threshold:.3g}; faster: its "
+            f"upper end below 1/{1 + threshold:.3g} = {1 / (1 + threshold):.3g}; else within noise. Intervals "
+            "cover the spread within each run, not the drift between runs. Noisy pairs were timed while the "
+            "device was contended.")
+
+
+def comparison_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """{heading: table} for a report: the pairs with their figures, then the status changes and unpaired rows."""
+    pairs = frame[frame["pairing"] == "pair"]
+    tables = {"Pairs": pd.DataFrame({
+        "case": pair_labels(pairs), "ratio": pairs["ratio"], "ratio_lo": pairs["ratio_lo"],
+        "ratio_hi": pairs["ratio_hi"], "verdict": pairs["verdict"], "method": pairs["method"],
+        **{f"{side}_{name}": pairs[f"{side}_{name}"] for name in ("latency_ms", "tflops", "gbps", "pct_roofline")
+           for side in ("base", "new")},
+        "noisy": [_noise_mark(row).removeprefix("NOISY ") for _, row in pairs.iterrows()],
+    })}
+    for kind, heading in (("status change", "Status changes"), ("base only", "Only in base"),
+                          ("new only", "Only in new")):
+        part = frame[frame["pairing"] == kind]
+        side = "new" if kind == "new only" else "base"
+        table = pd.DataFrame({"case": pair_labels(part), "impl": part[f"{side}_impl"],
+                              "status": part["change"] if kind == "status change" else part[f"{side}_status"],
+                              "base_reason": part["base_reason"], "new_reason": part["new_reason"]})
+        tables[heading] = table
+    return tables
