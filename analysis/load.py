@@ -125,12 +125,24 @@ def _expand(path: Path) -> list[Path]:
         return [path]
     found: list[Path] = []
     folders = sorted({p.parent for name in RESULTS_NAMES for p in path.rglob(name)})
-    for folder in folders:
+    merged = {shard for folder in folders for shard in _merged_shards(folder)}
+    for folder in (f for f in folders if f.resolve() not in merged):  # a merged sweep stands for its shards
         found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
     found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and _is_pytest_benchmark(p))
     if not found:
         raise ValueError(f"{path}: no results.parquet, results.csv or pytest-benchmark JSON found in this folder")
     return found
+
+
+def _merged_shards(folder: Path) -> set[Path]:
+    """The shard folders a `phasebench merge` folder holds the rows of (its run.json's "shards")."""
+    try:
+        shards = json.loads((folder / RUN_JSON).read_text()).get("shards")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(shards, list):
+        return set()
+    return {(folder / str(s.get("dir"))).resolve() for s in shards if isinstance(s, dict) and s.get("dir")}
 
 
 def _is_pytest_benchmark(path: Path) -> bool:
@@ -194,6 +206,7 @@ def _read_results(path: Path) -> pd.DataFrame:
     table["source"] = str(path)
     if run is not None:
         _merge_run(table, run)
+        _merge_shards(table, run)
     if (table["run_id"] == "").any():
         table.loc[table["run_id"] == "", "run_id"] = path.parent.name
     return table
@@ -262,6 +275,22 @@ def _merge_run(table: pd.DataFrame, run: dict) -> None:
         if isinstance(per_dtype, dict):
             by_dtype = table["dtype"].map(lambda dtype: _number(per_dtype.get(dtype)))
             table["datasheet_tflops"] = table["datasheet_tflops"].fillna(by_dtype.astype(float))
+
+
+def _merge_shards(table: pd.DataFrame, run: dict) -> None:
+    """Per-shard provenance: a shard folder's rows get its `shard` number; in a merged sweep, each shard's
+    run.json (under "shards") fills the rows of its `shard` as a run folder's would."""
+    sweep = run.get("sweep")
+    if isinstance(sweep, dict) and isinstance(sweep.get("shard"), int) and "shard" not in table.columns:
+        table["shard"] = sweep["shard"]
+    if not isinstance(run.get("shards"), list) or "shard" not in table.columns:
+        return
+    for entry in run["shards"]:
+        mask = table["shard"] == (entry.get("shard") if isinstance(entry, dict) else None)
+        if mask.any():
+            part = table.loc[mask].copy()
+            _merge_run(part, entry)
+            table.loc[mask] = part
 
 
 def _number(value) -> float:

@@ -33,6 +33,7 @@ class _Options:
         self.model = None
         self.shape = None
         self.op = config.getoption("--op") or _env_list("PHASEBENCH_OP") or None
+        self.shard = config.getoption("--shard")
 
 
 def bench_params(config) -> tuple[list, list[str]]:
@@ -42,6 +43,10 @@ def bench_params(config) -> tuple[list, list[str]]:
         device = resolve_device(opts.device)
         cases, _ = build_cases(opts, device)
         impls = resolve_impls(opts.impl, device, case_ops(cases))
+        if opts.shard:
+            from .shards import parse_shard, shard_cases
+
+            cases = shard_cases(cases, *parse_shard(opts.shard), impls)
     except UsageError as err:
         raise ValueError(str(err)) from None
     config.phasebench_device = device

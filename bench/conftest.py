@@ -19,6 +19,9 @@ def pytest_addoption(parser):
                     help="cpu, cuda or cuda:N (default: the best device here; env PHASEBENCH_DEVICE)")
     group.addoption("--dtype", default=os.environ.get("PHASEBENCH_DTYPE"),
                     help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    group.addoption("--shard", default=os.environ.get("PHASEBENCH_SHARD"), metavar="K/N",
+                    help="only shard K of N (1-based) of the cases, every impl of a case in one shard, as "
+                         "`phasebench run --shard`; env PHASEBENCH_SHARD (pytest-benchmark is off under xdist)")
 
 
 def pytest_generate_tests(metafunc):
