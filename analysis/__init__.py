@@ -1,9 +1,20 @@
 """phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
 
 from ..bench.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
+from .compare import compare, comparison_figure, regressions, with_samples
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
 from .phase_plots import phase_comparison, tokens_per_second
+from .phases import (
+    chunk_figure,
+    decode_breakdown_figure,
+    decode_figure,
+    load_phases,
+    phases_summary,
+    reference_table,
+    ttft_figure,
+    write_phase_figures,
+)
 from .report import correctness_table, report_rows, status_table, summary_table, write_report
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
@@ -14,16 +25,26 @@ __all__ = [
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
+    "chunk_figure",
+    "compare",
+    "comparison_figure",
     "correctness_table",
+    "decode_breakdown_figure",
+    "decode_figure",
     "decode_scaling",
     "layer_tokens_per_second",
     "layer_tokens_per_second_table",
     "linear_crossings",
     "linear_sweep",
     "load",
+    "load_phases",
     "load_profile",
     "phase_comparison",
+    "phases_summary",
+    "write_phase_figures",
     "prefill_scaling",
+    "reference_table",
+    "regressions",
     "report_rows",
     "roofline",
     "speedup",
@@ -31,5 +52,7 @@ __all__ = [
     "status_table",
     "summary_table",
     "tokens_per_second",
+    "ttft_figure",
     "write_report",
+    "with_samples",
 ]

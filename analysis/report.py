@@ -24,6 +24,7 @@ from ._figures import (
 )
 from .linear_plots import layer_tokens_per_second, linear_crossings, linear_sweep
 from .phase_plots import phase_comparison, tokens_per_second
+from .phases import PHASE_FIGURES, reference_table
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
 from .speedup import speedup
@@ -50,6 +51,19 @@ _CAPTIONS = {
                     "the dotted one on the latency panel the time to read the weights once at the measured GB/s.",
     "layer_tokens_per_second": "M / (qkv + o + gate_up + down latency): tokens per second through one decoder "
                                "layer's projections, at the M values where all four were measured.",
+}
+_PHASE_CAPTIONS = {
+    "phases_ttft": "Time to first token of one prompt (layers x the layer at M = prompt tokens, then the head) and "
+                   "prompt tokens/s = prompt / TTFT.",
+    "phases_decode": "Time per output token and output tokens/s = batch / TPOT against the decode batch; the dashed "
+                     "line is the batch where throughput stops growing. Right: tokens/s each user sees, against "
+                     "3 and 10 tok/s.",
+    "phases_chunk": "Chunked prefill (Sarathi-Serve): one point per chunk size, the prompt's TTFT against the mean "
+                    "inter-token latency of the decode users it shares steps with; the lines are the unchunked TTFT "
+                    "and the decode-only step.",
+    "phases_breakdown": "Where a decode step's time goes, by part; on the reference decoder's layer count, the "
+                        "hatched top is what its measured step takes beyond the composition (launch gaps and the "
+                        "rest), drawn only when positive.",
 }
 _LEFT_OUT = ("Interpreter-mode rows (correctness only) and noisy rows (timed while the device was "
              "contended) are left out of every figure; each figure's title counts them.")
@@ -211,12 +225,17 @@ def write_report(
     baseline: str = "naive",
     dpi: int = 110,
     include_profiled: bool = False,
+    phases: dict | None = None,
+    comparison: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """Write every figure as NAME.png, summary.csv and a self-contained report.html into
     out_dir (created if needed). Returns {figure name | "summary" | "html": path}.
 
     Rows measured under a profiler are left out (the page says how many) unless
-    include_profiled; they then form groups of their own."""
+    include_profiled; they then form groups of their own. `phases` (load_phases of a
+    `phasebench phases` folder) adds a Phases section: its tables and phases_ttft.png,
+    phases_decode.png, phases_chunk.png and phases_breakdown.png. `comparison` (a frame of
+    analysis.compare.compare) adds a Comparison section, comparison.png and comparison.csv."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     left_out = 0 if include_profiled else int(profiled(df).sum())
@@ -224,20 +243,76 @@ def write_report(
     paths: dict[str, Path] = {}
     embedded: dict[str, str] = {}
     for name, fig in figures(df, datasheet=datasheet, baseline=baseline).items():
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=dpi)
-        png = buffer.getvalue()
-        paths[name] = out / f"{name}.png"
-        paths[name].write_bytes(png)
-        embedded[name] = base64.b64encode(png).decode("ascii")
+        paths[name], embedded[name] = _save(fig, out / f"{name}.png", dpi)
+    phase_pngs: dict[str, str] = {}
+    for name, draw in (PHASE_FIGURES.items() if phases is not None else ()):
+        paths[name], phase_pngs[name] = _save(draw(phases), out / f"{name}.png", dpi)
+    compared = _comparison_section(comparison, out, dpi, paths)
 
     summary = summary_table(df)
     paths["summary"] = out / "summary.csv"
     summary.to_csv(paths["summary"], index=False)
 
     paths["html"] = out / "report.html"
-    paths["html"].write_text(_html(df, title, summary, embedded, left_out), encoding="utf-8")
+    page = _html(df, title, summary, embedded, left_out, _phases_section(phases, phase_pngs), compared)
+    paths["html"].write_text(page, encoding="utf-8")
     return paths
+
+
+def _save(fig, path: Path, dpi: int) -> tuple[Path, str]:
+    """Write a figure as PNG; return the path and the PNG in base64 for the page."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    png = buffer.getvalue()
+    path.write_bytes(png)
+    return path, base64.b64encode(png).decode("ascii")
+
+
+def _phases_section(phases: dict | None, embedded: dict[str, str]) -> list[str]:
+    """The Phases section: what the composition of the measured ops gives for a whole model, and its figures."""
+    if phases is None:
+        return []
+    meta = phases.get("meta") or {}
+    model = meta.get("model") or {}
+    setting = ", ".join(f"{key} {meta[key]}" for key in ("device", "dtype") if meta.get(key))
+    parts = [
+        '<h2 id="phases">Phases: the whole model composed from the measured ops</h2>',
+        f'<p class="note">Model {html.escape(str(model.get("name", "?")))} ({model.get("layers", "?")} layers)'
+        f'{", " + html.escape(setting) if setting else ""}. Each step is the sum of count x median latency of the '
+        "measured cases it runs (<code>phasebench phases</code>); the last table checks the sum against a real "
+        "forward pass.</p>",
+    ]
+    for name, heading in (("prefill", "Prefill: TTFT per prompt"), ("decode", "Decode: the batch sweep"),
+                          ("chunked", "Chunked prefill"), ("interactive", "Interactive limits")):
+        if phases.get(name) is not None:
+            parts += [f"<h3>{heading}</h3>", _table_html(phases[name])]
+    parts += ["<h3>The composition against a real forward pass</h3>",
+              '<p class="note">error_pct = 100 (composed - reference) / reference; negative: the composition is '
+              "faster, by what it leaves out.</p>", _table_html(reference_table(phases))]
+    for name, encoded in embedded.items():
+        heading = name.replace("_", " ")
+        parts += [
+            f'<h3 id="{name}">{html.escape(heading)}</h3>',
+            f'<p class="note">{html.escape(_PHASE_CAPTIONS[name])}</p>',
+            f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{encoded}">',
+        ]
+    return parts
+
+
+def _comparison_section(comparison: pd.DataFrame | None, out: Path, dpi: int, paths: dict) -> list[str]:
+    """The Comparison section (analysis.compare): comparison.png and comparison.csv beside the page, its tables."""
+    if comparison is None:
+        return []
+    from .compare import comparison_figure, comparison_note, comparison_tables
+
+    paths["comparison"], encoded = _save(comparison_figure(comparison), out / "comparison.png", dpi)
+    paths["comparison_csv"] = out / "comparison.csv"
+    comparison.to_csv(paths["comparison_csv"], index=False)
+    parts = ['<h2 id="comparison">Comparison: new against base</h2>',
+             f'<p class="note">{html.escape(comparison_note(comparison))}</p>']
+    for heading, table in comparison_tables(comparison).items():
+        parts += [f"<h3>{html.escape(heading)}</h3>", _table_html(table)]
+    return parts + [f'<img alt="comparison" src="data:image/png;base64,{encoded}">']
 
 
 def _table_html(table: pd.DataFrame) -> str:
@@ -268,7 +343,8 @@ def _linear_section(df: pd.DataFrame) -> list[str]:
     ]
 
 
-def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str], left_out: int) -> str:
+def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str], left_out: int,
+          phases_section: list[str] = (), comparison_section: list[str] = ()) -> str:
     runs = runs_table(df)
     profiled_note = (f" {left_out} rows measured under a profiler are left out "
                      "(<code>--include-profiled</code> keeps them)." if left_out else "")
@@ -293,6 +369,8 @@ def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[st
         "<h2>Status</h2>", _table_html(status_table(df)),
         "<h2>Rows that are not ok</h2>", _table_html(problems_table(df)),
         *_linear_section(df),
+        *phases_section,
+        *comparison_section,
         "<h2>Figures</h2>",
         f'<p class="note">{html.escape(_LEFT_OUT)}</p>',
     ]

@@ -61,14 +61,15 @@ def _layer(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, ca
     return uses
 
 
-def _head(config: DecoderConfig, rows: int, phase: str, linear_phase: str) -> list[OpUse]:
-    """After the layers, on the rows whose next token is wanted: final norm, lm_head, greedy pick."""
+def _head(config: DecoderConfig, rows: int) -> list[OpUse]:
+    """After the layers, on the rows whose next token is wanted: final norm, lm_head, greedy pick. These run
+    per token in every phase (a GEMV-like lm_head at M = rows), so they are decode cases wherever they run."""
     if rows == 0:
         return []
     n, k = config.projections()["lm_head"]
-    ew = dict(m=rows, phase=phase)
+    ew = dict(m=rows, phase="decode")
     return [_use("elementwise", 1, "head", "final_norm", kind="rmsnorm", n=config.hidden, **ew),
-            _use("linear", 1, "head", "lm_head", m=rows, n=n, k=k, phase=linear_phase, projection="lm_head"),
+            _use("linear", 1, "head", "lm_head", m=rows, n=n, k=k, phase="decode", projection="lm_head"),
             _use("elementwise", 1, "head", "greedy_pick", kind="greedy_pick", n=config.vocab, **ew)]
 
 
@@ -76,14 +77,14 @@ def prefill_step(config: DecoderConfig, prompt: int, batch: int = 1) -> list[OpU
     """The prompt of `batch` sequences at once: M = batch x prompt rows; lm_head on each last token."""
     attention = [dict(batch=batch, q_len=prompt, kv_len=prompt)]
     return (_layer(config, batch * prompt, "prefill", "prefill", batch * prompt, attention)
-            + _head(config, batch, "prefill", "prefill"))
+            + _head(config, batch))
 
 
 def decode_step(config: DecoderConfig, batch: int, context: int) -> list[OpUse]:
     """One new token for each of `batch` sequences that hold `context` tokens: M = batch."""
     attention = [dict(batch=batch, q_len=1, kv_len=context + 1)]
     return (_layer(config, batch, "decode", "decode", batch * (context + 1), attention)
-            + _head(config, batch, "decode", "decode"))
+            + _head(config, batch))
 
 
 def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: int, prefix: int,
@@ -99,7 +100,7 @@ def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: i
     cache = decode_batch * (context + 1) + prefix + chunk  # every sequence's cache rows
     rows = decode_batch + (1 if last_chunk else 0)
     return (_layer(config, tokens, "chunked_prefill", "prefill", cache, attention)
-            + _head(config, rows, "chunked_prefill", "prefill"))
+            + _head(config, rows))
 
 
 def chunked_prefill_steps(config: DecoderConfig, prompt: int, chunk: int, decode_batch: int,

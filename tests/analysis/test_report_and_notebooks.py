@@ -67,6 +67,7 @@ def test_committed_samples_load():
 NOTEBOOK_IMAGES = {
     "roofline.ipynb": 6,  # roofline, phases, tokens/s, two scaling figures, speedup
     "linear.ipynb": 4,  # linear sweep, layer tokens/s, roofline, speedup
+    "phases.ipynb": 4,  # TTFT, decode sweep, chunked prefill, decode breakdown
 }
 NO_TORCH = 'import sys\nassert not [m for m in sys.modules if m.split(".")[0] in ("torch", "triton")]'
 

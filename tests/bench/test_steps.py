@@ -65,3 +65,44 @@ def test_distinct_uses_name_each_case_once():
     assert len({(u.op, u.fields) for u in uses}) == len(uses)
     # the layer's rmsnorm and the final norm at the same M are one case
     assert sum(u.label in ("rmsnorm", "final_norm") and u.field_dict["m"] == 4 for u in uses) == 1
+
+
+def comparable(ops_list):
+    """The traced or composed ops as (op, shape) pairs; a one-query attention is the same with or without
+    the bottom-right causal mask."""
+    out = []
+    for op in ops_list:
+        shape = {k: v for k, v in op.items() if k not in ("op", "name", "scope", "label")}
+        if op["op"] == "attention" and shape.get("q_len") == 1:
+            shape.pop("causal", None)
+        out.append((op["op"], op.get("name"), tuple(sorted(shape.items()))))
+    return sorted(out, key=repr)
+
+
+def composed(uses, config):
+    """The phase model's layer projections, attention, lm_head and greedy pick, in the reference's terms."""
+    out = []
+    for u in uses:
+        f = u.field_dict
+        if u.op == "linear":
+            out += [{"op": "linear", "name": f["projection"], "m": f["m"], "n": f["n"], "k": f["k"]}]
+        elif u.op == "attention":
+            out += [{"op": "attention", "name": "attention", **f}]
+        elif u.label == "greedy_pick":
+            out += [{"op": "argmax", "name": "greedy", "m": f["m"], "n": f["n"]}]
+    return out
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase):
+    from phasebench.bench import reference_decoder as ref
+
+    if phase == "prefill":
+        traced, uses = ref.ops_of_prefill(TINY, 1, 97), steps.prefill_step(TINY, 97)
+    else:
+        traced, uses = ref.ops_of_decode(TINY, 3, 200), steps.decode_step(TINY, 3, 200)
+    layer_ops = [o for o in traced if o["scope"] == "layer"]
+    step_ops = [o for o in traced if o["scope"] == "step"]
+    assert comparable(layer_ops + step_ops) == comparable(composed(uses, TINY))
+    # the composition counts each layer op once per layer, as the traced decoder runs it
+    assert all(u.count == TINY.layers for u in uses if u.op in ("linear", "attention") and u.part != "head")

@@ -1,0 +1,165 @@
+"""The phase model: TTFT, TPOT and tokens/s of a whole model composed from measured op rows (no torch).
+
+A step (bench.steps) lists the cases it runs and how often; its time is the sum of count x the
+median latency of the measured row with the same fields, for the impl chosen per operator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..bench import steps as step_defs
+from ..bench.models import DecoderConfig
+
+DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
+SATURATION_MARGIN = 0.05  # throughput "stops growing" when the next batch adds less than this share
+
+
+@dataclass
+class StepTime:
+    """A composed step: total milliseconds, the split by part, the per-op items, and what was not measured."""
+
+    total_ms: float
+    parts: dict[str, float]
+    items: pd.DataFrame
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+
+class Measured:
+    """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups."""
+
+    def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None):
+        self.model, self.dtype = model, dtype
+        self.impls = {**DEFAULT_IMPLS, **(impls or {})}
+        rows = df[(df["status"] == "ok") & (df["dtype"] == dtype) & (df["model"] == model)]
+        chosen = [self.impls.get(op) == impl for op, impl in zip(rows["op"], rows["impl"], strict=True)]
+        rows = rows[np.array(chosen, dtype=bool)]  # a bare empty list would select columns, not rows
+        groups = rows[["device", "mode", "timer"]].drop_duplicates()
+        if len(groups) > 1:  # never pool unlike rows
+            found = "; ".join(" / ".join(map(str, g)) for g in groups.itertuples(index=False))
+            raise ValueError(f"rows: {len(groups)} device/mode/timer groups ({found}); compose one at a time")
+        self.rows = rows
+
+    def latency_ms(self, use: step_defs.OpUse) -> float | None:
+        """The median latency of the row measuring `use` (the median over repeats), None when none was."""
+        rows = self.rows[self.rows["op"] == use.op]
+        for name, value in use.fields:
+            if name not in rows:
+                return None
+            rows = rows[rows[name] == value]
+        if rows.empty:
+            return None
+        return float(np.median(rows["latency_ms"].to_numpy(float)))
+
+
+def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
+    """Sum count x latency over a step's ops; ops with no measured row are named in `missing`."""
+    items, missing = [], []
+    for use in uses:
+        latency = measured.latency_ms(use)
+        if latency is None:
+            missing.append(f"{use.op} {use.label} {use.field_dict}")
+            continue
+        items.append({"op": use.op, "label": use.label, "part": use.part, "count": use.count,
+                      "latency_ms": latency, "ms": use.count * latency})
+    table = pd.DataFrame(items, columns=["op", "label", "part", "count", "latency_ms", "ms"])
+    parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in step_defs.PARTS}
+    return StepTime(float(table["ms"].sum()) if not missing else float("nan"), parts, table, missing)
+
+
+def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
+    """Time to first token of one prompt: layers x the layer at M = prompt tokens, then the head."""
+    return step_time(measured, step_defs.prefill_step(config, prompt))
+
+
+def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int) -> StepTime:
+    """Time per output token of a decode batch: layers x the layer at M = batch, then the head."""
+    return step_time(measured, step_defs.decode_step(config, batch, context))
+
+
+def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.DataFrame:
+    """Per prompt length: TTFT and prompt tokens/s, with the split by part."""
+    rows = []
+    for prompt in prompts:
+        t = ttft(measured, config, prompt)
+        rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
+                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing)})
+    return pd.DataFrame(rows)
+
+
+def saturation_batch(batches, tokens_per_s, margin: float = SATURATION_MARGIN):
+    """The first batch after which the next measured batch raises throughput by less than `margin`
+    (relative), or None when it still grows at the largest batch."""
+    pairs = sorted(zip(batches, tokens_per_s, strict=True))
+    for (b, tps), (_, nxt) in zip(pairs, pairs[1:], strict=False):
+        if np.isfinite(tps) and np.isfinite(nxt) and nxt < tps * (1 + margin):
+            return b
+    return None
+
+
+def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int,
+                margin: float = SATURATION_MARGIN) -> pd.DataFrame:
+    """Per batch at one context: TPOT, output tokens/s (batch / TPOT), tokens/s per user, the split by part,
+    and `saturated` on the batch where throughput stops growing (within `margin`)."""
+    rows = []
+    for batch in batches:
+        t = tpot(measured, config, batch, context)
+        rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
+                     "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
+                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing)})
+    table = pd.DataFrame(rows)
+    knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None
+    table["saturated"] = table["batch"] == knee
+    return table
+
+
+def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, decode_batch: int,
+                context: int) -> pd.DataFrame:
+    """Chunked prefill (Sarathi-Serve) of one prompt beside a running decode batch, per chunk size: the steps,
+    the prompt's TTFT when chunked, the inter-token latency the decode users see meanwhile against the
+    decode-only step, and the cost of chunking: the chunk-only steps against the unchunked prefill."""
+    whole = ttft(measured, config, prompt).total_ms
+    decode_only = tpot(measured, config, decode_batch, context).total_ms
+    rows = []
+    for chunk in chunks:
+        hybrid = [step_time(measured, s) for s in
+                  step_defs.chunked_prefill_steps(config, prompt, chunk, decode_batch, context)]
+        alone = [step_time(measured, s) for s in step_defs.chunked_prefill_steps(config, prompt, chunk, 0, context)]
+        hybrid_ms = np.array([h.total_ms for h in hybrid])
+        alone_ms = float(sum(a.total_ms for a in alone))
+        rows.append({
+            "chunk": chunk, "prompt": prompt, "decode_batch": decode_batch, "context": context,
+            "steps": len(hybrid), "ttft_ms": float(hybrid_ms.sum()), "itl_ms": float(hybrid_ms.mean()),
+            "itl_max_ms": float(hybrid_ms.max()), "decode_only_ms": decode_only,
+            "itl_increase_pct": 100 * (float(hybrid_ms.mean()) / decode_only - 1),
+            "unchunked_ttft_ms": whole, "chunking_cost_pct": 100 * (alone_ms / whole - 1),
+            "missing": sum(len(h.missing) for h in hybrid + alone),
+        })
+    return pd.DataFrame(rows)
+
+
+def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batches, *, ttft_s: float = 3.0,
+                       user_tokens_per_s=(3.0, 10.0)) -> pd.DataFrame:
+    """Per prompt length and per-user rate target: the largest measured batch whose TTFT (the prompt alone)
+    is within `ttft_s` and whose decode at context = prompt gives each user at least the target tokens/s."""
+    rows = []
+    for prompt in prompts:
+        first = ttft(measured, config, prompt).total_ms
+        for target in user_tokens_per_s:
+            ok = [b for b in batches
+                  if first <= 1e3 * ttft_s and 1e3 / tpot(measured, config, b, prompt).total_ms >= target]
+            rows.append({"prompt": prompt, "ttft_ms": first, "ttft_target_s": ttft_s,
+                         "user_tokens_per_s_target": target, "largest_batch": max(ok) if ok else 0})
+    return pd.DataFrame(rows)
+
+
+def model_error(composed_ms: float, measured_ms: float) -> float:
+    """Relative error of the composition against the measured forward pass, in percent."""
+    return 100 * (composed_ms - measured_ms) / measured_ms

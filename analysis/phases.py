@@ -1,0 +1,371 @@
+"""A `phasebench phases` folder: loading its tables, the TTFT / decode / chunking / breakdown figures, the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter
+
+from ._figures import SERIES_GID, floats, new_figure, no_data
+from .load import DataFileError
+
+# What `phasebench phases` writes (bench/phases.py run_phases) and the columns each figure and table reads.
+TABLES = {
+    "prefill": ("prompt", "ttft_ms", "prompt_tokens_per_s", "missing"),
+    "decode": ("batch", "context", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "missing", "saturated"),
+    "chunked": ("chunk", "prompt", "decode_batch", "context", "steps", "ttft_ms", "itl_ms", "itl_max_ms",
+                "decode_only_ms", "itl_increase_pct", "unchunked_ttft_ms", "chunking_cost_pct", "missing"),
+    "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
+    "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
+    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "error_pct", "left_out"),
+}
+META = "phases.json"
+USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
+PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",
+               "head": "head (lm_head + pick)"}
+GAP_LABEL = "launch gaps and the rest"
+PART_COLORS = {"weights": "#1f77b4", "attention": "#d62728", "elementwise": "#2ca02c", "head": "#9467bd",
+               "gap": "#bbbbbb"}
+
+
+def load_phases(path) -> dict[str, pd.DataFrame]:
+    """The tables of a `phasebench phases --out DIR` folder (or its phases.json) by name, phases.json under "meta".
+
+    A missing folder or file raises FileNotFoundError, a malformed one DataFileError; one line, led by the path."""
+    folder = Path(path)
+    if folder.name == META and folder.is_file():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (expected the --out folder of `phasebench phases`)")
+    tables: dict = {"meta": _read_meta(folder / META)}
+    for name, columns in TABLES.items():
+        tables[name] = _read_table(folder / f"{name}.csv", columns)
+    if "saturated" in tables["decode"]:
+        tables["decode"]["saturated"] = tables["decode"]["saturated"].map(_as_bool)
+    return tables
+
+
+def _read_meta(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it beside the tables)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DataFileError(f"{path}: not valid JSON ({' '.join(str(error).split())})") from None
+    if not isinstance(meta, dict):
+        raise DataFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def _read_table(path: Path, columns) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it)")
+    try:
+        table = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataFileError(f"{path}: file is empty") from None
+    except Exception as error:  # the CSV parser raises many types
+        raise DataFileError(f"{path}: cannot be read as CSV ({type(error).__name__}: "
+                            f"{' '.join(str(error).split())})") from None
+    lacking = [name for name in columns if name not in table.columns]
+    if lacking:
+        raise DataFileError(f"{path}: missing column(s) {', '.join(lacking)}")
+    return table
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value) if pd.notna(value) else False
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _heading(tables: dict, what: str) -> str:
+    """'what · model · device · dtype' from phases.json, as far as it says."""
+    meta = tables.get("meta") or {}
+    model = (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else meta.get("model")
+    parts = [what] + [str(v) for v in (model, meta.get("device"), meta.get("dtype")) if v]
+    return " · ".join(parts)
+
+
+def _incomplete_note(table: pd.DataFrame) -> str:
+    count = int((floats(table["missing"]) > 0).sum()) if "missing" in table else 0
+    return f"\n({count} point(s) left out: ops not measured)" if count else ""
+
+
+def _log2_batches(ax, values) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in values if np.isfinite(v)})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def _plain_log(ax) -> None:
+    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labels some minor ticks on a short range
+
+
+def _empty(tables: dict, name: str) -> bool:
+    table = tables.get(name)
+    return table is None or len(table) == 0
+
+
+def ttft_figure(tables: dict, *, figsize=None) -> Figure:
+    """Time to first token against prompt length, and prompt tokens/s (prompt / TTFT) beside it."""
+    title = _heading(tables, "Prefill: time to first token")
+    if _empty(tables, "prefill"):
+        return no_data(title, "no prefill table")
+    table = tables["prefill"].sort_values("prompt")
+    prompts = floats(table["prompt"])
+    fig, axes = new_figure(1, 2, figsize=figsize)
+    for ax, column, label, color in ((axes[0, 0], "ttft_ms", "TTFT (ms)", "#1f77b4"),
+                                     (axes[0, 1], "prompt_tokens_per_s", "prompt tokens/s", "#ff7f0e")):
+        ax.plot(prompts, floats(table[column]), marker="o", color=color, gid=SERIES_GID, label=column)
+        _log2_batches(ax, prompts)
+        _plain_log(ax)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_title("TTFT (prompt alone)")
+    axes[0, 1].set_title("prefill throughput")
+    fig.suptitle(title + _incomplete_note(table))
+    return fig
+
+
+def decode_figure(tables: dict, *, figsize=None) -> Figure:
+    """TPOT and output tokens/s (batch / TPOT) against batch with the saturation batch marked; tokens/s per
+    user against the interactive targets on a second panel."""
+    title = _heading(tables, "Decode: the batch sweep")
+    if _empty(tables, "decode"):
+        return no_data(title, "no decode table")
+    table = tables["decode"].sort_values("batch")
+    batches = floats(table["batch"])
+    context = table["context"].iloc[0]
+    fig, axes = new_figure(1, 2, figsize=figsize)
+    ax = axes[0, 0]
+    ax.plot(batches, floats(table["tpot_ms"]), marker="o", color="#1f77b4", gid=SERIES_GID, label="TPOT (ms)")
+    ax.set_ylabel("TPOT (ms)", color="#1f77b4")
+    twin = ax.twinx()
+    twin.plot(batches, floats(table["tokens_per_s"]), marker="s", color="#ff7f0e", gid=SERIES_GID,
+              label="output tokens/s")
+    twin.set_ylabel("output tokens/s (batch / TPOT)", color="#ff7f0e")
+    saturated = table[table["saturated"].map(_as_bool)]
+    if len(saturated):
+        knee = float(saturated["batch"].iloc[0])
+        ax.axvline(knee, color="0.35", linestyle="--", linewidth=1, gid="saturation")
+        ax.annotate(f"saturates at batch {int(knee)}", (knee, 0.96), xycoords=("data", "axes fraction"),
+                    xytext=(4, 0), textcoords="offset points", va="top", fontsize="small", color="0.25")
+        state = f"throughput stops growing at batch {int(knee)}"
+    else:
+        state = f"throughput still growing at batch {int(np.nanmax(batches))}"
+    for axis in (ax, twin):
+        _log2_batches(axis, batches)
+    ax.set_xlabel("decode batch")
+    ax.set_title(f"context {context}: {state}", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+
+    ax = axes[0, 1]
+    ax.plot(batches, floats(table["tokens_per_s_per_user"]), marker="o", color="#2ca02c", gid=SERIES_GID,
+            label="tokens/s per user")
+    for target, style in zip(USER_TARGETS, (":", "--"), strict=True):
+        ax.axhline(target, color="0.4", linestyle=style, linewidth=1, gid="target", label=f"{target:g} tok/s")
+    _log2_batches(ax, batches)
+    _plain_log(ax)
+    ax.set_xlabel("decode batch")
+    ax.set_ylabel("tokens/s per user (1 / TPOT)")
+    ax.set_title("what each user sees", fontsize="medium")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(title + _incomplete_note(table))
+    return fig
+
+
+def chunk_figure(tables: dict, *, figsize=(7.0, 5.0)) -> Figure:
+    """Chunked prefill: the prompt's TTFT against the mean inter-token latency the decode users see, one point
+    per chunk size, with the unchunked TTFT and the decode-only ITL as reference lines."""
+    title = _heading(tables, "Chunked prefill: TTFT against the decode users' ITL")
+    if _empty(tables, "chunked"):
+        return no_data(title, "no chunked table")
+    table = tables["chunked"].sort_values("chunk")
+    first = table.iloc[0]
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    itl, ttft = floats(table["itl_ms"]), floats(table["ttft_ms"])
+    ax.plot(itl, ttft, marker="o", color="#1f77b4", gid=SERIES_GID, label="chunked (mean ITL)")
+    for x, y, chunk in zip(itl, ttft, table["chunk"], strict=True):
+        if np.isfinite(x) and np.isfinite(y):
+            ax.annotate(f"C={chunk}", (x, y), xytext=(5, 4), textcoords="offset points", fontsize="small",
+                        gid="chunk_label")
+    ax.axhline(first["unchunked_ttft_ms"], color="0.4", linestyle="--", linewidth=1, gid="unchunked_ttft",
+               label=f"unchunked TTFT ({first['unchunked_ttft_ms']:.3g} ms)")
+    ax.axvline(first["decode_only_ms"], color="0.4", linestyle=":", linewidth=1, gid="decode_only_itl",
+               label=f"decode-only ITL ({first['decode_only_ms']:.3g} ms)")
+    ax.set_xlabel(f"inter-token latency of the {_number(first['decode_batch'])} decode users (ms)")
+    ax.set_ylabel(f"TTFT of the {_number(first['prompt'])}-token prompt (ms)")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(f"{title}\n{_number(first['decode_batch'])} users at context {_number(first['context'])}"
+                 + _incomplete_note(table))
+    return fig
+
+
+def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
+    """(bar label, {part: ms}) for the decode breakdown: the model's step as composed, and where the reference
+    decoder ran, the same step at its layer count with the measured remainder as "gap" (only when positive)."""
+    if _empty(tables, "decode_parts"):
+        return []
+    items = tables["decode_parts"]
+    per_part = {part: float(items.loc[items["part"] == part, "ms"].sum()) for part in PART_LABELS}
+    in_layers = items[items["part"] != "head"]
+    layers = int(floats(in_layers["count"]).min()) if len(in_layers) else 0  # the ops run once per layer or twice
+    bars = [(f"composed\n{layers} layers", per_part)]
+    reference = tables.get("reference")
+    decode = reference[reference["phase"] == "decode"] if reference is not None and len(reference) else None
+    if layers and decode is not None and len(decode):
+        row = decode.iloc[0]
+        scale = float(row["layers"]) / layers
+        scaled = {part: ms * (1.0 if part == "head" else scale) for part, ms in per_part.items()}
+        gap = float(row["reference_ms"]) - float(row["composed_ms"])
+        if np.isfinite(gap) and gap > 0:
+            scaled["gap"] = gap
+        bars.append((f"reference\n{int(row['layers'])} layers", scaled))
+    return bars
+
+
+def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
+    """Where a decode step's time goes: a stacked bar per composition (weights, KV reads, elementwise, head)
+    and, on the reference decoder's layer count, what the measured step adds on top (launch gaps and the rest)."""
+    title = _heading(tables, "Decode step: where the time goes")
+    bars = breakdown_bars(tables)
+    if not bars:
+        return no_data(title, "no decode_parts table")
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    labelled = set()
+    for position, (_, parts) in enumerate(bars):
+        bottom = 0.0
+        for part, ms in parts.items():
+            if not ms > 0:
+                continue
+            name = GAP_LABEL if part == "gap" else PART_LABELS[part]
+            (patch,) = ax.bar(position, ms, bottom=bottom, width=0.55, color=PART_COLORS[part], edgecolor="0.3",
+                              hatch="//" if part == "gap" else None,
+                              label=name if name not in labelled else "_nolegend_")
+            patch.set_gid(part)
+            labelled.add(name)
+            bottom += ms
+        ax.annotate(f"{bottom:.3g} ms", (position, bottom), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontsize="small")
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars])
+    ax.set_xlim(-0.7, len(bars) - 0.3)
+    ax.set_ylabel("ms per decode step")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
+    meta = tables.get("meta") or {}
+    setting = f"\nbatch {meta['chunk_batch']} at context {meta['context']}" if {"chunk_batch", "context"} <= set(
+        meta) else ""
+    fig.suptitle(title + setting)
+    return fig
+
+
+# ---------------------------------------------------------------- tables and text
+
+
+def reference_table(tables: dict) -> pd.DataFrame:
+    """The composition against a real forward pass per phase: reference and composed ms, the gap, error_pct
+    (negative: the composition is faster than the real pass) and what the composition leaves out."""
+    columns = ["phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms", "error_pct",
+               "left_out"]
+    reference = tables.get("reference")
+    if reference is None or not len(reference):
+        return pd.DataFrame(columns=columns)
+    table = reference.assign(gap_ms=floats(reference["reference_ms"]) - floats(reference["composed_ms"]))
+    table["left_out"] = table["left_out"].fillna("").astype(str)
+    return table[columns].reset_index(drop=True)
+
+
+def _number(value) -> str:
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        return str(value)
+    if not np.isfinite(value):
+        return "–"
+    if float(value).is_integer() and abs(value) < 1e6:
+        return str(int(value))
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def _text(table: pd.DataFrame, columns) -> str:
+    shown = table[[c for c in columns if c in table.columns]]
+    return shown.to_string(index=False, formatters={c: _number for c in shown.columns})
+
+
+def phases_summary(tables: dict) -> str:
+    """What `phasebench phases` prints: TTFT per prompt, the decode sweep with its saturation batch, the chunk
+    table, the interactive limits and the composition's error against a real forward pass."""
+    out = [_heading(tables, "phases")]
+    meta = tables.get("meta") or {}
+    if meta.get("impls"):
+        out[0] += " · " + ", ".join(f"{op}={impl}" for op, impl in meta["impls"].items())
+    if not _empty(tables, "prefill"):
+        out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s"))]
+    if not _empty(tables, "decode"):
+        decode = tables["decode"].sort_values("batch")
+        marked = decode.assign(saturated=["<- saturates" if _as_bool(s) else "" for s in decode["saturated"]])
+        knee = decode.loc[decode["saturated"].map(_as_bool), "batch"]
+        state = (f"throughput stops growing at batch {knee.iloc[0]}" if len(knee)
+                 else f"throughput still growing at batch {decode['batch'].max()}")
+        out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
+                _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated"))]
+    if not _empty(tables, "chunked"):
+        chunked = tables["chunked"].sort_values("chunk")
+        first = chunked.iloc[0]
+        out += ["", f"Chunked prefill of {_number(first['prompt'])} tokens beside {_number(first['decode_batch'])} "
+                    f"decode users at context {_number(first['context'])} (unchunked TTFT "
+                    f"{_number(first['unchunked_ttft_ms'])} ms, decode-only ITL "
+                    f"{_number(first['decode_only_ms'])} ms):",
+                _text(chunked, ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct",
+                                "chunking_cost_pct"))]
+    if not _empty(tables, "interactive"):
+        limits = tables["interactive"]
+        wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",
+                                  aggfunc="max")
+        wide.columns = [f"batch@{c:g}tok/s" for c in wide.columns]
+        ttft = limits.groupby("prompt")["ttft_ms"].first()
+        wide = pd.concat([ttft, wide], axis=1).reset_index()
+        out += ["", f"Interactive limits (TTFT within {_number(limits['ttft_target_s'].iloc[0])} s; the largest "
+                    "batch giving each user the rate):", _text(wide, wide.columns)]
+    reference = reference_table(tables)
+    if len(reference):
+        out += ["", "Composition against a real forward pass (error_pct < 0: the composition is faster):",
+                _text(reference, ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms",
+                                  "error_pct"))]
+        left_out = "; ".join(dict.fromkeys(s for s in reference["left_out"] if s))
+        if left_out:
+            out.append(f"left out of the composition: {left_out}")
+    return "\n".join(out)
+
+
+PHASE_FIGURES = {"phases_ttft": ttft_figure, "phases_decode": decode_figure, "phases_chunk": chunk_figure,
+                 "phases_breakdown": decode_breakdown_figure}
+
+
+def write_phase_figures(tables: dict, out_dir, *, dpi: int = 110) -> list[Path]:
+    """The four phase figures as PNG files in out_dir, named as PHASE_FIGURES."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, draw in PHASE_FIGURES.items():
+        path = out / f"{name}.png"
+        draw(tables).savefig(path, dpi=dpi)
+        paths.append(path)
+    return paths

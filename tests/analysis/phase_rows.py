@@ -1,0 +1,78 @@
+"""Synthetic runner rows for the phase model: every case a set of steps runs, with a latency chosen by the test."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+from phasebench.analysis import phase_model as pm
+from phasebench.bench import steps as step_defs
+from phasebench.bench.models import DecoderConfig
+
+TINY = DecoderConfig(hidden=96, intermediate=200, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97, name="tiny")
+IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
+
+
+def scenario_steps(config, prompts, batches, context, chunks, chunk_batch, chunk_prompt) -> list:
+    """The steps bench.phases composes (its scenario_steps, without torch)."""
+    out = [step_defs.prefill_step(config, p) for p in (*prompts, chunk_prompt)]
+    out += [step_defs.decode_step(config, b, c) for b in {*batches, chunk_batch} for c in {context, *prompts}]
+    for chunk in chunks:
+        for batch in (chunk_batch, 0):
+            out += step_defs.chunked_prefill_steps(config, chunk_prompt, chunk, batch, context)
+    return out
+
+
+def op_rows(uses, latency, *, config=TINY, dtype="float32", device="cpu", mode="compiled",
+            timer="perf_counter_ns", impls=IMPLS) -> pd.DataFrame:
+    """One ok row per use, with runner column names and the use's case fields; latency(use) gives latency_ms."""
+    rows = []
+    for use in uses:
+        rows.append({"op": use.op, "impl": impls[use.op], "status": "ok", "dtype": dtype, "model": config.name,
+                     "device": device, "mode": mode, "timer": timer, "latency_ms": float(latency(use)),
+                     **use.field_dict})
+    return pd.DataFrame(rows)
+
+
+def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4, 8, 16), context=48,
+            chunks=(8, 16, 32), chunk_batch=4, chunk_prompt=64, reference_layers=2, reference_ms=None,
+            dtype="float32", device="cpu") -> dict:
+    """The tables `phasebench phases` writes (bench.phases compose and check_against_reference), from rows;
+    reference_ms maps phase -> the measured pass (default: 1.2 x the composition)."""
+    measured = pm.Measured(df, model=config.name, dtype=dtype)
+    tables = {
+        "prefill": pm.prefill_table(measured, config, prompts),
+        "decode": pm.batch_sweep(measured, config, batches, context),
+        "chunked": pm.chunk_table(measured, config, chunk_prompt, chunks, chunk_batch, context),
+        "interactive": pm.interactive_limits(measured, config, prompts, batches),
+        "decode_parts": pm.tpot(measured, config, chunk_batch, context).items,
+    }
+    small = dataclasses.replace(config, layers=reference_layers)
+    rows = []
+    for phase, composed in (("prefill", pm.ttft(measured, small, chunk_prompt)),
+                            ("decode", pm.tpot(measured, small, chunk_batch, context))):
+        real = (reference_ms or {}).get(phase, 1.2 * composed.total_ms)
+        rows.append({"phase": phase, "layers": reference_layers, "batch": 1 if phase == "prefill" else chunk_batch,
+                     "tokens": chunk_prompt if phase == "prefill" else context, "reference_ms": real,
+                     "reference_p20_ms": 0.97 * real, "reference_p80_ms": 1.04 * real, "samples": 7,
+                     "composed_ms": composed.total_ms, "error_pct": pm.model_error(composed.total_ms, real),
+                     "left_out": "embedding lookup; host gaps between ops; sampling beyond the greedy pick"})
+    tables["reference"] = pd.DataFrame(rows)
+    tables["meta"] = {"model": dataclasses.asdict(config), "device": device, "dtype": dtype, "impls": dict(IMPLS),
+                      "prompts": list(prompts), "batches": list(batches), "context": context, "chunks": list(chunks),
+                      "chunk_batch": chunk_batch, "chunk_prompt": chunk_prompt, "reference_layers": reference_layers,
+                      "measured_cases": len(df)}
+    return tables
+
+
+def write_phases(folder, tables: dict):
+    """The folder as run_phases leaves it (without ops/): NAME.csv per table and phases.json."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        if name != "meta":
+            table.to_csv(folder / f"{name}.csv", index=False)
+    (folder / "phases.json").write_text(json.dumps(tables["meta"], indent=1))
+    return folder

@@ -1,0 +1,190 @@
+"""The phase model's arithmetic on synthetic rows of known latency: TTFT, TPOT, the batch sweep, chunking, limits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from phasebench.analysis import phase_model as pm
+from phasebench.bench import steps as step_defs
+
+from .phase_rows import TINY, op_rows
+
+# Exact in binary floating point: each op's latency is a power of two times its rows (attention: its pairs / 2).
+BASE = {"rmsnorm": 1, "rotary": 2, "kv_append": 4, "silu_mul": 8, "residual_add": 16, "greedy_pick": 32,
+        "qkv": 64, "o": 128, "gate_up": 256, "down": 512, "lm_head": 1024}
+
+
+def power_latency(use) -> float:
+    f = use.field_dict
+    if use.op == "attention":
+        return 0.5 * f["batch"] * f["q_len"] * f["kv_len"]
+    return BASE[f.get("kind") or f.get("projection")] * f["m"]
+
+
+def measured(steps, latency=power_latency, **kwargs) -> pm.Measured:
+    return pm.Measured(op_rows(step_defs.distinct_uses(steps), latency, **kwargs), model="tiny", dtype="float32")
+
+
+def hand_ttft(prompt: int) -> float:
+    # per layer: 2 rmsnorm, qkv, o, gate_up, down, rotary, kv_append, silu_mul, 2 residual_add at M = prompt,
+    # attention over prompt x prompt; then final norm, lm_head and the pick on the last token
+    layer = (2 * 1 + 64 + 128 + 256 + 512 + 2 + 4 + 8 + 2 * 16) * prompt + 0.5 * prompt * prompt
+    return TINY.layers * layer + (1 + 1024 + 32)
+
+
+def hand_tpot(batch: int, context: int) -> float:
+    layer = 1008 * batch + 0.5 * batch * (context + 1)
+    return TINY.layers * layer + (1 + 1024 + 32) * batch
+
+
+def test_ttft_and_tpot_are_the_hand_sums():
+    prompts, cases = (7, 33), ((1, 40), (5, 19))
+    m = measured([step_defs.prefill_step(TINY, p) for p in prompts]
+                 + [step_defs.decode_step(TINY, b, c) for b, c in cases])
+    for prompt in prompts:
+        t = pm.ttft(m, TINY, prompt)
+        assert t.complete and t.total_ms == hand_ttft(prompt)
+        assert t.parts == {"weights": 3 * 960 * prompt, "attention": 3 * 0.5 * prompt ** 2,
+                           "elementwise": 3 * 48 * prompt, "head": 1057}
+    for batch, context in cases:
+        t = pm.tpot(m, TINY, batch, context)
+        assert t.complete and t.total_ms == hand_tpot(batch, context)
+        assert t.parts["attention"] == 3 * 0.5 * batch * (context + 1) and t.parts["head"] == 1057 * batch
+    table = pm.prefill_table(m, TINY, prompts)
+    assert table["ttft_ms"].tolist() == [hand_ttft(p) for p in prompts]
+    assert table["prompt_tokens_per_s"].tolist() == pytest.approx([1e3 * p / hand_ttft(p) for p in prompts])
+    assert (table["missing"] == 0).all()
+
+
+def test_only_ok_rows_of_the_chosen_impl_and_dtype_count_and_repeats_take_the_median():
+    steps = [step_defs.prefill_step(TINY, 11)]
+    uses = step_defs.distinct_uses(steps)
+    good = op_rows(uses, power_latency)
+    qkv = next(u for u in uses if u.label == "qkv")
+    decoys = pd.concat([
+        op_rows(uses, lambda u: 1e6, impls={"attention": "naive", "linear": "naive", "elementwise": "naive"}),
+        op_rows(uses, lambda u: 1e6, dtype="bfloat16"),
+        op_rows(uses, lambda u: 1e6).assign(status="failed"),
+        op_rows([qkv, qkv], lambda u: 1e6).assign(device="another", status="skipped"),
+        op_rows([qkv], lambda u: 0.25 * power_latency(u)),  # repeats: the median is the good row's latency
+        op_rows([qkv], lambda u: 4 * power_latency(u)),
+    ], ignore_index=True)
+    frame = pd.concat([decoys, good], ignore_index=True).sample(frac=1.0, random_state=5)
+    m = pm.Measured(frame, model="tiny", dtype="float32")
+    assert pm.ttft(m, TINY, 11).total_ms == hand_ttft(11)
+
+
+def test_batch_sweep_tokens_per_second_and_the_saturation_batch():
+    batches = (1, 2, 4, 8, 16, 32)
+    steps = [step_defs.decode_step(TINY, b, 64) for b in batches]
+
+    def flat_until_8(use):  # every op costs the same up to 8 rows, then grows with them: TPOT = k * max(B, 8)
+        f = use.field_dict
+        return 0.125 * max(f.get("m") or f["batch"], 8)
+
+    m = measured(steps, flat_until_8)
+    table = pm.batch_sweep(m, TINY, batches, 64)
+    tpot = table["tpot_ms"].to_numpy()
+    ops = sum(u.count for u in step_defs.decode_step(TINY, 1, 64))
+    assert tpot.tolist() == [ops * 0.125 * max(b, 8) for b in batches]
+    assert table["tokens_per_s"].tolist() == pytest.approx(1e3 * np.array(batches) / tpot)
+    assert table["tokens_per_s_per_user"].tolist() == pytest.approx(1e3 / tpot)
+    assert table.loc[table["saturated"], "batch"].tolist() == [8]
+    growing = pm.batch_sweep(m, TINY, (1, 2, 4, 8), 64)
+    assert not growing["saturated"].any()
+
+
+def test_saturation_batch_is_the_first_that_adds_less_than_the_margin():
+    batches, tps = [8, 1, 4, 2], [300.0, 100.0, 186.0, 180.0]  # unsorted on purpose; 2 -> 4 adds 3.3 %
+    assert pm.saturation_batch(batches, tps, margin=0.05) == 2
+    assert pm.saturation_batch(batches, tps, margin=0.02) is None
+    assert pm.saturation_batch([1, 2], [50.0, 49.0]) == 1
+
+
+def test_chunk_table_steps_ttft_itl_and_the_cost_of_chunking():
+    prompt, decode_batch, context = 10, 2, 5
+    steps = [step_defs.prefill_step(TINY, prompt), step_defs.decode_step(TINY, decode_batch, context)]
+    for chunk in (4, 10, 16):
+        for batch in (decode_batch, 0):
+            steps += step_defs.chunked_prefill_steps(TINY, prompt, chunk, batch, context)
+
+    def unit_but_linear(use):  # a linear op costs its rows, everything else 1 ms
+        return float(use.field_dict["m"]) if use.op == "linear" else 1.0
+
+    m = measured(steps, unit_but_linear)
+    table = pm.chunk_table(m, TINY, prompt, (4, 10, 16), decode_batch, context).set_index("chunk")
+
+    def hybrid(chunk, last):  # 7 elementwise + 2 attention + 4 linear at 2 + chunk rows, per layer; head on the users
+        return 3 * (9 + 4 * (decode_batch + chunk)) + 1 + (decode_batch + last) + 1
+
+    def alone(chunk, last):  # 7 elementwise + 1 attention + 4 linear at chunk rows; head on the last token only
+        return 3 * (8 + 4 * chunk) + (3 if last else 0)
+
+    whole = 3 * (8 + 4 * prompt) + 3
+    decode_only = 3 * (8 + 4 * decode_batch) + 1 + decode_batch + 1
+    four = [hybrid(4, 0), hybrid(4, 0), hybrid(2, 1)]
+    assert table.loc[4, "steps"] == 3 and table.loc[10, "steps"] == table.loc[16, "steps"] == 1
+    assert table.loc[4, "ttft_ms"] == sum(four) and table.loc[4, "itl_ms"] == pytest.approx(sum(four) / 3)
+    assert table.loc[4, "itl_max_ms"] == max(four)
+    assert table.loc[10, "ttft_ms"] == table.loc[16, "ttft_ms"] == hybrid(10, 1)
+    assert (table["decode_only_ms"] == decode_only).all() and (table["unchunked_ttft_ms"] == whole).all()
+    assert table.loc[4, "itl_increase_pct"] == pytest.approx(100 * (sum(four) / 3 / decode_only - 1))
+    cost = alone(4, 0) + alone(4, 0) + alone(2, 1)
+    assert table.loc[4, "chunking_cost_pct"] == pytest.approx(100 * (cost / whole - 1))
+    assert table.loc[10, "chunking_cost_pct"] == 0 and (table["missing"] == 0).all()
+
+
+def test_interactive_limits_for_designed_thresholds():
+    prompts, batches = (8, 24), tuple(2 ** i for i in range(10))
+    steps = [step_defs.prefill_step(TINY, p) for p in prompts]
+    steps += [step_defs.decode_step(TINY, b, p) for b in batches for p in prompts]
+    scale = 2.0 ** -12
+    m = measured(steps, lambda use: scale * power_latency(use))
+    limits = pm.interactive_limits(m, TINY, prompts, batches, ttft_s=0.01, user_tokens_per_s=(3.0, 10.0))
+    got = {(r.prompt, r.user_tokens_per_s_target): r.largest_batch for r in limits.itertuples()}
+
+    def largest(prompt, target):
+        if scale * hand_ttft(prompt) > 10.0:
+            return 0
+        return max([b for b in batches if 1e3 / (scale * hand_tpot(b, prompt)) >= target], default=0)
+
+    assert got == {(p, t): largest(p, t) for p in prompts for t in (3.0, 10.0)}
+    # by hand: TTFT(8) = 6.2 ms is within 10 ms, TPOT(B, 8) = 0.9996 B ms; TTFT(24) = 18 ms is not
+    assert got == {(8, 3.0): 256, (8, 10.0): 64, (24, 3.0): 0, (24, 10.0): 0}
+    assert limits.loc[limits["prompt"] == 8, "ttft_ms"].iloc[0] == scale * hand_ttft(8)
+
+
+def test_a_missing_op_is_named_and_the_total_is_nan():
+    uses = step_defs.distinct_uses([step_defs.prefill_step(TINY, 9)])
+    kept = [u for u in uses if u.label != "lm_head"]
+    m = pm.Measured(op_rows(kept, power_latency), model="tiny", dtype="float32")
+    t = pm.ttft(m, TINY, 9)
+    assert not t.complete and math.isnan(t.total_ms)
+    assert len(t.missing) == 1 and "lm_head" in t.missing[0] and "linear" in t.missing[0]
+    assert t.parts["weights"] == 3 * 960 * 9  # what was measured is still split by part
+    table = pm.prefill_table(m, TINY, [9])
+    assert table["missing"].tolist() == [1] and table["ttft_ms"].isna().all()
+
+
+def test_nothing_measured_for_the_model_means_everything_missing():
+    step = step_defs.decode_step(TINY, 3, 17)
+    m = pm.Measured(op_rows(step_defs.distinct_uses([step]), power_latency), model="another", dtype="float32")
+    t = pm.tpot(m, TINY, 3, 17)
+    assert len(t.missing) == len(step) and math.isnan(t.total_ms) and t.items.empty
+
+
+@pytest.mark.parametrize("column, other", [("device", "cuda"), ("mode", "interpreter"), ("timer", "cuda-events")])
+def test_rows_of_two_groups_are_refused(column, other):
+    uses = step_defs.distinct_uses([step_defs.decode_step(TINY, 2, 13)])
+    frame = op_rows(uses, power_latency)
+    frame = pd.concat([frame, frame.iloc[:3].assign(**{column: other})], ignore_index=True)
+    with pytest.raises(ValueError, match="device/mode/timer"):
+        pm.Measured(frame, model="tiny", dtype="float32")
+
+
+def test_model_error_is_relative_to_the_measured_pass():
+    assert pm.model_error(90.0, 120.0) == pytest.approx(-25.0)
+    assert pm.model_error(150.0, 120.0) == pytest.approx(25.0)
