@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ..bench.schema import CASE_FIELDS, SAMPLES_COLUMN, conform, read_samples, sample_key
+from ..bench.schema import CASE_FIELDS, SAMPLES_COLUMN, conform, key_text, read_samples, sample_key
 from ._figures import GROUP_FIELDS, new_figure, no_data
 
 __all__ = ["BY", "KINDS", "VERDICTS", "compare", "comparison_figure", "format_comparison", "parse_threshold",
@@ -127,20 +127,12 @@ def _keyed(rows: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
     """One row per key (the latest by `time`; `rows` counts how many shared it), with the key in `_key`."""
     if rows.empty:
         return rows.assign(_key=pd.Series(dtype=str), rows=pd.Series(dtype=int))
-    texts = [_SEP.join(_text(row[name]) for name in fields) for row in rows[fields].to_dict("records")]
+    texts = [_SEP.join(key_text(row[name]) for name in fields) for row in rows[fields].to_dict("records")]
     rows = rows.assign(_key=texts)
     order = rows.sort_values("time", kind="stable") if "time" in rows.columns else rows
     counts = order.groupby("_key").size()
     latest = order.drop_duplicates("_key", keep="last")
     return latest.assign(rows=latest["_key"].map(counts).to_numpy())
-
-
-def _text(value) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_impl: str | None = None,
@@ -292,11 +284,11 @@ def _case_label(row: dict) -> str:
     """The row's shape label ('b2 h32/8 q1 k512 d128 causal') and dtype; built from the case fields without one."""
     shape = str(row.get("shape") or "").strip()
     if not shape and row.get("op") == "linear":
-        shape = " ".join(str(part) for part in (row.get("projection") or "", f"m{_text(row.get('m'))}",
-                                                f"n{_text(row.get('n'))}", f"k{_text(row.get('k'))}") if part)
-    elif not shape and _text(row.get("batch")):
-        shape = (f"b{_text(row.get('batch'))} h{_text(row.get('q_heads'))}/{_text(row.get('kv_heads'))} "
-                 f"q{_text(row.get('q_len'))} k{_text(row.get('kv_len'))} d{_text(row.get('head_dim'))}"
+        shape = " ".join(str(part) for part in (row.get("projection") or "", f"m{key_text(row.get('m'))}",
+                                                f"n{key_text(row.get('n'))}", f"k{key_text(row.get('k'))}") if part)
+    elif not shape and key_text(row.get("batch")):
+        shape = (f"b{key_text(row.get('batch'))} h{key_text(row.get('q_heads'))}/{key_text(row.get('kv_heads'))} "
+                 f"q{key_text(row.get('q_len'))} k{key_text(row.get('kv_len'))} d{key_text(row.get('head_dim'))}"
                  + (" causal" if _true(row.get("causal")) else ""))
     shape = shape or f"{row.get('op') or ''} {row.get('phase') or ''}".strip()
     return f"{shape} {row.get('dtype') or ''}".strip()
@@ -316,13 +308,13 @@ def pair_labels(frame: pd.DataFrame) -> pd.Series:
              and frame[name].astype(str).nunique() > 1]
     if not extra:
         return frame["case"].astype(str)
-    return frame.apply(lambda row: " · ".join([str(row["case"]), *(_text(row[name]) for name in extra)]), axis=1)
+    return frame.apply(lambda row: " · ".join([str(row["case"]), *(key_text(row[name]) for name in extra)]), axis=1)
 
 
 def _sides_label(frame: pd.DataFrame, side: str) -> str:
     by = frame.attrs.get("by", "run")
     column = f"{side}_{BY[by]}" if by != "run" else f"{side}_run_id"
-    values = sorted({_text(v) for v in frame[column] if _text(v)})
+    values = sorted({key_text(v) for v in frame[column] if key_text(v)})
     shown = ", ".join(values[:3]) + (f" (+{len(values) - 3})" if len(values) > 3 else "")
     return f"{by} {shown}" if shown else by
 
@@ -449,8 +441,8 @@ def _no_pair_hint(frame: pd.DataFrame) -> str:
         return ""
     for name in ("timer", "device", "impl", "mode", "dtype"):
         column = f"{{}}_{name}" if name in SIDE_FIELDS else name
-        left = {_text(v) for v in base[column.format("base")]} if column.format("base") in base else set()
-        right = {_text(v) for v in new[column.format("new")]} if column.format("new") in new else set()
+        left = {key_text(v) for v in base[column.format("base")]} if column.format("base") in base else set()
+        right = {key_text(v) for v in new[column.format("new")]} if column.format("new") in new else set()
         if left and right and not left & right:
             way = f"; --by {name} compares across it" if name in BY and name != frame.attrs.get("by") else ""
             return (f"no pairs: the sides differ in {name} ({', '.join(sorted(left))} against "

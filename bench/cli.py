@@ -10,12 +10,17 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from .cli_results import cmd_compare, cmd_phases, cmd_report
+from .cli_sweeps import cmd_merge, cmd_run_ray, shard_of_run
 from .selection import (
     UsageError,
     build_cases,
+    case_argv,
     case_ops,
+    check_writable,
     default_dtype,
     load_plugins,
+    out_dir_for,
     resolve_device,
     resolve_impls,
 )
@@ -59,24 +64,6 @@ def cmd_list(args) -> int:
 
 
 
-
-
-def out_dir_for(args) -> Path:
-    if args.out:
-        return Path(args.out)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("results") / stamp
-
-
-def check_writable(path: Path) -> None:
-    """Fail before measuring anything when the results cannot be written."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".phasebench-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(f"out: cannot write to {path}: {err.strerror or err}") from None
 
 
 def cmd_run(args) -> int:
@@ -123,134 +110,6 @@ def cmd_run(args) -> int:
     print(format_table(df))
     for line in closing_lines(df, out):
         print(line)
-    return 0
-
-
-def run_command(args) -> str:
-    """This `phasebench run`'s selection as a command line, for the resume hints of shards."""
-    import shlex
-
-    return shlex.join(["phasebench", "run", *case_argv(args), *(["--cuda-graph"] if args.cuda_graph else [])])
-
-
-def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):
-    """--shard K/N: the shard's cases, its folder marked with its sweep (shard.json); all cases and None without."""
-    from .runner import CPU_TIMER, CUDA_TIMER, measurement_options
-    from .shards import SHARD_JSON, ShardError, mark_shard, parse_shard, plan_shard
-
-    if not args.shard:
-        if args.resume and (out / SHARD_JSON).is_file():
-            raise UsageError(f"resume: {out} is a shard folder; give its --shard K/N as well (see {out / SHARD_JSON})")
-        return cases, None
-    try:
-        k, n = parse_shard(args.shard)
-        options = measurement_options(device, timer or (CUDA_TIMER if device.type == "cuda" else CPU_TIMER),
-                                      args.cuda_profiler_range)
-        resume = f"{run_command(args)} --shard {k}/{n} --resume --out {out}"
-        mine, info = plan_shard(cases, impls, k, n, options, suite, resume)
-        mark_shard(out, info, args.resume)
-    except ShardError as err:
-        raise UsageError(str(err)) from None
-    print(f"phasebench run: shard {k}/{n} of sweep {info.sweep_id}: {len(mine)} of {len(cases)} cases, "
-          f"{info.rows} of {info.sweep_rows} rows", file=sys.stderr)
-    return mine, info
-
-
-def cmd_run_ray(args) -> int:
-    """--ray [ADDRESS]: the sweep sharded over Ray actors (one per GPU, or --workers N on CPUs), then merged."""
-    import importlib.util
-
-    if args.ray is None:
-        raise UsageError("workers: goes with --ray")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"workers: must be at least 1, got {args.workers}")
-    if args.shard:
-        raise UsageError("shard: --ray runs every shard; resume one alone with --shard K/N --resume, without --ray")
-    if args.cuda_profiler_range:
-        raise UsageError("cuda-profiler-range: not with --ray; profile one shard with --shard K/N")
-    if args.resume and not args.out:
-        raise UsageError("resume: needs --out DIR of the run to resume")
-    if args.retry_failed and not args.resume:
-        raise UsageError("retry-failed: goes with --resume --out DIR")
-    if importlib.util.find_spec("ray") is None:
-        raise UsageError("ray: not installed here; pip install 'phasebench[cluster]'")
-    out = out_dir_for(args).resolve()
-    check_writable(out)
-    from .ray_runner import RaySweep, Selection, run_sweep
-
-    return run_sweep(RaySweep(Selection.from_args(args), out, address=args.ray or None, workers=args.workers,
-                              resume=args.resume, retry_failed=args.retry_failed,
-                              refresh_ceilings=args.refresh_ceilings, command=run_command(args)))
-
-
-def cmd_merge(args) -> int:
-    from .shards import ShardError, merge
-
-    out = Path(args.out)
-    check_writable(out)
-    try:
-        merged = merge(args.shards, out, partial=args.partial)
-    except ShardError as err:
-        raise UsageError(str(err)) from None
-    sweep = merged["sweep"]
-    rows = sum(s["rows"] for s in merged["shards"])
-    print(f"merged {len(merged['shards'])} of {sweep['of']} shard(s) of sweep {sweep['id']}, {rows} of "
-          f"{sweep['rows']} rows, into {out}")
-    if sweep["missing"]:
-        missing = ", ".join(f"{k}/{sweep['of']}" for k in sweep["missing"])
-        print(f"warning: shard(s) {missing} missing", file=sys.stderr)
-    return 0
-
-
-def parse_op_impls(items) -> dict[str, str]:
-    """`attention=triton linear=torch` as a dict; one-line UsageError otherwise."""
-    from ..kernels import OPS
-
-    out = {}
-    for item in items or ():
-        op, sep, impl = item.partition("=")
-        if not sep or op not in OPS or impl not in OPS[op]:
-            raise UsageError(f"impl: expected OP=IMPL with OP in {', '.join(OPS)} and one of its impls, got {item!r}")
-        out[op] = impl
-    return out
-
-
-def cmd_phases(args) -> int:
-    load_plugins(args.plugin)
-    device = resolve_device(args.device)
-    from .models import model_config
-
-    try:
-        model = model_config(args.model)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
-    check_writable(out)
-    from ..analysis import phase_model as pm
-    from .console import Progress
-    from .phases import PhasesConfig, run_phases
-
-    impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
-    cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
-                                batches=tuple(args.batch) if args.batch else None, context=args.context,
-                                chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
-                                reference_layers=args.reference_layers, dtype=args.dtype)
-    cfg.impls, cfg.on_row = impls, Progress()
-    reuse = None
-    if args.reuse:
-        from ..analysis import load
-
-        try:
-            reuse = load(*args.reuse)
-        except (ValueError, FileNotFoundError) as err:
-            raise UsageError(str(err).splitlines()[0]) from None
-    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}) -> {out}", file=sys.stderr)
-    tables = run_phases(cfg, reuse)
-    from ..analysis.phases import phases_summary, write_phase_figures
-
-    print(phases_summary(tables))
-    figures = write_phase_figures(tables, out)
-    print(f"\ntables: {out}/*.csv, phases.json; rows: {out}/ops; figures: {', '.join(p.name for p in figures)}")
     return 0
 
 
@@ -301,22 +160,6 @@ def add_case_arguments(verb: argparse.ArgumentParser) -> None:
                       help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
 
 
-def case_argv(args) -> list[str]:
-    """The case-selection arguments again, for a `phasebench run` started under nsys."""
-    argv = ["--suite", args.suite]
-    for flag in ("impl", "model", "op"):
-        if getattr(args, flag):
-            argv += [f"--{flag}", *getattr(args, flag)]
-    for flag in ("device", "dtype"):
-        if getattr(args, flag):
-            argv += [f"--{flag}", getattr(args, flag)]
-    for shape in args.shape or ():
-        argv += ["--shape", shape]
-    for plugin in args.plugin or ():
-        argv += ["--plugin", plugin]
-    return argv
-
-
 def cmd_profile(args) -> int:
     load_plugins(args.plugin)
     device = resolve_device(args.device)
@@ -344,79 +187,6 @@ def cmd_profile(args) -> int:
     summary = capture.write_tables(profile_path, out)
     print(capture.format_summary(summary))
     print(f"\nprofile: {profile_path}; tables: {out}/kernels, ranges, summary (.parquet, .csv); rows: {out}/run")
-    return 0
-
-
-def cmd_report(args) -> int:
-    from ..analysis import load, load_phases, report_rows, write_report
-    from ..analysis.report import summary_table
-
-    sources = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
-    if not sources:
-        raise UsageError("results: none given and no ./results/ folders; run `phasebench run` first")
-    try:
-        df = load(*sources)
-        # a `phasebench phases` folder: its rows (under ops/) load as above, its tables make the Phases section
-        phase_dirs = [Path(p) for p in sources if (Path(p) / "phases.json").is_file()]
-        phases = load_phases(phase_dirs[-1]) if phase_dirs else None
-    except (ValueError, FileNotFoundError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-    comparison = None
-    runs = [p for p in (args.results or []) if not (Path(p) / "phases.json").is_file()]
-    if len(runs) == 2:  # two result sets: the report compares them as `phasebench compare` does
-        from ..analysis.compare import compare
-
-        try:
-            comparison = compare(runs[0], runs[1])
-        except ValueError as err:
-            print(f"phasebench report: no comparison: {str(err).splitlines()[0]}", file=sys.stderr)
-    out = Path(args.out)
-    check_writable(out)
-    paths = write_report(df, out, include_profiled=args.include_profiled, phases=phases, comparison=comparison)
-    shown = report_rows(df, include_profiled=args.include_profiled)
-    print(summary_table(shown).to_string())
-    left_out = f" ({len(df) - len(shown)} profiled rows left out)" if len(shown) < len(df) else ""
-    if phase_dirs:
-        others = f"; {len(phase_dirs) - 1} other phases folder(s) not shown" if len(phase_dirs) > 1 else ""
-        print(f"\nphases: {phase_dirs[-1]}{others}")
-    print(f"\n{len(shown)} rows from {shown['run_id'].nunique()} run(s){left_out}; report: {paths['html']}")
-    return 0
-
-
-def cmd_compare(args) -> int:
-    from ..analysis import load
-    from ..analysis.compare import compare, format_comparison, parse_threshold, regressions
-
-    try:
-        threshold = parse_threshold(args.threshold)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if args.new is None and args.by != "impl":
-        raise UsageError(f"new: --by {args.by} compares two result sets; give BASE and NEW (or use --by impl)")
-    try:
-        base = load(args.base)
-        new = load(args.new) if args.new else None
-        frame = compare(base, new, by=args.by, base_impl=args.base_impl, new_impl=args.new_impl,
-                        threshold=threshold, confidence=args.confidence)
-    except (ValueError, FileNotFoundError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-    print(format_comparison(frame))
-    if args.out:
-        from ..analysis import write_report
-
-        out = Path(args.out)
-        check_writable(out)
-        both = load(args.base, args.new) if args.new else base
-        paths = write_report(both, out, title="phasebench comparison", comparison=frame)
-        print(f"\ncomparison: {paths['comparison_csv']}, {paths['comparison']}; report: {paths['html']}")
-    slower = regressions(frame)
-    if args.fail_on_regression and len(slower):
-        noisy = int(slower["noisy"].sum())
-        print(f"phasebench compare: {len(slower)} pair(s) slower by more than {threshold:.0%} "
-              f"with {args.confidence:.0%} confidence" + (f" ({noisy} noisy: timed on a contended device, "
-                                                           "re-run before believing them)" if noisy else ""),
-              file=sys.stderr)
-        return 1
     return 0
 
 

@@ -90,10 +90,11 @@ KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", *LINEAR
 def sample_key(row) -> tuple:
     """row_key with blanks (None, NaN, NA) as "" and whole floats as ints: one key for a measured row,
     a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows."""
-    return tuple(_key_text(row.get(c)) for c in KEY_COLUMNS)
+    return tuple(key_text(row.get(c)) for c in KEY_COLUMNS)
 
 
-def _key_text(value) -> str:
+def key_text(value) -> str:
+    """A cell as key text: blanks (None, NaN, NA) as "", whole floats as ints."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float) and value.is_integer():

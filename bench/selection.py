@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from pathlib import Path
+
 
 class UsageError(ValueError):
     """A bad selection: printed as one line, exit status 2, no traceback."""
@@ -89,3 +92,37 @@ def resolve_impls(names, device, ops=("attention",)) -> list[str]:
             raise UsageError(f"impl: unknown implementation {name!r} for {'/'.join(ops)}, "
                              f"choose from {', '.join(sorted(known))}")
     return list(dict.fromkeys(names))
+
+
+def out_dir_for(args) -> Path:
+    if args.out:
+        return Path(args.out)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / stamp
+
+
+def check_writable(path: Path) -> None:
+    """Fail before measuring anything when the results cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".phasebench-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"out: cannot write to {path}: {err.strerror or err}") from None
+
+
+def case_argv(args) -> list[str]:
+    """The case-selection arguments again, for a `phasebench run` started under nsys."""
+    argv = ["--suite", args.suite]
+    for flag in ("impl", "model", "op"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", *getattr(args, flag)]
+    for flag in ("device", "dtype"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", getattr(args, flag)]
+    for shape in args.shape or ():
+        argv += ["--shape", shape]
+    for plugin in args.plugin or ():
+        argv += ["--plugin", plugin]
+    return argv
