@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from .selection import (
     resolve_device,
     resolve_impls,
 )
+
+STARTED = time.monotonic()  # `run --time-budget` counts from here: the imports and the ceilings are in it
 
 
 def package_version() -> str:
@@ -69,6 +71,8 @@ def cmd_list(args) -> int:
 def cmd_run(args) -> int:
     load_plugins(args.plugin)
     if args.ray is not None or args.workers is not None:
+        if args.time_budget is not None or args.sample_time is not None:
+            raise UsageError("time-budget, sample-time: not with --ray (each shard has its own clock)")
         return cmd_run_ray(args)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
@@ -90,17 +94,19 @@ def cmd_run(args) -> int:
         if device.type != "cuda":
             raise UsageError("cuda-profiler-range: needs a CUDA device")
         from ..profiles.capture import cuda_profiler_range as capture
-    timer = None
-    if args.cuda_graph:
-        if device.type != "cuda":
-            raise UsageError("cuda-graph: needs a CUDA device")
-        from .runner import CUDA_TIMER
-        timer = dataclasses.replace(CUDA_TIMER, cuda_graph=True)
+    if args.cuda_graph and device.type != "cuda":
+        raise UsageError("cuda-graph: needs a CUDA device")
+    for flag in ("time_budget", "sample_time"):
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+            raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
+    from .runner import default_timer
+
+    timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time)
     cases, shard = shard_of_run(args, cases, impls, device, timer, out, suite)
     try:
         df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
                            timer=timer, refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture,
-                           profiled=args.cuda_profiler_range))
+                           profiled=args.cuda_profiler_range, time_budget_s=args.time_budget, started=STARTED))
     except ResumeError as err:
         raise UsageError(str(err)) from None
     if shard is not None:
@@ -206,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
     run.add_argument("--cuda-graph", action="store_true",
                      help="time CUDA-graph replays of each call (no host launch cost inside the events)")
+    run.add_argument("--sample-time", type=float, metavar="S",
+                     help="seconds of timed samples per case and impl (default 0.5 on CUDA, 0.3 on the host)")
+    run.add_argument("--time-budget", type=float, metavar="S",
+                     help="wall seconds for the whole command, start-up included: cases are taken spread over the "
+                          "sweep, and the rows that would overrun are recorded as skipped (--resume --retry-failed "
+                          "measures them later)")
     run.add_argument("--cuda-profiler-range", action="store_true",
                      help="wrap the cases in cudaProfilerStart/Stop (for nsys --capture-range=cudaProfilerApi)")
     run.add_argument("--shard", metavar="K/N", help="only shard K of N of the sweep (1-based), split by case")
@@ -249,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     phases.add_argument("--chunk-batch", type=int, help="decode batch running beside the chunked prompt")
     phases.add_argument("--reference-layers", type=int, help="layers of the plain-PyTorch decoder timed as a check")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
+    phases.add_argument("--sample-time", type=float, metavar="S",
+                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")

@@ -35,7 +35,7 @@ def cmd_phases(args) -> int:
     check_writable(out)
     from ..analysis import phase_model as pm
     from .console import Progress
-    from .phases import PhasesConfig, run_phases
+    from .phases import PhasesConfig, ops_timer, run_phases
 
     impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
     cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
@@ -43,6 +43,10 @@ def cmd_phases(args) -> int:
                                 chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
                                 reference_layers=args.reference_layers, dtype=args.dtype)
     cfg.impls, cfg.on_row = impls, Progress()
+    if args.sample_time is not None:
+        if not args.sample_time > 0:
+            raise UsageError("sample-time: must be a positive number of seconds")
+        cfg.timer = ops_timer(device, args.sample_time)
     reuse = None
     if args.reuse:
         from ..analysis import load

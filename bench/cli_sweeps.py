@@ -17,7 +17,7 @@ def run_command(args) -> str:
 
 def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):
     """--shard K/N: the shard's cases, its folder marked with its sweep (shard.json); all cases and None without."""
-    from .runner import CPU_TIMER, CUDA_TIMER, measurement_options
+    from .runner import default_timer, measurement_options
     from .shards import SHARD_JSON, ShardError, mark_shard, parse_shard, plan_shard
 
     if not args.shard:
@@ -26,7 +26,7 @@ def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):
         return cases, None
     try:
         k, n = parse_shard(args.shard)
-        options = measurement_options(device, timer or (CUDA_TIMER if device.type == "cuda" else CPU_TIMER),
+        options = measurement_options(device, timer or default_timer(device),
                                       args.cuda_profiler_range)
         resume = f"{run_command(args)} --shard {k}/{n} --resume --out {out}"
         mine, info = plan_shard(cases, impls, k, n, options, suite, resume)

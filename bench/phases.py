@@ -34,6 +34,13 @@ LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "host gaps b
             "allocation), which the composition never sees", "sampling beyond the greedy pick")
 
 
+def ops_timer(device: torch.device, sample_time: float | None = None) -> TimerConfig:
+    """How each op of the composition is timed: the runner's CUDA timer, or short host sampling;
+    `sample_time` replaces the seconds of samples per op."""
+    timer = CUDA_TIMER if device.type == "cuda" else HOST_TIMER
+    return timer if sample_time is None else dataclasses.replace(timer, budget_s=sample_time)
+
+
 @dataclass
 class PhasesConfig:
     """A model and the scenarios to compose for it on one device."""
@@ -126,7 +133,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         uses = [u for u in uses if have.latency_ms(u) is None]
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
     impls = {op: [name] for op, name in cfg.impls.items()}
-    timer = cfg.timer or (CUDA_TIMER if cfg.device.type == "cuda" else HOST_TIMER)
+    timer = cfg.timer or ops_timer(cfg.device)
     rows = run(RunConfig(cases, impls, cfg.device, cfg.out_dir / "ops", suite="phases", timer=timer,
                          on_row=cfg.on_row)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)

@@ -79,13 +79,11 @@ def worker_device(sel: Selection):
 
 
 def _timer(device, cuda_graph: bool):
-    from .runner import CPU_TIMER, CUDA_TIMER
+    from .runner import default_timer
 
-    if cuda_graph:
-        if device.type != "cuda":
-            raise UsageError("cuda-graph: needs a CUDA device")
-        return dataclasses.replace(CUDA_TIMER, cuda_graph=True)
-    return CUDA_TIMER if device.type == "cuda" else CPU_TIMER
+    if cuda_graph and device.type != "cuda":
+        raise UsageError("cuda-graph: needs a CUDA device")
+    return default_timer(device, cuda_graph=cuda_graph)
 
 
 def worker_env(device) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import statistics
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..kernels import OPS, triton_mode
+from ..kernels.autotune import autotune_winners
 from .measure import CaseState, HarnessSampler, base_row, measure
 from .metadata import run_metadata
 from .results import ResultsStore
@@ -22,6 +25,17 @@ from .timing import TimerConfig
 CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False)
 CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
 PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
+
+
+def default_timer(device: torch.device, *, cuda_graph: bool = False, sample_time: float | None = None) -> TimerConfig:
+    """The runner's timer for a device: CUDA events (graph replays on request) or the host clock; `sample_time`
+    replaces the seconds of timed samples per (case, impl)."""
+    timer = CUDA_TIMER if device.type == "cuda" else CPU_TIMER
+    if cuda_graph:
+        timer = dataclasses.replace(timer, cuda_graph=True)
+    if sample_time is not None:
+        timer = dataclasses.replace(timer, budget_s=sample_time)
+    return timer
 
 
 def now() -> str:
@@ -49,6 +63,8 @@ class RunConfig:
     refresh_ceilings: bool = False
     profiled: bool = False  # rows measured under a profiler: marked, and left out of reports by default
     detect_contention: bool = True
+    time_budget_s: float | None = None  # wall seconds for the sweep; rows that would overrun it are skipped
+    started: float | None = None  # time.monotonic() the budget counts from (default: when run() starts)
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
 
@@ -64,6 +80,44 @@ def measurement_options(device: torch.device, timer: TimerConfig, profiled: bool
     """What must be equal for rows of two invocations to be one measurement (checked by --resume)."""
     return {"device": str(device), "triton_mode": triton_mode.mode(), "timer": dataclasses.asdict(timer),
             "profiled": profiled}
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1 in bit-reversed (van der Corput) order: any prefix is spread over the whole range, so a sweep cut
+    short by its time budget still samples every part of it."""
+    bits = max(1, (n - 1).bit_length())
+    return sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
+
+
+class TimeBudget:
+    """A sweep's wall-clock allowance: a row starts only when the time left exceeds the longest row of its impl so
+    far (impls differ by orders of magnitude: an interpreter row against a compiled one), or, before the impl's
+    first row, the median row so far, or the timer's warm-up plus sampling."""
+
+    def __init__(self, seconds: float, timer: TimerConfig, start: float | None = None):
+        self.seconds, self.start = seconds, time.monotonic() if start is None else start
+        self.floor = timer.warmup_s + timer.budget_s
+        self.durations: dict[str, list[float]] = {}
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def expected(self, impl: str) -> float:
+        if self.durations.get(impl):
+            return max(self.durations[impl])
+        every = [d for ds in self.durations.values() for d in ds]
+        return statistics.median(every) if every else self.floor
+
+    def refusal(self, impl: str) -> str | None:
+        """Why the next row of `impl` must not start, or None when it fits."""
+        left, expected = self.left(), self.expected(impl)
+        if left >= expected:
+            return None
+        return (f"time budget: {max(left, 0):.1f} s of {self.seconds:g} s left, a {impl} row takes about "
+                f"{expected:.1f} s (--resume --retry-failed measures it later)")
+
+    def record(self, impl: str, seconds: float) -> None:
+        self.durations.setdefault(impl, []).append(seconds)
 
 
 def _probe(device: torch.device, enabled: bool):
@@ -83,7 +137,7 @@ def _snapshot(device: torch.device) -> dict:
 def run(cfg: RunConfig):
     """Measure every (case, impl) not already in cfg.out_dir; returns all rows there as a DataFrame."""
     device = cfg.device
-    timer = cfg.timer or (CUDA_TIMER if device.type == "cuda" else CPU_TIMER)
+    timer = cfg.timer or default_timer(device)
     options = measurement_options(device, timer, cfg.profiled)
     store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options)
     dtypes = sorted({c.dtype for c in cfg.cases})
@@ -97,7 +151,11 @@ def run(cfg: RunConfig):
     store.write_run(meta)
     sampler = HarnessSampler(timer, device.type)
     probe = _probe(device, cfg.detect_contention)
-    plan = [(case, impls_for(case, cfg.impls)) for case in cfg.cases]
+    budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
+    cases = list(cfg.cases)
+    if budget is not None:
+        cases = [cases[i] for i in spread_order(len(cases))]
+    plan = [(case, impls_for(case, cfg.impls)) for case in cases]
     total = sum(len(impls) for _, impls in plan)
     index = 0
     capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
@@ -110,7 +168,14 @@ def run(cfg: RunConfig):
                     row = base_row(case, impl, run_id, cfg.suite, ceil, sampler.label)
                     if store.is_done(row):
                         continue
-                    row = measure(state, impl, row, sampler, probe)
+                    refusal = budget.refusal(impl) if budget is not None else None
+                    if refusal:
+                        row.update(status="skipped", reason=refusal)
+                    else:
+                        started = time.monotonic()
+                        row = measure(state, impl, row, sampler, probe)
+                        if budget is not None:
+                            budget.record(impl, time.monotonic() - started)
                     row["time"], row["profiled"] = now(), cfg.profiled
                     store.append(row)
                     if cfg.on_row:
@@ -122,5 +187,6 @@ def run(cfg: RunConfig):
         df = store.write_parquet()
         meta["finished"] = now()
         meta["state_after"] = _snapshot(device)
+        meta["autotune"] = autotune_winners()  # the config each tuned Triton kernel chose, per tuning key
         store.write_run(meta)
     return df

@@ -209,3 +209,55 @@ def test_linear_cases_run_through_the_same_path_and_a_wrong_plugin_is_incorrect(
     r = ok[(ok.impl == "torch") & (ok.m == 3)].iloc[0]
     assert r.flops == 2 * 3 * 97 * 4095 and r.bytes == 4 * (3 * 4095 + 97 * 4095 + 3 * 97)
     assert r["shape"] == "m3 n97 k4095" and r.bound == "memory"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 13])
+def test_spread_order_is_a_permutation_whose_prefixes_span_the_sweep(n):
+    order = runner.spread_order(n)
+    assert sorted(order) == list(range(n)) and order[0] == 0
+    if n >= 3:  # the first two already reach into the second half
+        assert max(order[:2]) >= n // 2
+
+
+def slow_plan(req):
+    def call():
+        import time
+
+        time.sleep(0.15)
+        return naive_attention(req)
+    return AttentionCall("slow", "fake", call)
+
+
+def test_a_time_budget_skips_the_rows_that_would_overrun_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(IMPLS, "slow", fake("slow", slow_plan))
+    cases = [AttentionCase(1, 2, 1, 1, 16 + i, 16, True, "float32") for i in range(8)]
+    timer = runner.TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=3, max_samples=3, flush_l2=False)
+    df = run(tmp_path, ["slow"], cases=cases, timer=timer, time_budget_s=2.0)
+    assert len(df) == 8  # every row is recorded, measured or not
+    ok, skipped = df[df.status == "ok"], df[df.status == "skipped"]
+    assert 1 <= len(ok) < 8 and len(skipped) == 8 - len(ok)
+    assert skipped.reason.str.startswith("time budget: ").all()
+    assert skipped.reason.str.contains(r"of 2 s left, a slow row takes about 0\.\d", regex=True).all()
+    # measured in spread order: the first case, then one from the far half of the sweep
+    assert set(ok.kv_len) >= {16, 20} if len(ok) >= 2 else set(ok.kv_len) == {16}
+    # skipped rows run on resume with --retry-failed, within a new budget
+    again = run(tmp_path, ["slow"], cases=cases, timer=timer, resume=True, retry_failed=True, time_budget_s=60)
+    assert (again.status == "ok").all() and len(again) == 8
+
+
+def test_default_timer_takes_a_sample_time_and_graphs():
+    assert runner.default_timer(torch.device("cpu")) == runner.CPU_TIMER
+    t = runner.default_timer(torch.device("cuda"), cuda_graph=True, sample_time=0.1)
+    assert t.cuda_graph and t.budget_s == 0.1 and t.warmup_s == runner.CUDA_TIMER.warmup_s
+
+
+def test_a_row_is_expected_to_take_as_long_as_the_longest_of_its_impl():
+    budget = runner.TimeBudget(10.0, runner.CPU_TIMER)
+    assert budget.expected("any") == runner.CPU_TIMER.warmup_s + runner.CPU_TIMER.budget_s
+    for impl, seconds in (("fast", 0.1), ("fast", 0.3), ("slow", 4.0)):
+        budget.record(impl, seconds)
+    assert budget.expected("fast") == 0.3 and budget.expected("slow") == 4.0
+    assert budget.expected("new") == 0.3  # the median row, before an impl's first
+    budget.start -= 7.0  # about 3 s left
+    assert budget.refusal("fast") is None
+    assert budget.refusal("slow").startswith("time budget: 3.0 s of 10 s left, a slow row takes about 4.0 s")
