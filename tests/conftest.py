@@ -19,6 +19,18 @@ def pytest_configure(config):
         os.environ["PHASEBENCH_CACHE"] = tempfile.mkdtemp(prefix="phasebench-cache-")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` skip, with the reason, where no CUDA device is."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
     """`phasebench ARGS` in a fresh interpreter, as a user would run it."""
     return subprocess.run([sys.executable, "-m", "phasebench.bench.cli", *args], capture_output=True, text=True,

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 from phasebench.analysis import load
 from phasebench.bench.cli import main
 
@@ -78,9 +76,13 @@ def test_every_notebook_is_checked():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path: Path):
+    nbformat = pytest.importorskip("nbformat", reason="the notebooks run with the dev extra (nbformat, nbclient)")
+    nbclient = pytest.importorskip("nbclient", reason="the notebooks run with the dev extra (nbformat, nbclient)")
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(NO_TORCH))  # whatever the notebook itself checks
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
     images = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) >= NOTEBOOK_IMAGES[path.name]

@@ -234,7 +234,7 @@ def test_a_quiet_host_mostly_gets_no_flag():
     assert sum(verdicts) < len(verdicts) / 2, verdicts
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_window_reads_the_gpu_where_it_can():
     device = torch.device("cuda")
     probe = ContentionProbe(device)

@@ -118,7 +118,7 @@ def test_triton_split_kv_is_charged_the_partials_its_kernel_uses(monkeypatch):
     assert sum(allocated) <= charged - memory.CHECK_COPIES * memory.reference_output_bytes(case, torch.device("cpu"))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak device memory is read from the CUDA allocator")
+@pytest.mark.cuda  # peak device memory is read from the CUDA allocator
 @pytest.mark.parametrize("impl", ["naive", "flash", "triton"])
 def test_the_charge_covers_what_an_impl_allocates_on_cuda(impl):
     device = torch.device("cuda")
@@ -134,7 +134,7 @@ def test_the_charge_covers_what_an_impl_allocates_on_cuda(impl):
     assert torch.cuda.max_memory_allocated() - base <= memory.impl_bytes(case, impl, device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak device memory is read from the CUDA allocator")
+@pytest.mark.cuda  # peak device memory is read from the CUDA allocator
 def test_the_reference_stays_within_its_scratch_bound_on_cuda(monkeypatch):
     monkeypatch.setattr(correctness, "REFERENCE_SCORE_BYTES", 1 << 22)
     device = torch.device("cuda")

@@ -20,7 +20,6 @@ from phasebench.bench.timing import TimerConfig
 TINY = DecoderConfig(hidden=96, intermediate=200, layers=2, q_heads=6, kv_heads=2, head_dim=16, vocab=97,
                      name="tiny-ref")
 QUICK = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=3, max_samples=3)
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
 def _inputs(batch, tokens, seed):
@@ -209,12 +208,12 @@ def test_bf16_runs_and_stays_near_float64_on_the_host():
     _bf16_against_float64("cpu")
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_bf16_runs_and_stays_near_float64_on_cuda():
     _bf16_against_float64("cuda")
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_prefill_matches_the_host_and_times_with_events():
     x = _inputs(2, 10, seed=19)
     host_decoder, gpu_decoder = _decoder(), _decoder(device="cuda")

@@ -17,7 +17,6 @@ from phasebench.bench import conditions, roofline
 from ..conftest import run_cli
 
 CPU = torch.device("cpu")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +280,7 @@ def test_throttle_reason_bits():
     assert conditions._throttle_reasons("[N/A]") is None
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_versions_and_conditions():
     device = torch.device("cuda", torch.cuda.current_device())
     found = roofline.versions(device)

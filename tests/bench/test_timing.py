@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -73,7 +74,7 @@ def test_no_range_without_a_name(events):
     assert events == [("call",)] * (t.count + 1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
 def test_cuda_range_encloses_the_samples_and_their_flushes_only(events, graph):
     device = torch.device("cuda")
@@ -93,3 +94,45 @@ def test_cuda_range_encloses_the_samples_and_their_flushes_only(events, graph):
     flush = [("open", "l2flush", None), ("close", "l2flush")]
     # eager: each sample is a flush then the call; a graph replays without calling fn
     assert inside == (flush + ([] if graph else [("call",)])) * t.count and t.count == 6
+
+
+@pytest.mark.cuda
+@pytest.mark.gpu_exclusive
+def test_the_l2_flush_really_evicts():
+    """A buffer half the size of L2 read twice: the second read is faster while it sits in L2, and no faster
+    than a cold read once the timer's flush runs between reads. Medians of many samples, a wide margin."""
+    device = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    flush = timing_mod.l2_flush_buffer(device)
+    assert flush.numel() * flush.element_size() >= 4 * l2  # the flush writes well beyond the cache
+    torch.manual_seed(5)
+    x = torch.rand(l2 // 2 // 4, device=device)
+    out = torch.empty((), device=device)
+
+    def read():
+        torch.sum(x, out=out)
+
+    cfg = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=50, max_samples=400)
+    warm = time_call(read, device, dataclasses.replace(cfg, flush_l2=False))
+    flushed = time_call(read, device, cfg)
+    assert flushed.median_ms > 1.2 * warm.median_ms, (flushed.median_ms, warm.median_ms)
+    torch.testing.assert_close(out.cpu(), x.sum().cpu())
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replays_run_the_captured_kernel_once_per_sample():
+    device = torch.device("cuda")
+    counter = torch.zeros((), dtype=torch.int64, device=device)
+    python_calls = []
+
+    def step():
+        python_calls.append(1)
+        counter.add_(1)
+
+    cfg = TimerConfig(warmup_s=0.01, budget_s=0.0, min_samples=25, max_samples=25, cuda_graph=True)
+    t = time_call(step, device, cfg)
+    # every Python call ran the kernel once (warm-up, the call before capture; the capture itself runs nothing),
+    # and each timed sample is a replay that ran it once more
+    assert t.method == "cuda-graph+events" and t.count == 25
+    assert counter.item() == len(python_calls) - 1 + t.count
+    assert all(s > 0 for s in t.samples_ms)

@@ -12,8 +12,7 @@ from phasebench.kernels import Unsupported, buffers, prepare
 
 from .reference import assert_matches_reference, make_qkv
 
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 IMPLS = ["naive", "flash", "triton"]
 
 

@@ -8,8 +8,7 @@ import torch
 from phasebench.kernels import Unsupported, available_impls, prepare_elementwise, register
 from phasebench.kernels.registry import OPS
 
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 DTYPES = [torch.float32, torch.bfloat16]
 BASE, EPS = 500000.0, 1e-6
 

@@ -7,8 +7,7 @@ import torch
 from phasebench.kernels import Unsupported, available_impls, linear, prepare_linear, register
 from phasebench.kernels.registry import OPS
 
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=NO_CUDA)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 SIZES = [(1, 97, 4095), (3, 4097, 200), (17, 64, 33), (70, 130, 1000)]
 
 

@@ -8,11 +8,11 @@ from phasebench.kernels import Unsupported, buffers, triton_mode, triton_prefill
 from phasebench.kernels.triton_attention import split_kv_attention
 from phasebench.kernels.triton_decode import MAX_SPLITS, choose_splits
 
+from ..markers import TRITON_DEVICE, TRITON_MARKS
 from .reference import assert_matches_reference, make_qkv
 
-pytestmark = pytest.mark.skipif(not triton_mode.interpreted() and not torch.cuda.is_available(),
-                                reason="Triton needs a GPU or its interpreter")
-DEVICE = "cpu" if triton_mode.interpreted() else "cuda"
+pytestmark = TRITON_MARKS
+DEVICE = TRITON_DEVICE
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16])

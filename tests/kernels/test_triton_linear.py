@@ -11,16 +11,16 @@ from phasebench.kernels import Unsupported, available_impls, buffers, linear, pr
 from phasebench.kernels import triton_linear as tlin
 from phasebench.kernels.triton_linear import GEMV_MAX_M, MAX_SPLIT_K, choose_path, choose_split_k, triton_linear
 
+from ..markers import TRITON_DEVICE, on_triton_device
+
 # Triton takes host tensors in its interpreter and CUDA tensors when compiled: each device runs where it can.
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not triton_mode.interpreted(),
                                                  reason="compiled Triton takes CUDA tensors (no interpreter)")),
-    pytest.param("cuda", marks=[pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.param("cuda", marks=[pytest.mark.cuda,
                                 pytest.mark.skipif(triton_mode.interpreted(), reason="Triton is in its interpreter")]),
 ]
-HERE = "cpu" if triton_mode.interpreted() else "cuda"
-needs_triton = pytest.mark.skipif(not triton_mode.interpreted() and not torch.cuda.is_available(),
-                                  reason="no CUDA device")
+HERE = TRITON_DEVICE
 SANITY = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}  # loose absolute bounds on the relative error
 
 
@@ -145,7 +145,7 @@ def test_availability_follows_the_triton_mode():
     assert "triton-splitk-gemv" in impl.backends(HERE) and "triton-gemm" in impl.backends(HERE)
 
 
-@needs_triton
+@on_triton_device
 def test_bad_input_raises_one_line_errors():
     x, w = draw(3, 97, 200, F32, HERE, seed=2)
     with pytest.raises(ValueError, match="x: its last dimension must be contiguous") as err:
