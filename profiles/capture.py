@@ -20,6 +20,32 @@ def nsys_path() -> str | None:
     return shutil.which("nsys")
 
 
+def ncu_path() -> str | None:
+    """Nsight Compute's CLI: on the PATH, else where the CUDA toolkit or a standalone install puts it."""
+    import glob
+
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+NCU_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats")
+
+
+def ncu_command(ncu: str, report_stem: Path, program: list[str], kernels: str | None = None) -> list[str]:
+    """`ncu` on the launches a program makes between cudaProfilerStart and Stop, clocks left as they are (the
+    card's settings are never changed), a few sections rather than the full set, kernels matching a regex."""
+    sections = [arg for name in NCU_SECTIONS for arg in ("--section", name)]
+    only = ["--kernel-name", f"regex:{kernels}"] if kernels else []
+    return [ncu, "--profile-from-start", "off", "--clock-control", "none", *sections, *only, "--force-overwrite",
+            "-o", str(report_stem), *program]
+
+
 def nsys_command(report_stem: Path, program: list[str]) -> list[str]:
     """`nsys profile` that records CUDA and NVTX between cudaProfilerStart and Stop, then exports SQLite."""
     return ["nsys", "profile", "--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
