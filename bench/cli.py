@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from .cli_results import cmd_compare, cmd_phases, cmd_report
+from .cli_session import add_session_verbs
 from .cli_sweeps import cmd_merge, cmd_run_ray, shard_of_run
 from .selection import (
     UsageError,
@@ -291,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     ceil.add_argument("--json", action="store_true", help="print one JSON object")
     ceil.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     ceil.set_defaults(func=cmd_ceilings)
+    add_session_verbs(verbs)
     return parser
 
 
