@@ -84,7 +84,7 @@ def add_session_verbs(verbs) -> None:
                                                     "an archive of every result")
     check.add_argument("--dry-run", action="store_true", help="host sizes on the CPU, even where CUDA is")
     check.add_argument("--budget", type=float, metavar="S",
-                       help="total seconds (default 420 on a GPU, 115 for the dry run); every step scaled alike")
+                       help="total seconds (default 420 on a GPU, 118 for the dry run); every step scaled alike")
     check.add_argument("--steps", nargs="+", metavar="STEP",
                        help="only these steps (env tests ceilings suites phases profile ncu report), e.g. to rerun "
                             "what failed")

@@ -91,8 +91,9 @@ def spread_order(n: int) -> list[int]:
 
 class TimeBudget:
     """A sweep's wall-clock allowance: a row starts only when the time left exceeds the longest row of its impl so
-    far (impls differ by orders of magnitude: an interpreter row against a compiled one), or, before the impl's
-    first row, the median row so far, or the timer's warm-up plus sampling."""
+    far (impls differ by orders of magnitude: an interpreter row against a compiled one) leaving out its first,
+    which carries the compile and autotuning; until an impl has two rows, the median row so far, or the timer's
+    warm-up plus sampling."""
 
     def __init__(self, seconds: float, timer: TimerConfig, start: float | None = None):
         self.seconds, self.start = seconds, time.monotonic() if start is None else start
@@ -103,8 +104,9 @@ class TimeBudget:
         return self.seconds - (time.monotonic() - self.start)
 
     def expected(self, impl: str) -> float:
-        if self.durations.get(impl):
-            return max(self.durations[impl])
+        mine = self.durations.get(impl, [])
+        if len(mine) >= 2:
+            return max(mine[1:])
         every = [d for ds in self.durations.values() for d in ds]
         return statistics.median(every) if every else self.floor
 

@@ -92,6 +92,8 @@ def digest(details: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gbps(value: float, unit: str) -> float:
-    scale = {"byte/second": 1e-9, "Kbyte/second": 1e-6, "Mbyte/second": 1e-3, "Gbyte/second": 1.0,
-             "Tbyte/second": 1e3}
-    return value * scale.get(unit, math.nan)
+    prefix = {"": 1e-9, "K": 1e-6, "M": 1e-3, "G": 1.0, "T": 1e3}
+    head, sep, per = unit.partition("byte/")  # ncu writes Gbyte/second in older releases, Gbyte/s in 2024+
+    if not sep or per not in ("s", "second") or head not in prefix:
+        return math.nan
+    return value * prefix[head]

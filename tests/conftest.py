@@ -38,10 +38,12 @@ def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedP
 
 
 def run_pytest_bench(out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`pytest bench --benchmark-json OUT ARGS` in a fresh interpreter."""
+    """`pytest bench --benchmark-json OUT ARGS` in a fresh interpreter (never as an xdist worker: pytest-benchmark
+    5.2.2+ switches itself off where PYTEST_XDIST_WORKER is set, which a child would inherit)."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     return subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p", "no:cacheprovider",
                            f"--benchmark-json={out}", "--benchmark-columns=median,rounds", *args],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=out.parent,
+                          capture_output=True, text=True, env={**inherited, **(env or {})}, cwd=out.parent,
                           timeout=600, stdin=subprocess.DEVNULL)
 
 

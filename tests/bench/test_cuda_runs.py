@@ -52,10 +52,14 @@ def test_run_on_cuda_measures_every_impl_compiled_in_bf16(tmp_path, graph):
 
 def test_pytest_benchmark_suite_on_cuda(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_pytest_bench(out, "--device", "cuda", "--suite", "quick", *[a for i in IMPLS for a in ("--impl", i)])
+    # naive linear multiplies elementwise: seconds per call on the quick suite's M=2048 GEMM, so it is left out here
+    impls = ("naive", "flash", "triton", "torch")
+    proc = run_pytest_bench(out, "--device", "cuda", "--suite", "quick", *[a for i in impls for a in ("--impl", i)],
+                            "-k", "not (linear and naive)")
     assert proc.returncode == 0, proc.stdout[-3000:]
     benches = json.loads(out.read_text())["benchmarks"]
-    assert {b["extra_info"]["impl"] for b in benches} == set(IMPLS)
+    assert {b["extra_info"]["impl"] for b in benches} == set(impls)
+    assert {b["extra_info"]["impl"] for b in benches if b["extra_info"]["op"] == "linear"} == {"triton", "torch"}
     for b in benches:
         info = b["extra_info"]
         assert info["device_kind"] == "cuda" and info["mode"] == "compiled" and info["status"] == "ok"

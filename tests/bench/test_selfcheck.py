@@ -78,6 +78,12 @@ def test_junit_files_merge_and_count(tmp_path):
     assert counts == _junit_counts([one, two])
     assert [counts[k] for k in ("tests", "passed", "failures", "errors", "skipped")] == [5, 1, 1, 1, 2]
     assert counts["failed"] == ["t.a::bad", "t.b::err"] and counts["skip_reasons"] == {"no CUDA device": 2}
+    cut = tmp_path / "cut.xml"  # a pytest killed while writing its report
+    cut.write_text(one.read_text()[:90])
+    partial = _junit_counts([cut, two])
+    assert partial["unreadable"] == ["cut.xml"] and partial["tests"] == 2
+    merge_junit([cut, two], merged)
+    assert _junit_counts([merged])["tests"] == 2
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ TEXT = "\n".join([
     row(0, "split_kv_kernel", LAUNCH, "Block Size", "", "128"),
     row(1, "reduce_kernel", SOL, "Duration", "nsecond", "3,072"),
     row(1, "reduce_kernel", SOL, "DRAM Throughput", "%", "n/a"),
-    row(1, "reduce_kernel", MEM, "Memory Throughput", "Gbyte/second", "1,234.50"),
+    row(1, "reduce_kernel", MEM, "Memory Throughput", "Gbyte/s", "1,234.50"),  # the 2024+ spelling
     row(1, "reduce_kernel", "Scheduler Statistics", "One or More Eligible", "%", "12.5"),
     "==PROF== Disconnected from process 4242",
 ])
@@ -54,6 +54,7 @@ def test_digest_is_one_row_per_launch_in_common_units():
     split, reduce = d.loc["split_kv_kernel"], d.loc["reduce_kernel"]
     assert split["duration_us"] == pytest.approx(41.63) and reduce["duration_us"] == pytest.approx(3.072)
     assert split["memory_gbps"] == pytest.approx(4120) and reduce["memory_gbps"] == pytest.approx(1234.5)
+    assert math.isnan(_gbps_of("furlong/s")) and _gbps_of("Mbyte/s") == pytest.approx(2e-3)
     assert split["dram_pct"] == pytest.approx(86.2) and math.isnan(reduce["dram_pct"])
     assert split["registers"] == 128 and split["grid"] == "4,224" and split["achieved_occupancy_pct"] == 31.9
     assert math.isnan(reduce["registers"])  # what ncu did not measure stays missing, never zero
@@ -74,3 +75,9 @@ def test_text_without_the_table_is_a_one_line_error(tmp_path):
     with pytest.raises(NcuFormatError, match="details.csv: no ncu details header") as err:
         read_details(path)
     assert "\n" not in str(err.value)
+
+
+def _gbps_of(unit: str) -> float:
+    """The digest's GB/s of a memory throughput of 2 in `unit`."""
+    text = "\n".join([HEAD, row(0, "k", MEM, "Memory Throughput", unit, "2")])
+    return digest(parse_details(text)).iloc[0]["memory_gbps"]
