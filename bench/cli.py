@@ -18,6 +18,7 @@ from .selection import (
     build_cases,
     case_argv,
     case_ops,
+    check_seconds,
     check_writable,
     default_dtype,
     load_plugins,
@@ -70,6 +71,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
+    check_seconds(args, "time_budget", "sample_time")
     load_plugins(args.plugin)
     if args.ray is not None or args.workers is not None:
         if args.time_budget is not None or args.sample_time is not None:
@@ -97,9 +99,6 @@ def cmd_run(args) -> int:
         from ..profiles.capture import cuda_profiler_range as capture
     if args.cuda_graph and device.type != "cuda":
         raise UsageError("cuda-graph: needs a CUDA device")
-    for flag in ("time_budget", "sample_time"):
-        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
-            raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
     from .runner import default_timer
 
     timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time)

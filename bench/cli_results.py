@@ -6,7 +6,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from .selection import UsageError, check_writable, load_plugins, resolve_device
+from .selection import UsageError, check_seconds, check_writable, load_plugins, resolve_device
 
 
 def parse_op_impls(items) -> dict[str, str]:
@@ -23,6 +23,7 @@ def parse_op_impls(items) -> dict[str, str]:
 
 
 def cmd_phases(args) -> int:
+    check_seconds(args, "sample_time")
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     from .models import model_config
@@ -44,8 +45,6 @@ def cmd_phases(args) -> int:
                                 reference_layers=args.reference_layers, dtype=args.dtype)
     cfg.impls, cfg.on_row = impls, Progress()
     if args.sample_time is not None:
-        if not args.sample_time > 0:
-            raise UsageError("sample-time: must be a positive number of seconds")
         cfg.timer = ops_timer(device, args.sample_time)
     reuse = None
     if args.reuse:

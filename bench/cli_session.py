@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .selection import UsageError, check_writable, resolve_device
+from .selection import UsageError, check_seconds, check_writable, resolve_device
 
 
 def cmd_env(args) -> int:
@@ -32,8 +32,7 @@ def cmd_selfcheck(args) -> int:
     from .selfcheck import choose_plan, default_tests_dir, format_summary, run_selfcheck
     from .selfcheck_plan import STEPS
 
-    if args.budget is not None and not args.budget > 0:
-        raise UsageError("budget: must be a positive number of seconds")
+    check_seconds(args, "budget")
     unknown = sorted(set(args.steps or ()) - set(STEPS))
     if unknown:
         raise UsageError(f"steps: unknown step(s) {', '.join(unknown)}, choose from {', '.join(STEPS)}")

@@ -101,6 +101,14 @@ def out_dir_for(args) -> Path:
     return Path("results") / stamp
 
 
+def check_seconds(args, *flags: str) -> None:
+    """Each given option among `flags` (argparse names) a positive number of seconds, else a one-line UsageError."""
+    for flag in flags:
+        value = getattr(args, flag, None)
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
+
+
 def check_writable(path: Path) -> None:
     """Fail before measuring anything when the results cannot be written."""
     try:

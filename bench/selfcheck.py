@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import shutil
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from .child_process import allowance
 from .measure import one_line
+from .runner import now as _now
 from .selfcheck_plan import GPU, HOST, STEPS, SelfcheckPlan
 from .selfcheck_steps import STEP_FUNCTIONS, StepContext, StepOutcome
 
@@ -36,10 +36,6 @@ def default_tests_dir() -> Path | None:
     return None
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def _pack(work: Path, out: Path, summary: dict) -> None:
     """Copy the report and test results beside the log, pack the rest of `work` into one archive under MAX_BYTES
     (largest files left out first, and named), then write the summary that lists the files."""
@@ -58,7 +54,7 @@ def _pack(work: Path, out: Path, summary: dict) -> None:
             break
         dropped = files.pop()  # the largest
         left_out.append(f"{dropped.relative_to(work)} ({dropped.stat().st_size} B)")
-    summary["left_out"] = summary.get("left_out", []) + left_out
+    summary["left_out"] = left_out  # this packing's: every pack starts again from the whole folder
     summary["files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file() and p.name != SUMMARY}
     (out / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
     extra = [p.name for p in out.iterdir() if p.name not in (SUMMARY, LOG, REPORT, TESTS, ARCHIVE)]
@@ -137,7 +133,8 @@ def format_summary(summary: dict, out: Path) -> list[str]:
                          f"median {best['median_tflops']:.4g} TFLOP/s, {best['median_gbps']:.4g} GB/s")
     ncu = summary.get("ncu") or {}
     if ncu.get("gbps"):
-        lines.append(f"ncu: Triton decode kernels {ncu['kernel_us_per_call']:.1f} us per call, {ncu['gbps']:.0f} GB/s")
+        lines.append(f"ncu: Triton decode kernels {ncu['kernel_us_per_call']:.1f} us per call, {ncu['gbps']:.0f} GB/s "
+                     f"(mean of {ncu['case']['calls']} profiled calls; each launch in summary.json)")
     lines.append(f"files in {out}: " + ", ".join(f"{name} ({size / 1e6:.2f} MB)"
                                                  for name, size in (summary.get("files") or {}).items()))
     if summary.get("left_out"):

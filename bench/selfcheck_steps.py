@@ -202,9 +202,9 @@ def step_suites(ctx: StepContext, allowance_s: float) -> StepOutcome:
     for index, (suite, _) in enumerate(suites):
         left = allowance_s - sum(r.elapsed_s for r in results)
         mine = allowance(left, [share for _, share in suites[index:]])
-        if mine < plan.startup_s + plan.teardown_s + 1:
-            digest[suite] = {"skipped": f"{mine:.0f} s left for it, under the {plan.startup_s:.0f} s a run needs "
-                                        "to start"}
+        need = plan.startup_s + plan.teardown_s + 1  # start-up, one row, and writing its results
+        if mine < need:
+            digest[suite] = {"skipped": f"{mine:.1f} s left for it, under the {need:g} s a run needs"}
             continue
         out = ctx.work / "suites" / suite
         impls = ["--impl", *plan.suite_impls[suite]] if suite in plan.suite_impls else []
@@ -223,19 +223,21 @@ def step_suites(ctx: StepContext, allowance_s: float) -> StepOutcome:
     return StepOutcome("failed" if len(failed) == len(suites) else "partial", f"not ok: {', '.join(failed)}", digest)
 
 
+def _csv_records(folder: Path, names) -> dict:
+    """The tables `folder/NAME.csv` that exist, as lists of records."""
+    import pandas as pd
+
+    return {name: pd.read_csv(folder / f"{name}.csv").to_dict("records")
+            for name in names if (folder / f"{name}.csv").is_file()}
+
+
 def step_phases(ctx: StepContext, allowance_s: float) -> StepOutcome:
     out = ctx.work / "phases"
     reuse = [str(p) for p in suite_dirs(ctx)]
     result = ctx.child([*CLI, "phases", *ctx.plan.phases_args, "--device", ctx.plan.device, "--dtype",
                         ctx.plan.dtype, "--sample-time", str(ctx.plan.sample_time), "--out", str(out),
                         *(["--reuse", *reuse] if reuse else [])], allowance_s)
-    digest = {}
-    for name in ("prefill", "decode", "chunked", "reference"):
-        if (out / f"{name}.csv").is_file():
-            import pandas as pd
-
-            digest[name] = pd.read_csv(out / f"{name}.csv").to_dict("records")
-    return outcome_of(result, digest)
+    return outcome_of(result, _csv_records(out, ("prefill", "decode", "chunked", "reference")))
 
 
 def step_profile(ctx: StepContext, allowance_s: float) -> StepOutcome:
@@ -244,12 +246,7 @@ def step_profile(ctx: StepContext, allowance_s: float) -> StepOutcome:
     result = ctx.child([*CLI, "profile", "--tool", "torch", "--impl", "naive", "flash", "triton", "--model",
                         *ctx.plan.models, *shapes, "--device",
                         ctx.plan.device, "--dtype", ctx.plan.dtype, "--out", str(out)], allowance_s)
-    digest = {}
-    if (out / "summary.csv").is_file():
-        import pandas as pd
-
-        digest["summary"] = pd.read_csv(out / "summary.csv").to_dict("records")
-    return outcome_of(result, digest)
+    return outcome_of(result, _csv_records(out, ("summary",)))
 
 
 def step_ncu(ctx: StepContext, allowance_s: float) -> StepOutcome:

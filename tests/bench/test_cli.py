@@ -180,3 +180,13 @@ def test_run_linear_by_hand_and_by_op(tmp_path):
     assert "linear" in proc.stdout and "m3 n97 k4095" in proc.stdout
     bad = run_cli("run", "--op", "matmul")
     assert bad.returncode == 2 and "op: unknown operator 'matmul'" in bad.stderr
+
+
+def test_seconds_options_are_checked_before_anything_runs():
+    for args, message in ((("run", "--time-budget", "0"), "time-budget: must be a positive number of seconds"),
+                          (("run", "--sample-time", "-1"), "sample-time: must be a positive number of seconds"),
+                          (("phases", "--sample-time", "0"), "sample-time: must be a positive number of seconds"),
+                          (("run", "--ray", "--time-budget", "5"), "not with --ray")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (args, proc.stderr)
