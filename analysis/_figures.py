@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..bench.schema import PHASES
+from ..bench.schema import PHASES, cell_true
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.
@@ -108,10 +108,6 @@ def no_performance(title: str, df: pd.DataFrame, phase: str | None = None) -> Fi
     return no_data(title, f"every one of the {what} is interpreter-mode or noisy")
 
 
-def _true(value) -> bool:
-    return value is not None and value is not pd.NA and bool(value)
-
-
 def group_fields(df: pd.DataFrame) -> list[str]:
     return [name for name in GROUP_FIELDS if name in df.columns]
 
@@ -123,7 +119,7 @@ def group_label(values: dict) -> str:
         str(values.get("mode") or "(no mode)"),
         str(values.get("timer") or "(no timer)"),
     ]
-    if _true(values.get("profiled")):
+    if cell_true(values.get("profiled")):
         parts.append("profiled")
     return " · ".join(parts)
 
@@ -198,7 +194,7 @@ def describe(values: dict) -> str:
         elif name == "causal":
             parts.append("causal" if value else "non-causal")
         elif name == "profiled":
-            parts.append("profiled" if _true(value) else "not profiled")
+            parts.append("profiled" if cell_true(value) else "not profiled")
         elif value == "":
             parts.append("(none)")
         else:

@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from ..bench.schema import (
@@ -18,11 +17,13 @@ from ..bench.schema import (
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
     STRING_COLUMNS,
+    cell_float,
     coerce_columns,
     conform,
 )
 from ..profiles.names import ALL_FIELDS as CASE_KEY_FIELDS
 from ..profiles.names import parse_case_key  # pure Python: no torch behind it
+from .pytest_benchmark import benchmark_rows, derive_figures, is_pytest_benchmark
 
 __all__ = ["DataFileError", "load", "load_profile"]
 
@@ -128,7 +129,7 @@ def _expand(path: Path) -> list[Path]:
     merged = {shard for folder in folders for shard in _merged_shards(folder)}
     for folder in (f for f in folders if f.resolve() not in merged):  # a merged sweep stands for its shards
         found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
-    found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and _is_pytest_benchmark(p))
+    found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and is_pytest_benchmark(p))
     if not found:
         raise ValueError(f"{path}: no results.parquet, results.csv or pytest-benchmark JSON found in this folder")
     return found
@@ -143,15 +144,6 @@ def _merged_shards(folder: Path) -> set[Path]:
     if not isinstance(shards, list):
         return set()
     return {(folder / str(s.get("dir"))).resolve() for s in shards if isinstance(s, dict) and s.get("dir")}
-
-
-def _is_pytest_benchmark(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return False  # a folder may hold unrelated or broken JSON; only named files must parse
-    return isinstance(data, dict) and "benchmarks" in data and "machine_info" in data
 
 
 def _read_any(path: Path) -> pd.DataFrame:
@@ -270,10 +262,10 @@ def _merge_run(table: pd.DataFrame, run: dict) -> None:
     datasheet = (run.get("ceilings") or {}).get("datasheet")
     if isinstance(datasheet, dict):
         _fill_blank(table, "datasheet_name", datasheet.get("name"))
-        _fill_blank(table, "datasheet_gbps", _number(datasheet.get("peak_gbps")))
+        _fill_blank(table, "datasheet_gbps", cell_float(datasheet.get("peak_gbps")))
         per_dtype = datasheet.get("peak_tflops") or {}
         if isinstance(per_dtype, dict):
-            by_dtype = table["dtype"].map(lambda dtype: _number(per_dtype.get(dtype)))
+            by_dtype = table["dtype"].map(lambda dtype: cell_float(per_dtype.get(dtype)))
             table["datasheet_tflops"] = table["datasheet_tflops"].fillna(by_dtype.astype(float))
 
 
@@ -293,80 +285,18 @@ def _merge_shards(table: pd.DataFrame, run: dict) -> None:
             table.loc[mask] = part
 
 
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return np.nan
-
-
 # ---------------------------------------------------------------- pytest-benchmark
 
 
 def _read_pytest_benchmark(path: Path) -> pd.DataFrame:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except ValueError as error:
-        raise ValueError(f"not valid JSON ({error})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ValueError("not a pytest-benchmark file (no 'benchmarks' list)")
-    machine = data.get("machine_info") or {}
-    commit = data.get("commit_info") or {}
-    stamp = str(data.get("datetime") or path.stem)
-    cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or machine.get("node") or ""
-    rows = []
-    for index, bench in enumerate(data["benchmarks"]):
-        extra = bench.get("extra_info") or {}
-        if "impl" not in extra:
-            continue  # not a benchmark of this suite
-        stats = bench.get("stats")
-        if not isinstance(stats, dict) or "median" not in stats:
-            raise ValueError(f"benchmark {index} ({bench.get('name', '?')}) has no stats.median")
-        row = dict(extra)
-        row.update(
-            latency_ms=_number(stats.get("median")) * 1e3,
-            # pytest-benchmark keeps quartiles, not p20/p80: these two columns hold q1 and q3 here.
-            latency_p20_ms=_number(stats.get("q1")) * 1e3,
-            latency_p80_ms=_number(stats.get("q3")) * 1e3,
-            samples=stats.get("rounds"),
-            status=extra.get("status", "ok"),
-            reason=extra.get("reason", ""),
-            benchmark=bench.get("fullname") or bench.get("name", ""),
-        )
-        row.setdefault("timer", f"pytest-benchmark {(bench.get('options') or {}).get('timer', 'host clock')}")
-        row.setdefault("run_id", f"pytest-benchmark:{stamp}")
-        row.setdefault("time", stamp)
-        row.setdefault("device", cpu)
-        row.setdefault("device_kind", "cpu" if "device" not in extra else "")
-        row.setdefault("suite", bench.get("group") or "pytest-benchmark")
-        row.setdefault("python_version", machine.get("python_version", ""))
-        row.setdefault("git_commit", commit.get("id", ""))
-        rows.append(row)
-    if not rows:
-        raise ValueError("no phasebench benchmarks in it (no entry has extra_info.impl)")
-    table = pd.DataFrame(rows)
+    table = benchmark_rows(path)
     missing = _missing(table)
     if missing:
         raise ValueError(f"extra_info lacks field(s) {', '.join(missing)}")
     table = conform(table)
-    _derive_figures(table)
+    derive_figures(table)
     table["source"] = str(path)
     return table
-
-
-def _derive_figures(table: pd.DataFrame) -> None:
-    """Fill the figures extra_info did not carry from the cost model columns and the median."""
-    seconds = table["latency_ms"] / 1e3
-    table["intensity"] = table["intensity"].fillna(table["flops"] / table["bytes"])
-    table["tflops"] = table["tflops"].fillna(table["flops"] / seconds / 1e12)
-    table["gbps"] = table["gbps"].fillna(table["bytes"] / seconds / 1e9)
-    roof = np.minimum(table["peak_tflops"], table["intensity"] * table["peak_gbps"] / 1e3)
-    table["roof_tflops"] = table["roof_tflops"].fillna(roof)
-    table["pct_roofline"] = table["pct_roofline"].fillna(100 * table["tflops"] / table["roof_tflops"])
-    memory_bound = table["intensity"] * table["peak_gbps"] / 1e3 < table["peak_tflops"]
-    derived_bound = np.where(table["roof_tflops"].isna(), "", np.where(memory_bound, "memory", "compute"))
-    table["bound"] = table["bound"].where(table["bound"] != "", derived_bound)
 
 
 # ---------------------------------------------------------------- profile tables

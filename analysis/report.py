@@ -303,7 +303,7 @@ def _comparison_section(comparison: pd.DataFrame | None, out: Path, dpi: int, pa
     """The Comparison section (analysis.compare): comparison.png and comparison.csv beside the page, its tables."""
     if comparison is None:
         return []
-    from .compare import comparison_figure, comparison_note, comparison_tables
+    from .compare_output import comparison_figure, comparison_note, comparison_tables
 
     paths["comparison"], encoded = _save(comparison_figure(comparison), out / "comparison.png", dpi)
     paths["comparison_csv"] = out / "comparison.csv"

@@ -102,7 +102,8 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..analysis import load
-    from ..analysis.compare import compare, format_comparison, parse_threshold, regressions
+    from ..analysis.compare import compare, parse_threshold, regressions
+    from ..analysis.compare_output import format_comparison
 
     try:
         threshold = parse_threshold(args.threshold)

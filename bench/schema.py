@@ -93,6 +93,19 @@ def sample_key(row) -> tuple:
     return tuple(key_text(row.get(c)) for c in KEY_COLUMNS)
 
 
+def cell_float(value) -> float:
+    """A cell as a float; NaN for blanks and text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def cell_true(value) -> bool:
+    """A cell as a flag: blanks (None, NaN, NA) are False."""
+    return key_text(value) != "" and bool(value)
+
+
 def key_text(value) -> str:
     """A cell as key text: blanks (None, NaN, NA) as "", whole floats as ints."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):

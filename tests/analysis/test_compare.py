@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import compare, comparison_figure, load, regressions, with_samples, write_report
-from phasebench.analysis.compare import format_comparison, parse_threshold
+from phasebench.analysis.compare import parse_threshold
+from phasebench.analysis.compare_output import format_comparison
 from phasebench.bench.results import ResultsStore
 from phasebench.bench.schema import conform
 

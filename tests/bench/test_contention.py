@@ -11,18 +11,16 @@ import time
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench import contention
+from phasebench.bench import gpu_reading
 from phasebench.bench.contention import (
     ContentionProbe,
-    GpuReading,
     HostReading,
     judge_gpu,
     judge_host,
-    parse_smi_gpu,
-    parse_smi_pids,
     snapshot,
     summary_warning,
 )
+from phasebench.bench.gpu_reading import GpuReading, parse_smi_gpu, parse_smi_pids
 from phasebench.bench.timing import TimerConfig, time_call
 
 HZ = 100
@@ -129,8 +127,8 @@ def test_nvidia_smi_path_flags_a_shared_throttled_gpu_and_reuses_the_last_readin
     smi.write_text(FAKE_SMI.format(log=log))
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(contention, "_nvml", lambda: None)
-    monkeypatch.setattr(contention, "nvml_index", lambda device: 3)
+    monkeypatch.setattr(gpu_reading, "_nvml", lambda: None)
+    monkeypatch.setattr(gpu_reading, "nvml_index", lambda device: 3)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     probe = ContentionProbe(torch.device("cuda"))
     for _ in range(2):

@@ -87,3 +87,14 @@ def test_schema_and_analysis_import_no_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_cells_read_as_floats_and_flags_with_blanks_as_nothing():
+    import math
+
+    from phasebench.bench.schema import cell_float, cell_true
+
+    assert cell_float("1.5") == 1.5 and cell_float(2) == 2.0
+    assert all(math.isnan(cell_float(v)) for v in (None, "[N/A]", "", float("nan")))
+    assert not any(cell_true(v) for v in (None, pd.NA, float("nan"), 0, False, ""))  # a blank is not a yes
+    assert all(cell_true(v) for v in (True, 1, 1.0, "yes"))
