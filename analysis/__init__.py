@@ -1,6 +1,6 @@
 """phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
 
-from ..bench.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
+from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .compare import compare, regressions, with_samples
 from .compare_output import comparison_figure
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep

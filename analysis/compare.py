@@ -11,7 +11,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from ..bench.schema import (
+from ..bench.spec.schema import (
     CASE_FIELDS,
     SAMPLES_COLUMN,
     cell_float,

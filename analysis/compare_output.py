@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ..bench.schema import cell_float, cell_true, key_text
+from ..bench.spec.schema import cell_float, cell_true, key_text
 from ._figures import GROUP_FIELDS, new_figure, no_data
 from .compare import BY, SIDE_FIELDS, VERDICTS
 

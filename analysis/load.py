@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bench.schema import (
+from ..bench.spec.schema import (
     LINEAR_COLUMNS,
     PROFILE_FLOAT_COLUMNS,
     PROFILE_INT_COLUMNS,
@@ -53,8 +53,8 @@ def load(*sources) -> pd.DataFrame:
     Profile summary tables are not result rows: `load` refuses them with a message that
     points to `load_profile`.
 
-    Columns: those of the runner's rows (bench.schema.RESULT_COLUMNS, same names and order),
-    then bench.schema.RUN_COLUMNS (source file, versions, git commit, datasheet ceilings for
+    Columns: those of the runner's rows (bench.spec.schema.RESULT_COLUMNS, same names and order),
+    then bench.spec.schema.RUN_COLUMNS (source file, versions, git commit, datasheet ceilings for
     the row's dtype), then any extra columns the files carried. Rows of several runs, from
     several machines, are keyed by `run_id` and `device`. Files of an older schema get the
     defaults of the columns they lack (op "attention", noisy and profiled False). Rows of a

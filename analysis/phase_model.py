@@ -1,6 +1,6 @@
 """The phase model: TTFT, TPOT and tokens/s of a whole model composed from measured op rows (no torch).
 
-A step (bench.steps) lists the cases it runs and how often; its time is the sum of count x the
+A step (bench.spec.steps) lists the cases it runs and how often; its time is the sum of count x the
 median latency of the measured row with the same fields, for the impl chosen per operator.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..bench import steps as step_defs
-from ..bench.models import DecoderConfig
+from ..bench.spec import steps as step_defs
+from ..bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
 SATURATION_MARGIN = 0.05  # throughput "stops growing" when the next batch adds less than this share

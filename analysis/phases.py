@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 from ._figures import SERIES_GID, floats, new_figure, no_data
 from .load import DataFileError
 
-# What `phasebench phases` writes (bench/phases.py run_phases) and the columns each figure and table reads.
+# What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {
     "prefill": ("prompt", "ttft_ms", "prompt_tokens_per_s", "missing"),
     "decode": ("batch", "context", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "missing", "saturated"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..bench.schema import STATUSES
+from ..bench.spec.schema import STATUSES
 from ._figures import (
     GROUP_FIELDS,
     interpreter,

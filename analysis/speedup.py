@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ..bench.schema import CASE_FIELDS
+from ..bench.spec.schema import CASE_FIELDS
 from ._figures import (
     GROUP_FIELDS,
     categories,

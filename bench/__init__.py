@@ -1,1 +1,13 @@
-"""Cases, cost model, timers, measured roofline, runner, CLI and the pytest-benchmark suite."""
+"""phasebench.bench: everything that measures. Sub-packages by concept, each importing only those listed before it:
+
+spec/         the torch-free spec shared with analysis: result schema, model presets, step definitions
+instruments/  timers, the correctness gate, measured ceilings, host and GPU conditions, contention, device memory
+ops/          one package per operator: case type, cost, inputs, reference, baseline, memory charge, its record
+sweep/        the one measuring path, the runner and its store, suites, selection, shards, Ray, child processes
+phases/       the phase model's measuring side: `phasebench phases` and the reference decoder
+session/      the GPU session: self-check, wheels, Hopper builds, the ncu target, cross-checks
+cli/          the `phasebench` command line, the one place that wires bench, kernels, profiles and analysis
+
+The pytest-benchmark suite (conftest.py, bench_params.py, test_kernels_bench.py) stays here for `pytest bench`;
+cases.py and cost.py keep the attention contract names of DESIGN.md. Importing this package loads no torch.
+"""

@@ -9,10 +9,10 @@ import time
 import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
-from .measure import sync
-from .roofline import Ceilings, ceilings
-from .selection import UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
-from .timing import Timing, l2_flush_buffer
+from .instruments.roofline import Ceilings, ceilings
+from .instruments.timing import Timing, l2_flush_buffer
+from .sweep.measure import sync
+from .sweep.selection import UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 
 BUDGET_S = 0.5
 
@@ -44,7 +44,7 @@ def bench_params(config) -> tuple[list, list[str]]:
         cases, _ = build_cases(opts, device)
         impls = resolve_impls(opts.impl, device, case_ops(cases))
         if opts.shard:
-            from .shards import parse_shard, shard_cases
+            from .sweep.shards import parse_shard, shard_cases
 
             cases = shard_cases(cases, *parse_shard(opts.shard), impls)
     except UsageError as err:
@@ -84,7 +84,7 @@ class BenchmarkSampler:
             def setup():
                 self.flush.zero_()
                 torch.cuda.synchronize(device)
-        from .measure import INTERPRETER_SAMPLES
+        from .sweep.measure import INTERPRETER_SAMPLES
 
         rounds = INTERPRETER_SAMPLES
         if not interpreter:  # as many rounds as fit the budget, from one warm call

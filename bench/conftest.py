@@ -28,7 +28,7 @@ def pytest_generate_tests(metafunc):
     if not {"case", "impl"} <= set(metafunc.fixturenames):
         return
     from phasebench.bench.bench_params import bench_params
-    from phasebench.bench.runner import impls_for
+    from phasebench.bench.sweep.runner import impls_for
 
     cases, impls = bench_params(metafunc.config)
     pairs = [(case, impl) for case in cases for impl in impls_for(case, impls)]

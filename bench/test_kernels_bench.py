@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from phasebench.bench.bench_params import BenchmarkSampler, suite_ceilings
-from phasebench.bench.contention import ContentionProbe
-from phasebench.bench.measure import CaseState, base_row, measure
-from phasebench.bench.roofline import on_device
+from phasebench.bench.instruments.contention import ContentionProbe
+from phasebench.bench.instruments.roofline import on_device
+from phasebench.bench.sweep.measure import CaseState, base_row, measure
 
 EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops",

@@ -1,29 +1,35 @@
-"""Operator implementations behind one calling convention each: attention (BHSD, GQA, bottom-right causal), linear."""
+"""phasebench.kernels: operator implementations behind one calling convention each, and the one registry.
+
+One package per operator (attention/, linear/, elementwise/: its request validation and implementations);
+beside them the shared helpers: registry (operators and their implementations), plugins (users' kernels),
+errors, buffers, triton_mode (interpreter or compiled, decided before any kernel is defined) and autotune
+(the autotuner's winners). The facade below is the public API. Imports nothing else of phasebench.
+"""
 
 from __future__ import annotations
 
 # isort: off
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
-from . import flash, linear_naive, linear_torch, naive  # noqa: F401  (registers the implementations)
+from .attention import TRITON_IMPORT_ERROR
+from . import linear as _linear, elementwise as _elementwise  # noqa: F401  (declare and register)
 # isort: on
-from .elementwise import elementwise, prepare_elementwise
+from .attention.request import AttentionRequest, validate
+from .elementwise.request import validate_elementwise
 from .errors import Unsupported
-from .linear_request import LinearRequest, validate_linear
+from .linear.request import LinearRequest, validate_linear
 from .plugins import load_plugin, register
-from .registry import IMPLS, OPS, AttentionCall, Impl, available_impls, describe_impls, get_impl
-from .request import AttentionRequest, validate
+from .registry import OPS, AttentionCall, Impl, add_operator, available_impls, describe_impls, get_impl
 
-try:
-    from . import triton_attention, triton_linear  # noqa: F401
-except ImportError as err:  # no triton on this platform: the other implementations still work
-    TRITON_IMPORT_ERROR = str(err)
-else:
-    TRITON_IMPORT_ERROR = None
+IMPLS = OPS["attention"]  # the attention implementations by name
 
 __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
            "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
            "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
-           "elementwise", "prepare_elementwise"]
+           "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR"]
+
+# The facade functions below share their names with the operator packages: they are defined after the
+# packages are imported, so `phasebench.kernels.attention` is the function (import the packages' modules
+# with `from phasebench.kernels.attention import triton_attention`).
 
 
 def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> AttentionCall:
@@ -55,3 +61,19 @@ def prepare_linear(x, w, *, impl) -> AttentionCall:
 def linear(x, w, *, impl):
     """x [M, K] times w [N, K] transposed (the nn.Linear layout): [M, N] in x's dtype, fp32 accumulation."""
     return prepare_linear(x, w, impl=impl).run()
+
+
+def prepare_elementwise(kind, *tensors, impl="torch", **options) -> AttentionCall:
+    """Validate and plan `elementwise` without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl, op="elementwise")
+    req = validate_elementwise(kind, *tensors, **options)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def elementwise(kind, *tensors, impl="torch", **options):
+    """One elementwise kind of a decoder layer (see KINDS and SIGNATURES); output in the first tensor's dtype:
+    rmsnorm(x, weight, eps=1e-6), residual_add(x, residual), silu_mul(gate_up), rotary(q, k, positions,
+    base=500000.0) -> (q, k), kv_append(cache_k, cache_v, k, v, positions) -> the caches written in place,
+    greedy_pick(logits) -> int64 [M]."""
+    return prepare_elementwise(kind, *tensors, impl=impl, **options).run()

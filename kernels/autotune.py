@@ -10,7 +10,8 @@ def _config_fields(config) -> dict:
 def tuned_kernels() -> dict[str, object]:
     """The project's autotuned Triton kernels by name (empty where Triton does not import)."""
     try:
-        from . import triton_decode, triton_linear, triton_prefill
+        from .attention import triton_decode, triton_prefill
+        from .linear import triton_linear
     except ImportError:
         return {}
     return {"prefill_kernel": triton_prefill.prefill_kernel_tuned,

@@ -10,20 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .registry import OPS, AttentionCall, Impl
+from .registry import CALLERS, OPS, AttentionCall, Impl
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                "float64": torch.float64}
 DEFAULT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-# How a planned request of each operator calls a user's function with that operator's convention.
-CALLERS: dict[str, Callable] = {
-    "attention": lambda fn, req: fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale,
-                                    cache_seqlens=req.cache_seqlens),
-    "linear": lambda fn, req: fn(req.x, req.w),
-    "elementwise": lambda fn, req: fn(req.kind, *req.tensors, **req.options),  # options: eps, base (filled)
-}
-
 
 def _dtypes(dtypes: Iterable) -> frozenset[torch.dtype]:
     out = set()

@@ -1,14 +1,17 @@
-"""The registry of attention implementations and what each one supports."""
+"""The registry of every operator's implementations and what each one supports."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import Unsupported
-from .request import AttentionRequest
+
+if TYPE_CHECKING:  # the attention package imports this registry to register its impls
+    from .attention.request import AttentionRequest
 
 
 @dataclass(frozen=True)
@@ -67,16 +70,23 @@ class Impl:
         return reason
 
 
-IMPLS: dict[str, Impl] = {}
-BUILTINS: set[str] = set()  # names a plugin may not take
-LINEAR_IMPLS: dict[str, Impl] = {}
-ELEMENTWISE_IMPLS: dict[str, Impl] = {}
-OPS: dict[str, dict[str, Impl]] = {"attention": IMPLS, "linear": LINEAR_IMPLS, "elementwise": ELEMENTWISE_IMPLS}
+OPS: dict[str, dict[str, Impl]] = {}  # operator -> its implementations by name
+CALLERS: dict[str, Callable] = {}  # operator -> how a planned request calls a user's function (plugins)
+BUILTINS: set[tuple[str, str]] = set()  # (operator, name) pairs a plugin may not take
+
+
+def add_operator(op: str, call_plugin: Callable) -> dict[str, Impl]:
+    """Declare an operator: its implementations' table, and `call_plugin(fn, req)`, which calls a user's
+    function with the operator's calling convention. Each operator package declares itself once."""
+    if op in OPS:
+        raise ValueError(f"op: operator {op!r} is declared already")
+    CALLERS[op] = call_plugin
+    return OPS.setdefault(op, {})
 
 
 def add_builtin(impl: Impl) -> Impl:
     """Register one of phasebench's own implementations."""
-    OPS[impl.op][impl.name] = impl
+    impls_of(impl.op)[impl.name] = impl
     BUILTINS.add((impl.op, impl.name))
     return impl
 

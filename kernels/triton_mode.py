@@ -36,6 +36,16 @@ def device_types() -> frozenset[str]:
     return frozenset({"cpu"}) if interpreted() else frozenset({"cuda"})
 
 
+def why_unavailable(device_type: str) -> str | None:
+    """Why the project's Triton kernels cannot take tensors of this device type here, or None."""
+    if LATE_REASON:
+        return LATE_REASON
+    if device_type not in device_types():
+        return ("Triton runs in the interpreter on the host here (TRITON_INTERPRET=1)" if interpreted()
+                else "compiled Triton needs CUDA tensors")
+    return None
+
+
 def multiprocessor_count(device: torch.device) -> int:
     """Streaming multiprocessors on a CUDA device; host cores stand in for them in the interpreter."""
     if device.type == "cuda":

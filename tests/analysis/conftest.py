@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import RESULT_COLUMNS
-from phasebench.bench.models import DecoderConfig
-from phasebench.bench.schema import conform
+from phasebench.bench.spec.models import DecoderConfig
+from phasebench.bench.spec.schema import conform
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PEAKS = {  # (device, dtype) -> (peak_tflops, peak_gbps), "measured"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 from phasebench.analysis import phase_model as pm
-from phasebench.bench import steps as step_defs
-from phasebench.bench.models import DecoderConfig
+from phasebench.bench.spec import steps as step_defs
+from phasebench.bench.spec.models import DecoderConfig
 
 TINY = DecoderConfig(hidden=96, intermediate=200, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97, name="tiny")
 IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}

@@ -16,7 +16,7 @@ from phasebench.analysis import (
     speedup_table,
     tokens_per_second,
 )
-from phasebench.bench.schema import conform
+from phasebench.bench.spec.schema import conform
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import correctness_table, load, report_rows, status_table, summary_table, write_report
-from phasebench.bench.cli import main
-from phasebench.bench.schema import conform
+from phasebench.bench.cli.main import main
+from phasebench.bench.spec.schema import conform
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

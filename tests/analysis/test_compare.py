@@ -10,8 +10,8 @@ import pytest
 from phasebench.analysis import compare, comparison_figure, load, regressions, with_samples, write_report
 from phasebench.analysis.compare import parse_threshold
 from phasebench.analysis.compare_output import format_comparison
-from phasebench.bench.results import ResultsStore
-from phasebench.bench.schema import conform
+from phasebench.bench.spec.schema import conform
+from phasebench.bench.sweep.results import ResultsStore
 
 # new / base latency per case, by the rows' kv_len (decode) or q_len (prefill)
 FACTORS = {256: 1.30, 1024: 0.70, 4096: 1.00, 128: 1.03, 512: 0.97}

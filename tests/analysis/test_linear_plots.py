@@ -27,8 +27,8 @@ from phasebench.analysis import (
     write_report,
 )
 from phasebench.analysis.linear_plots import crossing_m, linear_intensity
-from phasebench.bench.models import DecoderConfig
-from phasebench.bench.schema import conform
+from phasebench.bench.spec.models import DecoderConfig
+from phasebench.bench.spec.schema import conform
 
 from ..conftest import REPO
 from .conftest import AWKWARD, ELEMENT_BYTES, LINEAR_MS, PEAKS

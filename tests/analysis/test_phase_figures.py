@@ -24,8 +24,8 @@ from phasebench.analysis import (
 )
 from phasebench.analysis import phase_model as pm
 from phasebench.analysis._figures import SERIES_GID
-from phasebench.bench import steps as step_defs
-from phasebench.bench.cli import main
+from phasebench.bench.cli.main import main
+from phasebench.bench.spec import steps as step_defs
 
 from .conftest import write_run
 from .phase_rows import TINY, compose, op_rows, scenario_steps, write_phases

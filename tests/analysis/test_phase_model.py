@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import phase_model as pm
-from phasebench.bench import steps as step_defs
+from phasebench.bench.spec import steps as step_defs
 
 from .phase_rows import TINY, op_rows
 

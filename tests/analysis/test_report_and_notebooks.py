@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from phasebench.analysis import load
-from phasebench.bench.cli import main
+from phasebench.bench.cli.main import main
 
 from ..conftest import REPO, run_cli
 

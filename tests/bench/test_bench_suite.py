@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 
-from phasebench.bench.runner import impls_for
-from phasebench.bench.selection import default_dtype, resolve_device
-from phasebench.bench.suites import suite_cases
+from phasebench.bench.sweep.runner import impls_for
+from phasebench.bench.sweep.selection import default_dtype, resolve_device
+from phasebench.bench.sweep.suites import suite_cases
 
 from ..conftest import REPO, run_pytest_bench
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 triton = pytest.importorskip("triton")
-from phasebench.kernels import autotune, triton_decode  # noqa: E402
+from phasebench.kernels import autotune  # noqa: E402
+from phasebench.kernels.attention import triton_decode  # noqa: E402
 
 
 def test_winners_name_the_key_values_dtypes_and_config(monkeypatch):

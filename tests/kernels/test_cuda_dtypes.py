@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from phasebench.kernels import Unsupported, prepare, prepare_linear
-from phasebench.kernels.flash import flash_attn_module
+from phasebench.kernels.attention.flash import flash_attn_module
 
 from .reference import assert_matches_reference, make_qkv
 

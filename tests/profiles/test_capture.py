@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench.cli import main
+from phasebench.bench.cli.main import main
 from phasebench.profiles import capture, torch_trace
 from phasebench.profiles.names import parse_case_key
 

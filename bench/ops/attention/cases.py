@@ -1,0 +1,183 @@
+"""Attention cases (dense and ragged), their sweeps, and the benchmark suites written as data."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass, fields
+
+from ...spec.models import MODELS, key_values, model_config  # noqa: F401  (MODELS: the presets, re-exported)
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention shape as it flows from a preset through the kernel call into a result row."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool
+    dtype: str
+    model: str = ""
+    seqlens: tuple[int, ...] | None = None  # ragged decode: sequence b uses keys j < seqlens[b]
+
+    op = "attention"
+
+    def __post_init__(self):
+        for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive int, got {value!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads: must be a multiple of kv_heads, got {self.q_heads} and {self.kv_heads}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.causal and self.q_len > self.kv_len:
+            raise ValueError(f"q_len: must not exceed kv_len with causal=True, got {self.q_len} > {self.kv_len}")
+        if self.seqlens is not None:
+            lens = self.seqlens
+            if not isinstance(lens, tuple) or len(lens) != self.batch:
+                raise ValueError(f"seqlens: must be a tuple of batch={self.batch} lengths, got {lens!r}")
+            low = self.q_len if self.causal else 1
+            if any(isinstance(n, bool) or not isinstance(n, int) or not low <= n <= self.kv_len for n in lens):
+                raise ValueError(f"seqlens: each length must be an int in [{low}, kv_len={self.kv_len}], got {lens!r}")
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The KV length each sequence uses (kv_len for all of them unless ragged)."""
+        return self.seqlens if self.seqlens is not None else (self.kv_len,) * self.batch
+
+    @property
+    def ragged(self) -> bool:
+        return self.seqlens is not None and any(n != self.kv_len for n in self.seqlens)
+
+    @property
+    def phase(self) -> str:
+        if self.q_len == self.kv_len:
+            return "prefill"
+        if self.q_len == 1:
+            return "decode"
+        return "chunked_prefill"
+
+    @property
+    def shape_label(self) -> str:
+        """Short shape text for tables: b1 h32/8 q512 k512 d128."""
+        kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
+        return (f"b{self.batch} h{self.q_heads}/{self.kv_heads} q{self.q_len} {kv} "
+                f"d{self.head_dim}{' causal' if self.causal else ''}")
+
+    @property
+    def seqlens_text(self) -> str:
+        """Per-sequence lengths for the row, e.g. '97,1025,3' (empty when not ragged)."""
+        return ",".join(map(str, self.seqlens)) if self.seqlens is not None else ""
+
+    def fields(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def row_fields(self) -> dict:
+        """The case's columns in a result row."""
+        out = {k: v for k, v in self.fields().items() if k != "seqlens"}
+        return {**out, "op": self.op, "phase": self.phase, "seqlens": self.seqlens_text,
+                "kv_tokens": sum(self.lengths)}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A cartesian product of sizes for the given model presets; pairs of (q_len, kv_len) or prefixes."""
+
+    models: tuple[str, ...]
+    batch: tuple[int, ...]
+    causal: tuple[bool, ...] = (True,)
+    seq: tuple[int, ...] = ()            # prefill: q_len == kv_len
+    chunk: tuple[int, ...] = ()          # chunked prefill / verify: q_len ...
+    prefix: tuple[int, ...] = ()         # ... against this many cached keys (kv_len = prefix + chunk)
+    kv: tuple[int, ...] = ()             # decode: q_len 1 against kv_len
+
+    def lengths(self) -> list[tuple[int, int]]:
+        pairs = [(s, s) for s in self.seq]
+        pairs += [(c, p + c) for c in self.chunk for p in self.prefix]
+        pairs += [(1, n) for n in self.kv]
+        return pairs
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
+        out = []
+        for model, batch, causal, (q_len, kv_len) in itertools.product(
+                models or self.models, self.batch, self.causal, self.lengths()):
+            m = model_config(model)
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, causal, dtype, model))
+        return out
+
+
+@dataclass(frozen=True)
+class RaggedSweep:
+    """Decode batches whose KV lengths follow a long-tailed (log-normal) law, seeded, capped at kv_max."""
+
+    models: tuple[str, ...]
+    batch: tuple[int, ...]
+    kv_max: tuple[int, ...]
+    median_fraction: float = 0.08  # the median sequence uses this share of kv_max ...
+    sigma: float = 1.0             # ... and the log-normal spread gives a few long ones
+    seed: int = 0
+
+    def lengths_for(self, batch: int, kv_max: int) -> tuple[int, ...]:
+        rng = random.Random(f"{self.seed}-{batch}-{kv_max}")
+        mu = math.log(self.median_fraction * kv_max)
+        lens = [min(kv_max, max(1, round(rng.lognormvariate(mu, self.sigma)))) for _ in range(batch)]
+        lens[rng.randrange(batch)] = kv_max  # the longest sequence sets the cache length
+        return tuple(lens)
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
+        out = []
+        for model, batch, kv_max in itertools.product(models or self.models, self.batch, self.kv_max):
+            m = model_config(model)
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, 1, kv_max, m.head_dim, True, dtype, model,
+                                     seqlens=self.lengths_for(batch, kv_max)))
+        return out
+
+
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens")
+
+
+def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCase:
+    """A case from `batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128[,causal=0]`.
+
+    Heads and head dim may come from `model=NAME` (or the --model preset) instead; batch
+    defaults to 1 and causal to true. `seqlens=97/1025/3` makes a ragged batch (batch and
+    kv_len default to its count and its longest length).
+    """
+    values = key_values(text, SHAPE_KEYS, "shape")
+    name = values.pop("model", model)
+    preset = {}
+    if name is not None:
+        m = model_config(name)
+        name = m.name
+        preset = {"q_heads": m.q_heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim}
+    args: dict = {"batch": 1, "causal": True, **preset}
+    for key, value in values.items():
+        if key == "seqlens":
+            try:
+                args[key] = tuple(int(n) for n in value.split("/"))
+            except ValueError:
+                raise ValueError(f"shape: seqlens must be lengths separated by '/', got {value!r}") from None
+            args.setdefault("kv_len", max(args[key]))
+            if "batch" not in values:
+                args["batch"] = len(args[key])
+        elif key == "causal":
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(f"shape: causal must be 0/1/true/false, got {value!r}")
+            args[key] = value.lower() in ("1", "true", "yes")
+        else:
+            try:
+                args[key] = int(value)
+            except ValueError:
+                raise ValueError(f"shape: {key} must be an integer, got {value!r}") from None
+    missing = [k for k in ("q_heads", "kv_heads", "q_len", "kv_len", "head_dim") if k not in args]
+    if missing:
+        raise ValueError(f"shape: {text!r} lacks {', '.join(missing)} (give them, or a model)")
+    return AttentionCase(dtype=dtype, model=name or "", **args)

@@ -1,0 +1,15 @@
+"""The attention operator's record: what the measuring path needs of it, registered by name."""
+
+from ....kernels import prepare
+from ....profiles.names import case_key_for
+from ..records import Operator, register_operator
+from . import check, cost, memory
+from .cases import AttentionCase
+
+ATTENTION = register_operator(Operator(
+    name="attention", case_type=AttentionCase, flops=cost.flops, min_bytes=cost.min_bytes,
+    make_inputs=check.make_inputs, reference=check.reference, baseline_error=check.baseline_error,
+    prepare=lambda case, x, impl: prepare(x.q, x.k, x.v, impl=impl, causal=case.causal,
+                                          cache_seqlens=x.cache_seqlens),
+    does_not_fit=memory.does_not_fit, key=case_key_for,
+))

@@ -1,0 +1,61 @@
+"""The operator record: what the measuring path needs of one operator, and the registry the harness reads them from."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Operator:
+    """What the measuring path needs to know of one operator; adding an operator adds one of these."""
+
+    name: str
+    case_type: type
+    flops: Callable[[object], float]
+    min_bytes: Callable[[object], float]
+    make_inputs: Callable[[object, torch.device, int], object]
+    reference: Callable[[object, object, torch.device], torch.Tensor]
+    baseline_error: Callable[[object, object, torch.Tensor], float | None]  # None: the dtype's fixed limit
+    prepare: Callable[[object, object, str], object]  # (case, inputs, impl) -> a planned call
+    does_not_fit: Callable[..., str | None]  # (case, impl, device, *, resident, free)
+    key: Callable[[object, str], str]  # the NVTX name of (case, impl)
+
+
+OPERATORS: dict[str, Operator] = {}
+_found: list[str] = []  # the operator packages of bench.ops whose record modules are imported
+
+
+def register_operator(op: Operator) -> Operator:
+    """Put an operator's record where the runner, the store, the CLI and pytest bench find it by `case.op`."""
+    if op.name in OPERATORS and OPERATORS[op.name] is not op:
+        raise ValueError(f"op: an operator named {op.name!r} is registered already")
+    if getattr(op.case_type, "op", None) != op.name:
+        raise ValueError(f"case_type: {op.case_type.__name__}.op must be {op.name!r}")
+    OPERATORS[op.name] = op
+    return op
+
+
+def operators() -> dict[str, Operator]:
+    """Every operator's record by name: the built-in ones (each package of bench.ops with a record module, imported
+    on first use, so that a case module stays light) and any registered since (plugins)."""
+    if not _found:
+        package = importlib.import_module(__package__)
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.ispkg:
+                importlib.import_module(f"{__package__}.{info.name}.record")
+                _found.append(info.name)
+    return OPERATORS
+
+
+def operator_of(case) -> Operator:
+    try:
+        return operators()[case.op]
+    except (AttributeError, KeyError):
+        raise ValueError(f"case: {case!r} is not a case of a known operator ({', '.join(OPERATORS)})") from None

@@ -1,0 +1,3 @@
+"""phasebench.bench.phases: the phase model's measuring side: `phasebench phases` measures what a decoder's steps
+run and composes them (run_phases, with analysis.phase_model), checked against a plain-PyTorch decoder
+(reference_decoder). Imports bench.sweep and below, and analysis.phase_model (torch-free)."""

@@ -1,0 +1,354 @@
+"""A plain-PyTorch decoder of a model's dimensions: timed end to end, and traced for the ops one layer runs."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..instruments.timing import TimerConfig, Timing, time_call
+from ..spec.models import DecoderConfig
+
+ROPE_BASE = 500000.0
+NORM_EPS = 1e-6
+HOST_LAYERS = 2  # llama-3-8b at 2 layers in float32: ~1.7 GiB of layer weights (+2 GiB lm_head) on a 24 GiB host
+DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def sdpa_has_gqa() -> bool:
+    """Whether this torch's scaled_dot_product_attention takes enable_gqa (torch >= 2.5)."""
+    q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 1, 4)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (float64 stays float64), returned in x's dtype."""
+
+    def __init__(self, hidden: int, device, dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+        return (xf * self.weight.to(xf.dtype)).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """SDPA over the KV cache slice, a module of its own so a forward hook sees q/k/v as they are called."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        if sdpa_has_gqa():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        # torch < 2.5: no enable_gqa, so expand the KV heads to the query heads (a copy of the cache slice)
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class Greedy(nn.Module):
+    """The greedy pick: argmax over the vocabulary."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1)
+
+
+def _linear(k: int, n: int, device, dtype) -> nn.Linear:
+    layer = torch.nn.utils.skip_init(nn.Linear, k, n, bias=False, device=device, dtype=dtype)
+    layer.weight.requires_grad_(False)
+    return layer
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_tables(positions: int, head_dim: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, head_dim] of the rotate-half rotary embedding, computed in float64."""
+    inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and SwiGLU MLP blocks with residual adds, and this layer's KV cache."""
+
+    def __init__(self, config: DecoderConfig, max_batch: int, max_tokens: int, device, dtype):
+        super().__init__()
+        c, d = config, config.head_dim
+        self.q_heads, self.kv_heads, self.head_dim = c.q_heads, c.kv_heads, d
+        self.attn_norm = RMSNorm(c.hidden, device, dtype)
+        self.qkv = _linear(c.hidden, (c.q_heads + 2 * c.kv_heads) * d, device, dtype)
+        self.attention = Attention()
+        self.o = _linear(c.q_heads * d, c.hidden, device, dtype)
+        self.mlp_norm = RMSNorm(c.hidden, device, dtype)
+        self.gate_up = _linear(c.hidden, 2 * c.intermediate, device, dtype)
+        self.down = _linear(c.intermediate, c.hidden, device, dtype)
+        cache_shape = (max_batch, c.kv_heads, max_tokens, d)
+        self.register_buffer("k_cache", torch.empty(cache_shape, device=device, dtype=dtype))
+        self.register_buffer("v_cache", torch.empty(cache_shape, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        hq, hkv, d = self.q_heads, self.kv_heads, self.head_dim
+        qkv = self.qkv(self.attn_norm(x))
+        q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+        q = q.view(b, t, hq, d).transpose(1, 2)
+        k = k.view(b, t, hkv, d).transpose(1, 2)
+        v = v.view(b, t, hkv, d).transpose(1, 2)
+        cos, sin = cos[start:start + t], sin[start:start + t]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        end = start + t
+        self.k_cache[:b, :, start:end] = k
+        self.v_cache[:b, :, start:end] = v
+        # causal=True is top-left aligned in SDPA, right only because a prefill starts at position 0
+        attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], start == 0 and t > 1)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, hq * d))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class ReferenceDecoder(nn.Module):
+    """`layers` decoder layers of `config`'s dimensions with seeded random weights, a final norm, the lm_head
+    and a greedy pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden].
+    device='meta' builds it without memory, for tracing shapes."""
+
+    def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, max_tokens: int,
+                 max_batch: int, seed: int = 0):
+        super().__init__()
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= config.layers:
+            raise ValueError(f"layers: must be an int in 1..{config.layers} for {config.name}, got {layers!r}")
+        for name, value in (("max_tokens", max_tokens), ("max_batch", max_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be a positive int, got {value!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.max_tokens, self.max_batch, self.seed = max_tokens, max_batch, seed
+        self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype)
+                                    for _ in range(layers))
+        self.final_norm = RMSNorm(config.hidden, self.device, dtype)
+        self.lm_head = _linear(config.hidden, config.vocab, self.device, dtype)
+        self.greedy = Greedy()
+        self.cos, self.sin = rope_tables(max_tokens, config.head_dim, self.device, dtype)
+        self._cache_filled = False
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._init_weights()
+
+    @property
+    def is_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    def _generator(self, offset: int) -> torch.Generator | None:
+        if self.is_meta:
+            return None
+        return torch.Generator(device=self.device).manual_seed(self.seed * 1000003 + offset)
+
+    def _fill_random(self, out: torch.Tensor, std: float, gen, mean: float = 0.0) -> torch.Tensor:
+        """Normal values drawn in float32 (cast into `out` otherwise), so every dtype rounds the same draw;
+        drawn in place where out is float32, as a 2nd copy and its page faults cost seconds on the host."""
+        if self.is_meta:
+            return out
+        if out.dtype == torch.float32:
+            return out.normal_(mean, std, generator=gen)
+        return out.copy_(torch.empty(out.shape, device=out.device).normal_(mean, std, generator=gen))
+
+    @torch.no_grad()
+    def _init_weights(self):
+        gen = self._generator(0)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                self._fill_random(module.weight, module.in_features ** -0.5, gen)
+            elif isinstance(module, RMSNorm):
+                self._fill_random(module.weight, 0.1, gen, mean=1.0)
+
+    def _fill_cache(self):
+        """Seeded random keys and values in every cache row, once, so decode needs no prefill before it."""
+        if self._cache_filled or self.is_meta:
+            return
+        gen = self._generator(1)
+        for layer in self.layers:
+            self._fill_random(layer.k_cache, 1.0, gen)
+            self._fill_random(layer.v_cache, 1.0, gen)
+        self._cache_filled = True
+
+    def _input(self, batch: int, tokens: int) -> torch.Tensor:
+        """Seeded random hidden states [batch, tokens, hidden] in place of the embedding (kept per shape)."""
+        key = (batch, tokens)
+        if key not in self._inputs:
+            x = torch.empty(batch, tokens, self.config.hidden, device=self.device, dtype=self.dtype)
+            self._inputs = {key: self._fill_random(x, 1.0, self._generator(2))}
+        return self._inputs[key]
+
+    def _check(self, batch: int, tokens: int, what: str, x: torch.Tensor | None):
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= self.max_batch:
+            raise ValueError(f"batch: must be an int in 1..{self.max_batch} (max_batch), got {batch!r}")
+        if tokens > self.max_tokens:
+            raise ValueError(f"{what}: needs {tokens} cache rows, more than max_tokens={self.max_tokens}")
+        shape = (batch, tokens if what == "prompt_len" else 1, self.config.hidden)
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"x: expected shape {list(shape)}, got {list(x.shape)}")
+
+    def _run(self, x: torch.Tensor, start: int, return_hidden: bool):
+        self._fill_cache()
+        h = x
+        for layer in self.layers:
+            h = layer(h, start, self.cos, self.sin)
+        ids = self.greedy(self.lm_head(self.final_norm(h[:, -1])))
+        return (ids, h) if return_hidden else ids
+
+    @torch.inference_mode()
+    def prefill(self, batch: int, prompt_len: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+        """The prompt through every layer (causal), cache rows 0..prompt_len-1 filled, the lm_head on each
+        sequence's last token only and the greedy pick: ids [batch]; with return_hidden also the last
+        layer's output [batch, prompt_len, hidden] (before the final norm). x: the input, random by default."""
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+            raise ValueError(f"prompt_len: must be a positive int, got {prompt_len!r}")
+        self._check(batch, prompt_len, "prompt_len", x)
+        return self._run(self._input(batch, prompt_len) if x is None else x, 0, return_hidden)
+
+    @torch.inference_mode()
+    def decode_step(self, batch: int, context: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+        """One new token per sequence at position `context`, attending to the `context` cached tokens and
+        itself; the cache holds whatever was last written there (seeded random values if nothing was).
+        Returns ids [batch]; with return_hidden also the last layer's output [batch, 1, hidden]."""
+        if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+            raise ValueError(f"context: must be a non-negative int, got {context!r}")
+        self._check(batch, context + 1, "context", x)
+        return self._run(self._input(batch, 1) if x is None else x, context, return_hidden)
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+    def cache_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    @contextlib.contextmanager
+    def record_ops(self) -> Iterator[list[dict]]:
+        """Collect, while open, one dict per linear, attention and greedy call as it runs (forward hooks)."""
+        ops: list[dict] = []
+        handles = []
+
+        def on_linear(name, scope):
+            def hook(module, args, out):
+                x = args[0]
+                ops.append({"op": "linear", "name": name, "scope": scope, "m": x.numel() // x.shape[-1],
+                            "n": module.weight.shape[0], "k": x.shape[-1]})
+            return hook
+
+        def on_attention(module, args, out):
+            q, k, _, causal = args
+            ops.append({"op": "attention", "name": "attention", "scope": "layer", "batch": q.shape[0],
+                        "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_len": q.shape[2],
+                        "kv_len": k.shape[2], "head_dim": q.shape[3], "causal": bool(causal)})
+
+        def on_greedy(module, args, out):
+            logits = args[0]
+            ops.append({"op": "argmax", "name": "greedy", "scope": "step", "m": logits.numel() // logits.shape[-1],
+                        "n": logits.shape[-1]})
+
+        for layer in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                handles.append(getattr(layer, name).register_forward_hook(on_linear(name, "layer")))
+            handles.append(layer.attention.register_forward_hook(on_attention))
+        handles.append(self.lm_head.register_forward_hook(on_linear("lm_head", "step")))
+        handles.append(self.greedy.register_forward_hook(on_greedy))
+        try:
+            yield ops
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def _one_layer_on_meta(config: DecoderConfig, batch: int, tokens: int) -> ReferenceDecoder:
+    return ReferenceDecoder(config, 1, "meta", torch.float32, max_tokens=tokens, max_batch=batch)
+
+
+def ops_of_prefill(config: DecoderConfig, batch: int, prompt_len: int) -> list[dict]:
+    """The ops one layer runs in a prefill of `batch` prompts of `prompt_len` tokens (scope 'layer'), then the
+    per-step lm_head and greedy pick (scope 'step'), traced from a one-layer decoder on the meta device."""
+    decoder = _one_layer_on_meta(config, batch, prompt_len)
+    with decoder.record_ops() as ops:
+        decoder.prefill(batch, prompt_len)
+    return ops
+
+
+def ops_of_decode(config: DecoderConfig, batch: int, context: int) -> list[dict]:
+    """The ops one layer runs in a decode step of `batch` sequences after `context` cached tokens, then the
+    per-step lm_head and greedy pick, traced as ops_of_prefill is."""
+    decoder = _one_layer_on_meta(config, batch, context + 1)
+    with decoder.record_ops() as ops:
+        decoder.decode_step(batch, context)
+    return ops
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def weight_bytes(config: DecoderConfig, layers: int, dtype: torch.dtype) -> int:
+    """Bytes of `layers` layers' projections and norms, the final norm and the lm_head."""
+    norms = (2 * layers + 1) * config.hidden
+    return (layers * config.layer_weight_count() + config.vocab * config.hidden + norms) * _elem(dtype)
+
+
+def cache_bytes(config: DecoderConfig, layers: int, batch: int, tokens: int, dtype: torch.dtype) -> int:
+    """Bytes of the K and V caches [batch, kv_heads, tokens, head_dim] of `layers` layers."""
+    return 2 * layers * batch * config.kv_heads * tokens * config.head_dim * _elem(dtype)
+
+
+def activation_bytes(config: DecoderConfig, batch: int, tokens: int, dtype: torch.dtype) -> int:
+    """A generous bound on a prefill's live temporaries: a layer's widest intermediates, fp32 scores of a
+    materialising attention (SDPA's math path), and the logits."""
+    c = config
+    rows = batch * tokens
+    widest = rows * (3 * c.intermediate + 4 * c.hidden + (c.q_heads + 2 * c.kv_heads) * c.head_dim)
+    scores = batch * c.q_heads * tokens * tokens * 4 * 2
+    return widest * _elem(dtype) + scores + batch * c.vocab * 4
+
+
+def fits(config: DecoderConfig, layers: int, batch: int, tokens: int, dtype: torch.dtype, free_bytes: int,
+         headroom: float = 0.85) -> bool:
+    """Whether weights, caches and activations of a decoder of `layers` layers fit in headroom x free_bytes."""
+    need = (weight_bytes(config, layers, dtype) + cache_bytes(config, layers, batch, tokens, dtype)
+            + activation_bytes(config, batch, tokens, dtype))
+    return need <= headroom * free_bytes
+
+
+def default_layers(config: DecoderConfig, device, dtype: torch.dtype, batch: int, tokens: int,
+                   free_bytes: int | None = None) -> int:
+    """HOST_LAYERS on the host (2 cores cannot run 32 layers in seconds); on a GPU the most layers, up to the
+    model's, that fit in its free memory (0 when not even one does)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return min(HOST_LAYERS, config.layers)
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return max((n for n in range(1, config.layers + 1) if fits(config, n, batch, tokens, dtype, free_bytes)),
+               default=0)
+
+
+def time_prefill(decoder: ReferenceDecoder, batch: int, prompt_len: int, timer_cfg: TimerConfig | None = None,
+                 range_name: str | None = None) -> Timing:
+    """Latency of decoder.prefill(batch, prompt_len) through the kernels' timer (time_call)."""
+    return time_call(lambda: decoder.prefill(batch, prompt_len), decoder.device, timer_cfg or TimerConfig(),
+                     range_name)
+
+
+def time_decode_step(decoder: ReferenceDecoder, batch: int, context: int, timer_cfg: TimerConfig | None = None,
+                     range_name: str | None = None) -> Timing:
+    """Latency of decoder.decode_step(batch, context) through the kernels' timer (time_call)."""
+    return time_call(lambda: decoder.decode_step(batch, context), decoder.device, timer_cfg or TimerConfig(),
+                     range_name)

@@ -1,0 +1,62 @@
+"""The program Nsight Compute profiles: one case and impl, compiled and autotuned first, then a few calls between
+cudaProfilerStart and Stop, which is all `ncu --profile-from-start off` records."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from ..sweep.selection import UsageError, build_cases, resolve_device
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m phasebench.bench.session.ncu_target", description=__doc__)
+    parser.add_argument("--shape", required=True, help="the case, as phasebench run --shape")
+    parser.add_argument("--model", nargs="+", help="model preset (or name=...) for the shape's heads")
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--calls", type=int, default=2, help="calls inside the profiled range (default 2)")
+    parser.add_argument("--json", help="write the case, its cost and the backend here")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        selection = argparse.Namespace(suite="custom", op=None, model=args.model, shape=[args.shape],
+                                       dtype=args.dtype)
+        (case,), _ = build_cases(selection, device)
+    except (UsageError, ValueError) as err:
+        print(f"ncu_target: error: {err}", file=sys.stderr)
+        return 2
+    from ...profiles.capture import cuda_profiler_range
+    from ..instruments.roofline import on_device
+    from ..ops import operator_of
+    from ..sweep.measure import case_seed, sync
+
+    op = operator_of(case)
+    with on_device(device):
+        inputs = op.make_inputs(case, device, case_seed(case))
+        call = op.prepare(case, inputs, args.impl)
+        for _ in range(2):  # the first call compiles and autotunes; the profiled ones run the chosen kernel
+            call.run()
+            sync(device)
+        with cuda_profiler_range() if device.type == "cuda" else contextlib.nullcontext():
+            for _ in range(args.calls):
+                call.run()
+            sync(device)
+    info = {"case": case.row_fields(), "impl": args.impl, "backend": call.backend, "key": op.key(case, args.impl),
+            "flops": op.flops(case), "bytes": op.min_bytes(case), "calls": args.calls, "device": str(device)}
+    print(json.dumps(info))
+    if args.json:
+        Path(args.json).write_text(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Result row and profile table columns, their dtypes and defaults, shared by the runner and the loaders (no torch)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
+SCHEMA_VERSION = 2
+
+# The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
+CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
+# The fields of a linear case (bench.ops.linear.cases.LinearCase) beside dtype, phase and model.
+LINEAR_COLUMNS = ("m", "n", "k", "projection")
+# The fields of an elementwise case (bench.ops.elementwise.cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
+ELEMENTWISE_COLUMNS = ("kind", "cache_len")
+
+# One row per (case, impl), in the order the runner writes them.
+RESULT_COLUMNS = (
+    "run_id", "time", "device", "device_kind", "suite", "model", "op",
+    "impl", "backend", "mode", "phase",
+    "shape",  # the case's label for tables ("b2 h32/8 q1 k512 d128 causal", "gate_up m8 n28672 k4096"); never parsed
+    *CASE_COLUMNS,
+    "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
+    "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
+    *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
+    *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
+    "flops", "bytes", "intensity",
+    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
+    "noisy", "noise_reason",  # timed while the device was contended, and why we think so
+    "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline", "bound",
+    "max_rel_err", "status", "reason",
+    "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
+)
+
+# Columns the loader adds after the result columns (run metadata and provenance).
+RUN_COLUMNS = (
+    "source",  # the file a row was read from
+    "python_version", "torch_version", "triton_version", "flash_attn_version",
+    "phasebench_version", "git_commit",
+    "datasheet_name", "datasheet_tflops", "datasheet_gbps",
+)
+
+# The fields that identify a case (together with device and dtype when comparing impls).
+CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
+               "m", "n", "k", "projection", "kind", "cache_len")
+
+# A results table without these cannot be analysed at all.
+REQUIRED_COLUMNS = (
+    "impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim",
+    "dtype", "latency_ms", "status",
+)
+
+PHASES = ("prefill", "chunked_prefill", "decode")
+STATUSES = ("ok", "skipped", "failed", "incorrect")
+MODES = ("compiled", "interpreter")
+
+RESULT_STRING_COLUMNS = (
+    "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
+    "phase", "shape", "dtype", "seqlens", "projection", "kind", "timer", "noise_reason", "bound", "status", "reason",
+)
+STRING_COLUMNS = RESULT_STRING_COLUMNS + (
+    "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
+    "phasebench_version", "git_commit", "datasheet_name",
+)
+INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k",
+               "cache_len")
+BOOL_COLUMNS = ("causal", "noisy", "profiled")
+FLOAT_COLUMNS = (
+    "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
+    "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline",
+    "max_rel_err", "datasheet_tflops", "datasheet_gbps",
+)
+
+# Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which
+# keeps the summary; conform() and the CSV readers leave it as it is (bench.sweep.results writes it).
+SAMPLES_COLUMN = "samples_ms"
+
+
+# Every field that changes a measurement: two rows that agree on all of them measured the same thing.
+# phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", *LINEAR_COLUMNS, "kind", "cache_len",
+               "device", "mode", "timer")
+
+
+def sample_key(row) -> tuple:
+    """row_key with blanks (None, NaN, NA) as "" and whole floats as ints: one key for a measured row,
+    a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows."""
+    return tuple(key_text(row.get(c)) for c in KEY_COLUMNS)
+
+
+def cell_float(value) -> float:
+    """A cell as a float; NaN for blanks and text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def cell_true(value) -> bool:
+    """A cell as a flag: blanks (None, NaN, NA) are False."""
+    return key_text(value) != "" and bool(value)
+
+
+def key_text(value) -> str:
+    """A cell as key text: blanks (None, NaN, NA) as "", whole floats as ints."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def read_samples(path: Path) -> dict[tuple, list[float]]:
+    """{sample_key: samples in ms} from a samples.jsonl; a line torn by a kill is skipped, the latest line wins."""
+    found: dict[tuple, list[float]] = {}
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return found
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+            found[tuple(entry["key"].get(c, "") for c in KEY_COLUMNS)] = [float(v) for v in entry[SAMPLES_COLUMN]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+# What a row that lacks a column (an older schema) or leaves it blank holds; other missing
+# columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
+DEFAULTS = {"op": "attention", "noisy": False, "profiled": False}
+
+# Profile summary tables (profiles/summary.py): one row per timed case key, with the case
+# fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.
+PROFILE_REQUIRED_COLUMNS = ("key", "kernel_count", "kernel_time_ns", "wall_ns", "launch_overhead_ns")
+PROFILE_INT_COLUMNS = ("kernel_count", "ranges", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
+# flush_ns: host span of the l2flush ranges (information); flush_kernel_ns: GPU time of the flush kernels
+PROFILE_FLOAT_COLUMNS = ("kernel_time_ns", "wall_ns", "launch_overhead_ns", "flush_ns", "flush_kernel_ns")
+PROFILE_STRING_COLUMNS = ("key", "impl", "phase", "dtype", "device", "run_id")
+
+_TRUE_WORDS = {"true", "1", "yes", "t", "y", "1.0"}
+_FALSE_WORDS = {"false", "0", "no", "f", "n", "0.0"}
+
+
+def _as_bool(series: pd.Series, name: str) -> pd.Series:
+    def convert(value):
+        if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+            return pd.NA
+        word = str(value).strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+        if word == "":
+            return pd.NA
+        raise ValueError(f"column {name!r} holds {value!r}, not a boolean")
+
+    return series.map(convert).astype("boolean")
+
+
+def _as_int(series: pd.Series, name: str) -> pd.Series:
+    numbers = _as_float(series, name)
+    whole = numbers.dropna()
+    if not (whole == np.round(whole)).all():
+        raise ValueError(f"column {name!r} holds non-integer values")
+    return numbers.astype("Int64")
+
+
+def _as_float(series: pd.Series, name: str) -> pd.Series:
+    try:
+        return pd.to_numeric(series, errors="raise").astype(float)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"column {name!r} is not numeric ({error})") from None
+
+
+def _as_str(series: pd.Series) -> pd.Series:
+    # Missing text becomes "" (as the runner writes for an empty model or reason),
+    # so groupby never silently drops rows.
+    return series.astype(object).where(series.notna(), "").map(str).astype(str)
+
+
+def coerce_columns(
+    df: pd.DataFrame,
+    *,
+    strings=STRING_COLUMNS,
+    ints=INT_COLUMNS,
+    floats=FLOAT_COLUMNS,
+    bools=BOOL_COLUMNS,
+) -> pd.DataFrame:
+    """Cast the known columns present in `df` to their dtypes; raises ValueError naming a bad column."""
+    out = df.copy()
+    for name in out.columns:
+        if name in strings:
+            out[name] = _as_str(out[name])
+        elif name in ints:
+            out[name] = _as_int(out[name], name)
+        elif name in floats:
+            out[name] = _as_float(out[name], name)
+        elif name in bools:
+            out[name] = _as_bool(out[name], name)
+    return out
+
+
+def conform(df: pd.DataFrame) -> pd.DataFrame:
+    """Result rows with every schema and loader column, typed, defaults filled, in schema order (extras last).
+
+    Rows of schema 1 (no op, seqlens, kv_tokens, noisy, noise_reason, profiled) read as dense
+    attention rows that were neither noisy nor profiled.
+    """
+    out = df.copy()
+    for name in RESULT_COLUMNS + RUN_COLUMNS:
+        if name not in out.columns:
+            out[name] = "" if name in STRING_COLUMNS else np.nan
+    out = coerce_columns(out)
+    for name, value in DEFAULTS.items():
+        if name in STRING_COLUMNS:
+            out.loc[out[name] == "", name] = value
+        else:
+            out[name] = out[name].fillna(value)
+    dense = out["kv_tokens"].isna() & (out["seqlens"] == "")
+    out.loc[dense, "kv_tokens"] = out.loc[dense, "batch"] * out.loc[dense, "kv_len"]
+    known = list(RESULT_COLUMNS + RUN_COLUMNS)
+    extras = [name for name in out.columns if name not in known]
+    return out[known + extras]

@@ -1,0 +1,68 @@
+"""Terminal output of a run: a progress bar on stderr and the closing table of rows."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pandas as pd
+
+
+class Progress:
+    """One line per finished row, led by a bar; redrawn in place on a terminal."""
+
+    def __init__(self, stream=None, width: int = 20):
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def __call__(self, row: dict, index: int, total: int) -> None:
+        filled = self.width * index // max(total, 1)
+        bar = "#" * filled + "-" * (self.width - filled)
+        status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms"
+        if row.get("noisy"):
+            status += " NOISY"
+        text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
+        if self.tty:
+            end = "\n" if index == total else ""
+            self.stream.write("\r" + text.ljust(100)[:100] + end)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _num(value, fmt: str) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """Per row: impl, phase, shape, latency with its p20-p80 spread and sample count, TFLOP/s, GB/s,
+    % of roofline, bound, status."""
+    if df.empty:
+        return "(no rows)"
+    lines = []
+    for r in df.itertuples(index=False):
+        shape = f"{r.shape} {r.dtype}"
+        status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
+        if getattr(r, "noisy", False) is True:
+            status = ("NOISY " + status).strip()
+        spread = "" if r.status != "ok" else f"{_num(r.latency_p20_ms, '.3f')}-{_num(r.latency_p80_ms, '.3f')}"
+        lines.append({"op": r.op, "impl": r.impl, "phase": r.phase, "shape": shape,
+                      "latency ms": _num(r.latency_ms, ".3f"),
+                      "p20-p80 ms": spread, "n": r.samples if r.status == "ok" else "",
+                      "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
+                      "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
+    return pd.DataFrame(lines).to_string(index=False)
+
+
+def closing_lines(df: pd.DataFrame, out) -> list[str]:
+    """The status counts, where the files are, and a warning when rows were timed on a contended device."""
+    from ..instruments.contention import summary_warning
+
+    counts = df["status"].value_counts().to_dict() if not df.empty else {}
+    lines = [f"\nrows: {', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}; "
+             f"results in {out}/results.csv, results.parquet, run.json"]
+    warning = summary_warning(df) if not df.empty else None
+    if warning:
+        lines.append(f"warning: {warning}")
+    return lines

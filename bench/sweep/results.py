@@ -1,0 +1,173 @@
+"""Result rows and their store: one CSV line per row as soon as it exists, parquet and run.json beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..spec import schema
+
+SCHEMA_VERSION = schema.SCHEMA_VERSION
+CASE_COLUMNS = list(schema.CASE_COLUMNS)
+COLUMNS = list(schema.RESULT_COLUMNS)
+STATUSES = schema.STATUSES
+TEXT_COLUMNS = schema.RESULT_STRING_COLUMNS
+SAMPLES = schema.SAMPLES_COLUMN
+
+
+KEY_COLUMNS = schema.KEY_COLUMNS
+sample_key, read_samples = schema.sample_key, schema.read_samples
+RETRIED = ("failed", "skipped")
+
+
+class ResumeError(ValueError):
+    """A --resume that would mix unlike measurements in one folder (one line)."""
+
+
+def row_key(row: dict) -> tuple:
+    """What identifies a measurement for --resume."""
+    return tuple(str(row.get(c, "")) for c in KEY_COLUMNS)
+
+
+class ResultsStore:
+    """Appends rows to DIR/results.csv (flushed and synced per row) and writes parquet and run.json.
+
+    An ok row's raw samples go to DIR/samples.jsonl (one synced line per row, before its CSV line) and
+    join the CSV rows in results.parquet's `samples_ms` column, so a killed run loses none of them.
+
+    `options` are the run's measurement options (device, timer, mode); a resume whose options differ
+    from those in DIR/run.json is refused. `retry_failed` drops failed and skipped rows so they run again.
+    """
+
+    def __init__(self, out_dir: Path, resume: bool = False, retry_failed: bool = False, options: dict | None = None):
+        self.out_dir = Path(out_dir)
+        self.csv_path = self.out_dir / "results.csv"
+        self.parquet_path = self.out_dir / "results.parquet"
+        self.run_json_path = self.out_dir / "run.json"
+        self.samples_path = self.out_dir / "samples.jsonl"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.out_dir, os.W_OK):
+            raise PermissionError(f"out: {self.out_dir} is not writable")
+        self.done: set[tuple] = set()
+        if resume and self.csv_path.exists():
+            self._check_options(options)
+            rows = self._read_rows()
+            if retry_failed:
+                kept = [r for r in rows if r.get("status") not in RETRIED]
+                if len(kept) != len(rows):
+                    self._rewrite(kept)
+                rows = kept
+            self.done = {row_key(r) for r in rows}
+            _end_line(self.samples_path)
+        else:
+            if self.csv_path.exists():
+                self.csv_path.unlink()
+                self.parquet_path.unlink(missing_ok=True)
+            self.samples_path.unlink(missing_ok=True)
+
+    def _check_options(self, options: dict | None) -> None:
+        previous = (self.previous_run() or {}).get("measurement")
+        if options is None or previous is None:
+            return
+        for name in sorted(set(options) | set(previous)):
+            if options.get(name) != previous.get(name):
+                raise ResumeError(f"resume: {self.out_dir} was measured with {name}={previous.get(name)!r}, "
+                                  f"this run has {name}={options.get(name)!r}; use another --out")
+
+    def _read_rows(self) -> list[dict]:
+        with self.csv_path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames != COLUMNS:
+                raise ResumeError(f"resume: {self.csv_path} has other columns than this phasebench writes "
+                                  f"(schema {SCHEMA_VERSION}); use another --out")
+            return list(reader)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        tmp = self.csv_path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.csv_path)
+
+    def previous_run(self) -> dict | None:
+        try:
+            return json.loads(self.run_json_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write_run(self, meta: dict) -> None:
+        tmp = self.run_json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=1, default=str))
+        tmp.replace(self.run_json_path)
+
+    def is_done(self, row_like: dict) -> bool:
+        return row_key(row_like) in self.done
+
+    def append(self, row: dict) -> None:
+        if row.get(SAMPLES):
+            entry = {"key": dict(zip(KEY_COLUMNS, sample_key(row), strict=True)),
+                     SAMPLES: [float(v) for v in row[SAMPLES]]}
+            with self.samples_path.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        new_file = not self.csv_path.exists()
+        with self.csv_path.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+            if new_file:
+                writer.writeheader()
+            writer.writerow({k: _csv_value(row.get(k)) for k in COLUMNS})
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done.add(row_key(row))
+
+    def frame(self) -> pd.DataFrame:
+        if not self.csv_path.exists():
+            return pd.DataFrame(columns=COLUMNS)
+        return read_results_csv(self.csv_path)
+
+    def write_parquet(self) -> pd.DataFrame:
+        """results.parquet: the CSV rows plus their samples_ms (None where a row has none); returns the CSV rows."""
+        df = self.frame()
+        table = df.copy()
+        samples = read_samples(self.samples_path)
+        # keys from the CSV's own text, line by line: the frame's dtypes would blur blanks and bools
+        keys = [sample_key(r) for r in self._read_rows()] if self.csv_path.exists() else []
+        values = [samples.get(k) for k in keys] if len(keys) == len(table) else [None] * len(table)
+        table[SAMPLES] = pd.Series(values, index=table.index, dtype=object)
+        table.to_parquet(self.parquet_path, index=False)
+        return df
+
+
+def _end_line(path: Path) -> None:
+    """End a line torn by a kill, so the next append starts a line of its own."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+
+
+def _csv_value(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value
+
+
+def read_results_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={c: str for c in TEXT_COLUMNS})
+    for col in TEXT_COLUMNS:
+        if col in df:
+            df[col] = df[col].fillna("")
+    for col in schema.BOOL_COLUMNS:
+        if col in df:
+            df[col] = df[col].astype(str).str.lower().isin(["true", "1"])
+    return df

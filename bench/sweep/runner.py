@@ -1,0 +1,194 @@
+"""The runner: a sweep of cases x impls on one device through the measuring path, one row at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ...kernels import OPS, triton_mode
+from ...kernels.autotune import autotune_winners
+from ..instruments.roofline import ceilings, on_device
+from ..instruments.timing import TimerConfig
+from .measure import CaseState, HarnessSampler, base_row, measure
+from .metadata import run_metadata
+from .results import ResultsStore
+
+CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False)
+CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
+PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
+
+
+def default_timer(device: torch.device, *, cuda_graph: bool = False, sample_time: float | None = None) -> TimerConfig:
+    """The runner's timer for a device: CUDA events (graph replays on request) or the host clock; `sample_time`
+    replaces the seconds of timed samples per (case, impl)."""
+    timer = CUDA_TIMER if device.type == "cuda" else CPU_TIMER
+    if cuda_graph:
+        timer = dataclasses.replace(timer, cuda_graph=True)
+    if sample_time is not None:
+        timer = dataclasses.replace(timer, budget_s=sample_time)
+    return timer
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class RunConfig:
+    """What to measure and where: cases x impls on one device, rows into out_dir.
+
+    Cases may be of any operator; each runs with the named impls that its operator has."""
+
+    cases: Sequence
+    impls: Sequence[str] | dict[str, Sequence[str]]
+    device: torch.device
+    out_dir: Path
+    suite: str = "custom"
+    resume: bool = False
+    retry_failed: bool = False
+    timer: TimerConfig | None = None
+    refresh_ceilings: bool = False
+    profiled: bool = False  # rows measured under a profiler: marked, and left out of reports by default
+    detect_contention: bool = True
+    time_budget_s: float | None = None  # wall seconds for the sweep; rows that would overrun it are skipped
+    started: float | None = None  # time.monotonic() the budget counts from (default: when run() starts)
+    capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
+    on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
+
+
+def impls_for(case, impls) -> list[str]:
+    """The impls of `impls` that the case's operator has (naive serves every operator, flash attention only);
+    `impls` may also map each operator to its own list."""
+    names = impls.get(case.op, ()) if isinstance(impls, dict) else impls
+    return [name for name in names if name in OPS[case.op]]
+
+
+def measurement_options(device: torch.device, timer: TimerConfig, profiled: bool) -> dict:
+    """What must be equal for rows of two invocations to be one measurement (checked by --resume)."""
+    return {"device": str(device), "triton_mode": triton_mode.mode(), "timer": dataclasses.asdict(timer),
+            "profiled": profiled}
+
+
+def spread_order(n: int) -> list[int]:
+    """0..n-1 in bit-reversed (van der Corput) order: any prefix is spread over the whole range, so a sweep cut
+    short by its time budget still samples every part of it."""
+    bits = max(1, (n - 1).bit_length())
+    return sorted(range(n), key=lambda i: int(f"{i:0{bits}b}"[::-1], 2))
+
+
+class TimeBudget:
+    """A sweep's wall-clock allowance: a row starts only when the time left exceeds the longest row of its impl so
+    far (impls differ by orders of magnitude: an interpreter row against a compiled one) leaving out its first,
+    which carries the compile and autotuning; until an impl has two rows, the median row so far, or the timer's
+    warm-up plus sampling."""
+
+    def __init__(self, seconds: float, timer: TimerConfig, start: float | None = None):
+        self.seconds, self.start = seconds, time.monotonic() if start is None else start
+        self.floor = timer.warmup_s + timer.budget_s
+        self.durations: dict[str, list[float]] = {}
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def expected(self, impl: str) -> float:
+        mine = self.durations.get(impl, [])
+        if len(mine) >= 2:
+            return max(mine[1:])
+        every = [d for ds in self.durations.values() for d in ds]
+        return statistics.median(every) if every else self.floor
+
+    def refusal(self, impl: str) -> str | None:
+        """Why the next row of `impl` must not start, or None when it fits."""
+        left, expected = self.left(), self.expected(impl)
+        if left >= expected:
+            return None
+        return (f"time budget: {max(left, 0):.1f} s of {self.seconds:g} s left, a {impl} row takes about "
+                f"{expected:.1f} s (--resume --retry-failed measures it later)")
+
+    def record(self, impl: str, seconds: float) -> None:
+        self.durations.setdefault(impl, []).append(seconds)
+
+
+def _probe(device: torch.device, enabled: bool):
+    if not enabled:
+        return None
+    from ..instruments.contention import ContentionProbe
+
+    return ContentionProbe(device)
+
+
+def _snapshot(device: torch.device) -> dict:
+    from ..instruments.contention import snapshot
+
+    return snapshot(device)
+
+
+def run(cfg: RunConfig):
+    """Measure every (case, impl) not already in cfg.out_dir; returns all rows there as a DataFrame."""
+    device = cfg.device
+    timer = cfg.timer or default_timer(device)
+    options = measurement_options(device, timer, cfg.profiled)
+    store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options)
+    dtypes = sorted({c.dtype for c in cfg.cases})
+    state_before = _snapshot(device)
+    ceil = ceilings(device, dtypes, refresh=cfg.refresh_ceilings)
+    previous = store.previous_run() if cfg.resume else None
+    run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
+    meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
+            "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options, **run_metadata(device),
+            "ceilings": ceil.to_json(), "state_before": state_before, "state_after": None}
+    store.write_run(meta)
+    sampler = HarnessSampler(timer, device.type)
+    probe = _probe(device, cfg.detect_contention)
+    budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
+    cases = list(cfg.cases)
+    if budget is not None:
+        cases = [cases[i] for i in spread_order(len(cases))]
+    plan = [(case, impls_for(case, cfg.impls)) for case in cases]
+    total = sum(len(impls) for _, impls in plan)
+    index = 0
+    capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
+    try:
+        with on_device(device), capture:  # a profiler records the cases only, not the ceilings or the setup of the run
+            for case, impls in plan:
+                state = CaseState(case, device)
+                for impl in impls:
+                    index += 1
+                    row = base_row(case, impl, run_id, cfg.suite, ceil, sampler.label)
+                    if store.is_done(row):
+                        continue
+                    refusal = budget.refusal(impl) if budget is not None else None
+                    if refusal:
+                        row.update(status="skipped", reason=refusal)
+                    else:
+                        started = time.monotonic()
+                        row = measure(state, impl, row, sampler, probe)
+                        if budget is not None:
+                            budget.record(impl, time.monotonic() - started)
+                    row["time"], row["profiled"] = now(), cfg.profiled
+                    store.append(row)
+                    if cfg.on_row:
+                        cfg.on_row(row, index, total)
+                del state
+                if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
+                    torch.cuda.empty_cache()
+    finally:
+        df = store.write_parquet()
+        meta["finished"] = now()
+        meta["state_after"] = _snapshot(device)
+        meta["autotune"] = autotune_winners()  # the config each tuned Triton kernel chose, per tuning key
+        store.write_run(meta)
+    return df

@@ -1,0 +1,82 @@
+"""The benchmark suites written as data: attention and linear sweeps per device type, and their cases."""
+
+from __future__ import annotations
+
+import itertools
+
+from ..ops.attention.cases import RaggedSweep, Sweep
+from ..ops.linear.cases import LinearSweep
+from ..spec.models import model_config
+
+K = 1024
+# Each suite has a GPU and a CPU variant: the CPU sizes keep interpreter rows to seconds.
+SUITES: dict[str, dict[str, list[Sweep]]] = {
+    "quick": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), seq=(2 * K,)),
+                 Sweep(("llama-3-8b",), (1,), chunk=(512,), prefix=(4 * K,)),
+                 Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(4 * K,)),
+                 Sweep(("llama-3-8b",), (8,), kv=(8 * K,))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), seq=(128,)),
+                Sweep(("llama-3-8b",), (1,), chunk=(32,), prefix=(224,)),
+                Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(252,)),
+                Sweep(("llama-3-8b",), (2,), kv=(512,))],
+    },
+    "prefill": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(512, K, 2 * K, 4 * K, 8 * K, 16 * K, 32 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), causal=(True, False), seq=(64, 128, 256))],
+    },
+    "chunked": {
+        "cuda": [Sweep(("llama-3-8b",), (1,), chunk=(256, K, 4 * K), prefix=(4 * K, 16 * K, 28 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(32, 64), prefix=(192, 448))],
+    },
+    "decode": {
+        "cuda": [Sweep(("llama-3-8b",), (1, 4, 16, 64, 256), kv=(K, 4 * K, 16 * K, 32 * K, 64 * K, 128 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1, 4), kv=(256, 1 * K))],
+    },
+    "verify": {
+        "cuda": [Sweep(("llama-3-8b",), (1, 8), chunk=(2, 4, 8, 16), prefix=(4 * K, 32 * K))],
+        "cpu": [Sweep(("llama-3-8b",), (1,), chunk=(2, 8, 16), prefix=(256,))],
+    },
+}
+SUITES["ragged"] = {
+    "cuda": [RaggedSweep(("llama-3-8b",), (16, 64), kv_max=(32 * K, 128 * K))],
+    "cpu": [RaggedSweep(("llama-3-8b",), (5,), kv_max=(1 * K,))],
+}
+LINEAR_MODELS = ("llama-3-8b", "llama-3-70b")
+SUITES["decode-linear"] = {
+    "cuda": [LinearSweep(LINEAR_MODELS, (1, 2, 4, 8, 16, 32, 64, 128, 256), "decode",
+                         ("qkv", "o", "gate_up", "down", "lm_head"))],
+    "cpu": [LinearSweep(("llama-3-8b",), (1, 8, 64), "decode")],
+}
+SUITES["prefill-linear"] = {
+    "cuda": [LinearSweep(LINEAR_MODELS, (512, K, 2 * K, 4 * K, 8 * K, 16 * K), "prefill")],
+    # Triton's interpreter takes minutes per call on a host GEMM of M = 1024: host sizes stay small
+    "cpu": [LinearSweep(("llama-3-8b",), (128, 256), "prefill", ("o",))],
+}
+SUITES["quick"]["cuda"] += [LinearSweep(("llama-3-8b",), (8,), "decode", ("gate_up",)),
+                            LinearSweep(("llama-3-8b",), (2 * K,), "prefill", ("gate_up",))]
+SUITES["quick"]["cpu"] += [LinearSweep(("llama-3-8b",), (2,), "decode", ("o",)),
+                           LinearSweep(("llama-3-8b",), (96,), "prefill", ("o",))]
+FULL = ("prefill", "chunked", "decode", "verify", "ragged", "decode-linear", "prefill-linear")
+SUITES["full"] = {dev: [s for name in FULL for s in SUITES[name][dev]]
+                  for dev in ("cuda", "cpu")}
+
+
+def suite_cases(suite: str, device_type: str, dtype: str, models: tuple[str, ...] | None = None,
+                ops: tuple[str, ...] | None = None) -> list:
+    """The cases of a suite for a device type ('cuda' or 'cpu'), optionally for other model presets or
+    only some operators."""
+    if suite not in SUITES:
+        raise ValueError(f"suite: unknown suite {suite!r}, choose from {', '.join(SUITES)}")
+    models = tuple(model_config(m).name for m in models) if models else None
+    sweeps = SUITES[suite]["cuda" if device_type == "cuda" else "cpu"]
+    seen, cases = set(), []
+    for case in itertools.chain.from_iterable(s.cases(dtype, models) for s in sweeps):
+        if ops and case.op not in ops:
+            continue
+        if case not in seen:
+            seen.add(case)
+            cases.append(case)
+    return cases
+
+

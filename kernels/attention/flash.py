@@ -1,0 +1,155 @@
+"""FlashAttention: the flash_attn package where installed, else PyTorch SDPA pinned to one backend.
+
+Routes (each reported as the call's backend):
+- `flash_attn-<version>` (CUDA, fp16/bf16): `flash_attn_func` for prefill and chunks,
+  `flash_attn_with_kvcache` when `cache_seqlens` is given or for decode; both align the causal
+  mask bottom-right, like phasebench.
+- `sdpa-flash`: `scaled_dot_product_attention` under `sdpa_kernel(FLASH_ATTENTION)`
+  (FlashAttention-2 on CUDA, PyTorch's flash kernel on CPU). SDPA's `is_causal` is top-left, so
+  a causal chunk with Sq < Sk goes through `causal_lower_right` (suffix `+lower-right`), which
+  PyTorch dispatches to the same flash kernel with bottom-right alignment. Ragged
+  `cache_seqlens` are served by one flash call per sequence on its own key prefix (suffix
+  `+per-seq`): same kernel, B launches.
+- `sdpa_efficient` / `cudnn`: the same facade pinned to EFFICIENT_ATTENTION / CUDNN_ATTENTION.
+A backend that rejects a request at run time raises `Unsupported`; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from .. import buffers
+from ..errors import Unsupported
+from ..registry import AttentionCall, Impl, add_builtin
+from .naive import allowed_keys
+from .request import AttentionRequest
+
+HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
+ALL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+@functools.cache
+def flash_attn_module():
+    """The flash_attn package, or None where it does not import."""
+    try:
+        import flash_attn
+    except Exception:  # ImportError, or a broken CUDA extension
+        return None
+    return flash_attn
+
+
+def _sdpa(req: AttentionRequest, backend: SDPBackend, q, k, v, *, is_causal=False, attn_mask=None):
+    with sdpa_kernel([backend]):
+        try:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                  scale=req.scale, enable_gqa=req.kv_heads != req.q_heads)
+        except RuntimeError as err:
+            if "No available kernel" in str(err):
+                raise Unsupported(f"{backend.name} rejected this request: {str(err).splitlines()[0]}") from None
+            raise
+
+
+def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> AttentionCall:
+    """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask."""
+    q, k, v = req.q, req.k, req.v
+    chunk_causal = req.causal and 1 < req.q_len < req.kv_len
+    causal_square = req.causal and req.q_len == req.kv_len  # Sq == 1 needs no mask: it sees every key
+    if req.ragged and masks:
+        keep = allowed_keys(req)[:, None]  # built here, outside the timed call
+        return AttentionCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, k, v, attn_mask=keep))
+    if req.ragged:
+        def per_sequence():
+            out = buffers.empty_like(q)
+            for b, n in enumerate(req.seqlens):
+                sq_causal = req.causal and req.q_len > 1
+                mask = causal_lower_right(req.q_len, n) if sq_causal and req.q_len < n else None
+                out[b:b + 1] = _sdpa(req, backend, q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
+                                     is_causal=sq_causal and req.q_len == n, attn_mask=mask)
+            return out
+        return AttentionCall(impl, label + "+per-seq", per_sequence)
+    if chunk_causal:
+        # On CUDA, causal_lower_right dispatches to the flash kernel with its bottom-right alignment.
+        # On the host it would rebuild a boolean mask on every call, so it is built once here.
+        bias = allowed_keys(req)[:, None] if req.device_type == "cpu" else causal_lower_right(req.q_len, req.kv_len)
+        return AttentionCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, k, v, attn_mask=bias))
+    return AttentionCall(impl, label, lambda: _sdpa(req, backend, q, k, v, is_causal=causal_square))
+
+
+def _flash_attn_route(req: AttentionRequest, fa) -> AttentionCall:
+    # flash_attn wants BSHD; a transposed view of BHSD keeps stride(-1) == 1, so no copy is made
+    q, k, v = (t.transpose(1, 2) for t in (req.q, req.k, req.v))
+    label = f"flash_attn-{getattr(fa, '__version__', '?')}"
+    if req.cache_seqlens is not None or req.q_len == 1:
+        def kvcache():
+            out = fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=req.cache_seqlens,
+                                             softmax_scale=req.scale, causal=req.causal)
+            return out.transpose(1, 2)
+        return AttentionCall("flash", label + ":with_kvcache", kvcache)
+
+    def func():
+        return fa.flash_attn_func(q, k, v, softmax_scale=req.scale, causal=req.causal).transpose(1, 2)
+    return AttentionCall("flash", label + ":func", func)
+
+
+def _plan_flash(req: AttentionRequest) -> AttentionCall:
+    fa = flash_attn_module()
+    if fa is not None and req.device_type == "cuda" and req.dtype in HALF_DTYPES:
+        return _flash_attn_route(req, fa)
+    if req.device_type == "cuda" and req.dtype not in HALF_DTYPES:
+        raise Unsupported(f"FlashAttention on CUDA needs float16/bfloat16, got {req.dtype}")
+    return _sdpa_route(req, "flash", SDPBackend.FLASH_ATTENTION, "sdpa-flash", masks=False)
+
+
+def _flash_backends(device_type: str) -> str:
+    if device_type == "cuda" and flash_attn_module() is not None:
+        return f"flash_attn-{flash_attn_module().__version__} (fp16/bf16), sdpa-flash otherwise"
+    return "sdpa-flash"
+
+
+def _plan_pinned(name: str, backend: SDPBackend, masks: bool):
+    def plan(req: AttentionRequest) -> AttentionCall:
+        if not masks and req.causal and 1 < req.q_len < req.kv_len:
+            raise Unsupported(f"{name} has no bottom-right causal mask for q_len < kv_len")
+        return _sdpa_route(req, name, backend, f"sdpa-{name}", masks=masks)
+    return plan
+
+
+def _cuda_only(device_type: str) -> str | None:
+    return None if torch.cuda.is_available() else "no CUDA device here"
+
+
+FLASH = add_builtin(Impl(
+    name="flash",
+    summary="FlashAttention: flash_attn package if installed, else SDPA pinned to FLASH_ATTENTION",
+    devices=frozenset({"cpu", "cuda"}),
+    dtypes=ALL_DTYPES,
+    plan=_plan_flash,
+    backends=_flash_backends,
+))
+
+SDPA_EFFICIENT = add_builtin(Impl(
+    name="sdpa_efficient",
+    summary="PyTorch SDPA pinned to EFFICIENT_ATTENTION (memory-efficient / xFormers kernel)",
+    devices=frozenset({"cuda"}),
+    dtypes=ALL_DTYPES,
+    plan=_plan_pinned("efficient", SDPBackend.EFFICIENT_ATTENTION, masks=True),
+    unavailable=_cuda_only,
+    backends=lambda device_type: "sdpa-efficient",
+))
+
+CUDNN = add_builtin(Impl(
+    name="cudnn",
+    summary="PyTorch SDPA pinned to CUDNN_ATTENTION",
+    devices=frozenset({"cuda"}),
+    dtypes=HALF_DTYPES,
+    plan=_plan_pinned("cudnn", SDPBackend.CUDNN_ATTENTION, masks=False),
+    ragged=False,
+    max_head_dim=128,
+    unavailable=_cuda_only,
+    backends=lambda device_type: "sdpa-cudnn",
+))

@@ -1,0 +1,57 @@
+"""Naive attention: scores as a matmul, softmax in fp32, then a matmul (materialises the scores)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import AttentionCall, Impl, add_builtin
+from .request import AttentionRequest
+
+
+def allowed_keys(req: AttentionRequest) -> torch.Tensor | None:
+    """Boolean mask [B or 1, Sq, Sk] of the (query, key) pairs kept, or None when all are kept."""
+    if not req.causal and not req.ragged:
+        return None
+    dev = req.q.device
+    keys = torch.arange(req.kv_len, device=dev)
+    lengths = (req.cache_seqlens.to(torch.int64) if req.seqlens is not None
+               else torch.full((1,), req.kv_len, device=dev, dtype=torch.int64))
+    keep = keys[None, None, :] < lengths[:, None, None]
+    if req.causal:
+        # bottom-right: query i sees keys j <= L - Sq + i
+        last = lengths[:, None] - req.q_len + torch.arange(req.q_len, device=dev)[None, :]
+        keep = keep & (keys[None, None, :] <= last[:, :, None])
+    return keep
+
+
+def naive_attention(req: AttentionRequest) -> torch.Tensor:
+    q, k, v = req.q, req.k, req.v
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    # GQA without copying K/V: the `group` query heads that share a kv head are stacked along
+    # the query rows, so one [G*Sq, D] x [D, Sk] matmul per kv head serves all of them.
+    q_rows = q.reshape(b, hkv, group * sq, d)
+    scores = torch.matmul(q_rows, k.transpose(-1, -2))
+    acc_dtype = torch.promote_types(scores.dtype, torch.float32)
+    scores = scores.to(acc_dtype).mul_(req.scale).view(b, hkv, group, sq, sk)
+    keep = allowed_keys(req)
+    if keep is not None:
+        scores = scores.masked_fill(~keep[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, group * sq, sk)
+    return torch.matmul(probs, v).view(b, hq, sq, d)
+
+
+def _plan(req: AttentionRequest) -> AttentionCall:
+    return AttentionCall("naive", "torch-matmul", lambda: naive_attention(req))
+
+
+NAIVE = add_builtin(Impl(
+    name="naive",
+    summary="matmul, fp32 softmax, matmul; materialises the [Sq, Sk] scores; GQA folds query heads into rows",
+    devices=frozenset({"cpu", "cuda"}),
+    dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
+    plan=_plan,
+    max_head_dim=1 << 16,
+    backends=lambda device_type: "torch-matmul",
+))

@@ -1,0 +1,161 @@
+"""Split-KV decode attention in Triton (Flash-Decoding), for one to a few query tokens.
+
+Stage 1: the KV length of each sequence is cut into `num_splits` chunks; one program owns one
+chunk of one (batch, kv head) and all the query rows that read that KV head (GQA group x q_len),
+so K/V are read once per kv head. It writes its partial max, sum and unnormalised output.
+Stage 2: a reduce kernel rescales and sums the partials of each query row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import buffers
+from ..triton_mode import interpreted, multiprocessor_count
+
+LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * log2(e))
+MAX_SPLITS = 128
+
+
+@triton.jit
+def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
+                    stride_qb, stride_qh, stride_qm, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    q_heads, kv_heads, group, q_len, kv_len, D, num_splits,
+                    HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    split = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // kv_heads).to(tl.int64)  # int64 offsets: batch x stride can pass 2**31 elements
+    kv_h = (pid_bh % kv_heads).to(tl.int64)
+    if HAS_SEQLENS:
+        kv_limit = tl.load(SEQLENS + b)
+    else:
+        kv_limit = kv_len
+    # this program's chunk of keys, a whole number of blocks; trailing chunks may be empty
+    chunk = tl.cdiv(tl.cdiv(kv_limit, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_limit)
+
+    rows = tl.arange(0, BLOCK_ROWS)  # row r is query token r % q_len of head kv_h * group + r // q_len
+    g = rows // q_len
+    tok = rows % q_len
+    h = kv_h * group + g
+    row_ok = rows < group * q_len
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + tok[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], dtype=tl.float32)
+    last_key = kv_limit - q_len + tok  # bottom-right causal bound per row
+    for start_n in range(lo, hi, BLOCK_N):
+        keys = start_n + offs_n
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + start_n * stride_vn, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        valid = keys[None, :] < hi
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= last_key[:, None])
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    # partials are [B, Hq, Sq, num_splits] (+ [D] for the accumulator), contiguous fp32
+    part = ((b * q_heads + h) * q_len + tok) * num_splits + split
+    tl.store(PART_M + part, m_i, mask=row_ok)
+    tl.store(PART_L + part, l_i, mask=row_ok)
+    tl.store(PART_ACC + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om, stride_od,
+                  q_heads, q_len, D, num_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # flat (b, h, token)
+    tok = row % q_len
+    h = (row // q_len) % q_heads
+    b = row // (q_len * q_heads)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    m = tl.load(PART_M + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
+    lsum = tl.load(PART_L + row * num_splits + offs_s, mask=s_ok, other=0.0)
+    acc = tl.load(PART_ACC + (row * num_splits + offs_s)[:, None] * D + offs_d[None, :],
+                  mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))  # empty splits weigh nothing
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+    o_ptrs = Out + b * stride_ob + h * stride_oh + tok * stride_om + offs_d * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < D)
+
+
+TUNING_CONFIGS = [
+    triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+    # 4-warp N128 spilled at D256 and at 128 verify rows on sm_90; 8-warp N64 is clean for both
+    for bn, w, s in [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 8, 3), (32, 4, 3), (256, 8, 2)]
+]
+
+split_kv_kernel_tuned = triton.autotune(
+    TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS"],
+)(split_kv_kernel)
+
+INTERPRETER_BLOCK_N = 64
+SPLIT_BLOCK = 64  # granularity used to bound the split count by the number of key blocks
+
+
+def choose_splits(batch: int, kv_heads: int, kv_len: int, multiprocessors: int) -> int:
+    """Enough chunks for about two programs per multiprocessor, never more than the key blocks."""
+    programs = batch * kv_heads
+    wanted = triton.cdiv(2 * multiprocessors, programs)
+    blocks = triton.cdiv(kv_len, SPLIT_BLOCK)
+    return max(1, min(wanted, blocks, MAX_SPLITS))
+
+
+def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_splits: int | None) -> int:
+    """Launch both stages for a validated request, writing into `out`; returns the split count used."""
+    q, k, v = req.q, req.k, req.v
+    if num_splits is None:
+        num_splits = choose_splits(req.batch, req.kv_heads, req.kv_len, multiprocessor_count(q.device))
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: must be a positive int, got {num_splits!r}")
+    group = req.q_heads // req.kv_heads
+    rows = group * req.q_len
+    part_shape = (req.batch, req.q_heads, req.q_len, num_splits)
+    part_m = buffers.empty(part_shape, device=q.device, dtype=torch.float32)
+    part_l = buffers.empty(part_shape, device=q.device, dtype=torch.float32)
+    part_acc = buffers.empty((*part_shape, req.head_dim), device=q.device, dtype=torch.float32)
+    seqlens = req.cache_seqlens if req.cache_seqlens is not None else q
+    args = (q, k, v, seqlens, part_m, part_l, part_acc, req.scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(),
+            req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits)
+    flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal and req.q_len > 1,
+                 UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d,
+                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)))
+    grid = (num_splits, req.batch * req.kv_heads)
+    if interpreted():
+        split_kv_kernel[grid](*args, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
+    else:
+        split_kv_kernel_tuned[grid](*args, **flags)
+    reduce_kernel[(req.batch * req.q_heads * req.q_len,)](
+        part_m, part_l, part_acc, out, *out.stride(), req.q_heads, req.q_len, req.head_dim, num_splits,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
+    return num_splits

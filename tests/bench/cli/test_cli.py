@@ -1,0 +1,192 @@
+"""`phasebench run / list` end to end, and bad command lines: one line, non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from phasebench.bench.cli.main import main
+from phasebench.bench.sweep.results import COLUMNS, SCHEMA_VERSION
+from phasebench.bench.sweep.selection import default_dtype, resolve_device
+from phasebench.bench.sweep.suites import suite_cases
+from phasebench.kernels import available_impls, triton_mode
+
+from ...conftest import run_cli
+
+ISSUE_COLUMNS = ("impl backend mode phase batch q_heads kv_heads q_len kv_len head_dim causal dtype flops bytes "
+                 "intensity latency_ms tflops gbps peak_tflops peak_gbps pct_roofline bound max_rel_err status reason "
+                 "latency_p20_ms latency_p80_ms samples run_id time").split()
+
+
+def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
+    # what must hold on any machine: the best device here, its default dtype, every impl available on it
+    device = resolve_device(None)
+    dtype = default_dtype(device)
+    cases = suite_cases("quick", device.type, dtype)
+    impls = {op: available_impls(device, op=op) for op in ("attention", "linear")}
+    csv = pd.read_csv(quick_run / "results.csv")
+    parquet = pd.read_parquet(quick_run / "results.parquet")
+    assert list(csv.columns) == COLUMNS and set(ISSUE_COLUMNS) <= set(csv.columns)
+    assert len(csv) == len(parquet) == sum(len(impls[c.op]) for c in cases)
+    assert (parquet.status == "ok").all(), parquet[["impl", "status", "reason"]]
+    assert set(parquet.phase) == {"prefill", "chunked_prefill", "decode"} and set(parquet.dtype) == {dtype}
+    assert set(parquet.op) == {"attention", "linear"} and (parquet.device_kind == device.type).all()
+    for op, names in impls.items():
+        assert set(parquet[parquet.op == op].impl) == set(names)
+    assert {"naive", "flash"} <= set(impls["attention"]) and {"naive", "torch"} <= set(impls["linear"])
+    linear = parquet[parquet.op == "linear"]
+    assert set(linear.phase) == {"decode", "prefill"} and (linear.flops == 2 * linear.m * linear.n * linear.k).all()
+    parquet = parquet[parquet.op == "attention"]
+    triton = parquet[parquet.impl == "triton"]
+    assert (triton["mode"] == triton_mode.mode()).all() and triton.backend.str.startswith("triton-").all()
+    assert (parquet.max_rel_err < (1e-4 if dtype == "float32" else 0.05)).all() and (parquet.pct_roofline > 0).all()
+    assert (parquet.kv_tokens == parquet.batch * parquet.kv_len).all() and parquet.noisy.dtype == bool
+    meta = json.loads((quick_run / "run.json").read_text())
+    assert meta["schema"] == SCHEMA_VERSION and meta["run_id"] == parquet.run_id.iloc[0] and meta["finished"]
+    assert {"python", "torch", "triton", "flash_attn"} <= set(meta["versions"])
+    assert meta["ceilings"]["peak_gbps"] > 0 and dtype in meta["ceilings"]["peak_tflops"]
+    assert meta["ceilings"]["source"] in ("measured", "cached") and meta["ceilings"]["age_s"] >= 0
+    assert meta["device"]["kind"] == device.type and "run" in meta["command"]
+    assert meta["state_before"] and meta["state_after"] and meta["measurement"]["device"] == str(device)
+
+
+def test_list_shows_suites_presets_and_impls(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("quick", "decode", "llama-3-70b", "gemma-2-9b", "naive", "sdpa-flash", "triton"):
+        assert word in out
+
+
+def test_run_by_hand_shape(tmp_path):
+    proc = run_cli("run", "--impl", "naive", "flash", "--model", "qwen2.5-7b", "--shape", "q_len=1,kv_len=300,batch=3",
+                   "--shape", "q_len=20,kv_len=20", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert len(df) == 4 and set(df.q_heads) == {28} and set(df.phase) == {"decode", "prefill"}
+    assert "latency ms" in proc.stdout and "TFLOP/s" in proc.stdout and "% roof" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--suite", "huge"], "suite: unknown suite 'huge'"),
+    (["run", "--model", "gpt-9"], "model: unknown model 'gpt-9'"),
+    (["run", "--impl", "fastest"], "impl: unknown implementation 'fastest'"),
+    (["run", "--dtype", "int4"], "dtype: unknown dtype 'int4'"),
+    (["run", "--shape", "q_len=1,kv_len"], "shape: malformed 'kv_len'"),
+    (["run", "--device", "cuda:7"], "device: cuda:7 does not exist here"),
+    (["run", "--device", "tpu"], "device: unknown device 'tpu'"),
+    (["run", "--resume"], "resume: needs --out DIR"),
+    (["run", "--retry-failed", "--out", "x"], "retry-failed: goes with --resume"),
+    (["run", "--plugin", "no_such_module_here"], "plugin: cannot import 'no_such_module_here': ModuleNotFoundError"),
+    (["ceilings", "--dtype", "float8"], "dtype: unknown dtype 'float8'"),
+])
+def test_bad_command_lines(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_command_line_prints_no_traceback():
+    proc = run_cli("run", "--suite", "huge")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def test_unwritable_out_is_refused_before_measuring(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    proc = run_cli("run", "--impl", "naive", "--out", str(blocker / "results"))
+    assert proc.returncode == 2 and "out: cannot write to" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_keeps_what_was_measured(tmp_path):
+    first = run_cli("run", "--impl", "naive", "--shape", "q_len=4,kv_len=40,q_heads=2,kv_heads=1,head_dim=16",
+                    "--out", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    before = pd.read_csv(tmp_path / "results.csv")
+    second = run_cli("run", "--impl", "naive", "flash", "--shape", "q_len=4,kv_len=40,q_heads=2,kv_heads=1,head_dim=16",
+                     "--out", str(tmp_path), "--resume")
+    assert second.returncode == 0, second.stderr
+    after = pd.read_csv(tmp_path / "results.csv")
+    assert len(after) == 2 and after.iloc[0].equals(before.iloc[0])
+
+
+PLUGIN = """
+from phasebench.kernels import attention, register
+
+
+def doubled_scale(q, k, v, *, causal, scale, cache_seqlens):
+    return attention(q, k, v, impl="naive", causal=causal, scale=2 * scale, cache_seqlens=cache_seqlens)
+
+
+def mine(q, k, v, *, causal, scale, cache_seqlens):
+    return attention(q, k, v, impl="naive", causal=causal, scale=scale, cache_seqlens=cache_seqlens)
+
+
+register("attention", "mine", mine, devices=("cpu", "cuda"), dtypes=("float32", "bfloat16", "float16"))
+register("attention", "wrongscale", doubled_scale, devices=("cpu", "cuda"), dtypes=("float32", "bfloat16", "float16"))
+"""
+
+
+def test_a_plugin_kernel_is_gated_and_timed_like_the_builtins(tmp_path):
+    plugin = tmp_path / "my_kernels.py"
+    plugin.write_text(PLUGIN)
+    shape = "q_len=3,kv_len=70,q_heads=4,kv_heads=2,head_dim=16"
+    proc = run_cli("run", "--plugin", str(plugin), "--impl", "naive", "mine", "wrongscale", "--shape", shape,
+                   "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "out" / "results.csv").set_index("impl")
+    assert df.loc["mine", "status"] == "ok" and df.loc["mine", "backend"].startswith("plugin:")
+    assert df.loc["mine", "tflops"] > 0
+    assert df.loc["wrongscale", "status"] == "incorrect" and pd.isna(df.loc["wrongscale", "latency_ms"])
+
+
+def test_a_plugin_that_clashes_with_a_builtin_is_refused(tmp_path):
+    plugin = tmp_path / "clash.py"
+    plugin.write_text("from phasebench.kernels import register\nregister('attention', 'flash', print)\n")
+    proc = run_cli("run", "--plugin", str(plugin), "--impl", "naive")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "'flash' is a built-in attention implementation" in proc.stderr
+
+
+def test_a_run_on_a_busy_host_is_flagged_in_rows_table_and_warning(tmp_path):
+    # one other busy process on the host: the case the trust issue names (b2 q1 k512 decode)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        proc = run_cli("run", "--device", "cpu", "--impl", "naive", "flash", "--model", "llama-3-8b",
+                       "--shape", "batch=2,q_len=1,kv_len=512", "--out", str(tmp_path))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert df.noisy.all() and df.noise_reason.str.startswith("busy host").all(), df[["impl", "noise_reason"]]
+    assert proc.stdout.count("NOISY") == 2
+    warning = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "2 of 2 timed rows were noisy" in warning[0] and "re-run" in warning[0]
+
+
+def test_run_linear_by_hand_and_by_op(tmp_path):
+    proc = run_cli("run", "--op", "linear", "--impl", "naive", "torch", "--model", "llama-3-8b",
+                   "--shape", "m=3,n=97,k=4095", "--shape", "m=2,projection=o", "--shape", "q_len=4,kv_len=40",
+                   "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert set(df.op) == {"linear"} and len(df) == 4 and (df.status == "ok").all()  # the attention shape is left out
+    assert set(df.projection.dropna()) == {"o"} and set(df.n) == {97, 4096}
+    assert "linear" in proc.stdout and "m3 n97 k4095" in proc.stdout
+    bad = run_cli("run", "--op", "matmul")
+    assert bad.returncode == 2 and "op: unknown operator 'matmul'" in bad.stderr
+
+
+def test_seconds_options_are_checked_before_anything_runs():
+    for args, message in ((("run", "--time-budget", "0"), "time-budget: must be a positive number of seconds"),
+                          (("run", "--sample-time", "-1"), "sample-time: must be a positive number of seconds"),
+                          (("phases", "--sample-time", "0"), "sample-time: must be a positive number of seconds"),
+                          (("run", "--ray", "--time-budget", "5"), "not with --ray")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (args, proc.stderr)

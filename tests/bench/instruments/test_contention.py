@@ -1,0 +1,245 @@
+"""Contention probe: injected readings decide deterministically; a real busy process gets a timed window flagged."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from phasebench.bench.instruments import gpu_reading
+from phasebench.bench.instruments.contention import (
+    ContentionProbe,
+    HostReading,
+    judge_gpu,
+    judge_host,
+    snapshot,
+    summary_warning,
+)
+from phasebench.bench.instruments.gpu_reading import GpuReading, parse_smi_gpu, parse_smi_pids
+from phasebench.bench.instruments.timing import TimerConfig, time_call
+
+HZ = 100
+CPU = torch.device("cpu")
+
+
+def reading(wall, busy, own, wait=None, cpus=2, running=None, own_running=None, threads=2, steal=0):
+    return HostReading(wall_s=wall, cpus=cpus, busy_ticks=busy, steal_ticks=steal, own_cpu_s=own, wait_s=wait,
+                       procs_running=running, own_running=own_running, torch_threads=threads)
+
+
+# ---- decisions on injected readings ----------------------------------------------------------------
+
+
+def test_busy_other_process_is_named_with_its_share():
+    # 0.73 s: we used 0.94 CPU-s, the CPUs were busy 145 ticks, our threads waited 0.51 s
+    reason, stats = judge_host(reading(10.0, 1000, 3.0, wait=2.0), reading(10.73, 1145, 3.94, wait=2.51), hz=HZ)
+    assert reason.startswith("busy host: other processes used 0.70 of 2 CPUs")
+    assert "waited 0.70 s per s" in reason
+    assert stats["other_cores"] == pytest.approx(0.51 / 0.73, abs=1e-3)
+    assert stats["own_cores"] == pytest.approx(0.94 / 0.73, abs=1e-3)
+
+
+def test_time_taken_by_the_hypervisor_is_named():
+    reason, stats = judge_host(reading(7.0, 400, 1.0, wait=0.5, cpus=3, steal=20),
+                               reading(7.43, 529, 1.73, wait=0.71, cpus=3, steal=66), hz=HZ)
+    assert "other processes used 1.30 of 3 CPUs while sampling (1.07 of it taken by the hypervisor)" in reason
+    assert stats["steal_cores"] == pytest.approx(0.46 / 0.43, abs=1e-3)
+
+
+def test_quiet_window_is_not_flagged():
+    reason, stats = judge_host(reading(5.0, 700, 1.0, wait=0.3), reading(5.37, 774, 1.73, wait=0.304), hz=HZ)
+    assert reason == "" and stats["wait_cores"] < 0.02
+
+
+def test_other_work_that_left_cpus_free_is_not_contention():
+    # another process used a whole core, but we barely ran and never waited for a CPU
+    reason, stats = judge_host(reading(1.0, 50, 0.2, wait=0.1), reading(1.31, 81, 0.21, wait=0.1), hz=HZ)
+    assert reason == "" and stats["other_cores"] > 0.9
+
+
+def test_tick_rounding_cannot_make_other_processes_appear_in_a_short_window():
+    # 0.047 s window, 3 ticks more than our own time: within the rounding slack, so only the wait is named
+    reason, _ = judge_host(reading(2.0, 10, 0.5, wait=0.0), reading(2.047, 22, 0.59, wait=0.03), hz=HZ)
+    assert reason.startswith("busy host: our threads waited") and "other processes" not in reason
+
+
+def test_without_schedstat_saturated_cpus_with_others_busy_are_flagged():
+    before = reading(3.0, 100, 1.0)
+    reason, _ = judge_host(before, reading(3.61, 222, 1.61), hz=HZ)  # ours 1.0 core, others 1.0 core
+    assert reason.startswith("busy host: other processes used")
+    quiet, _ = judge_host(before, reading(3.61, 165, 0.99), hz=HZ)  # others ~0.07 core, CPUs not saturated
+    assert quiet == ""
+    alone, _ = judge_host(before, reading(3.61, 226, 2.21), hz=HZ)  # we saturate the CPUs, others ~0.08 core
+    assert alone == ""
+
+
+def test_without_any_cpu_figures_runnable_tasks_at_both_ends_decide():
+    flagged, stats = judge_host(reading(0.0, None, 0.0, running=5, own_running=3),
+                                reading(0.013, None, 0.01, running=4, own_running=2), hz=HZ)
+    assert flagged.startswith("busy host: 2 other tasks were runnable") and stats["others_runnable"] == 2
+    once, _ = judge_host(reading(0.0, None, 0.0, running=4, own_running=2),
+                         reading(0.013, None, 0.01, running=2, own_running=2), hz=HZ)
+    assert once == ""
+
+
+def test_our_own_oversubscription_is_explained():
+    reason, _ = judge_host(reading(1.0, 300, 2.0, wait=0.0, threads=5),
+                           reading(1.29, 343, 2.43, wait=0.23, threads=5), hz=HZ)
+    assert "torch uses 5 threads on 2 CPUs" in reason
+
+
+def test_gpu_shared_and_thermal_throttle_are_flagged_but_power_cap_is_not():
+    shared = GpuReading(sm_mhz=1755, max_sm_mhz=1980, throttle=0x4, other_pids=(4711, 815))
+    reasons, stats = judge_gpu(GpuReading(throttle=0x1, other_pids=()), shared)
+    assert reasons == ["shared GPU: 2 other compute processes on the GPU (pid 815, 4711)"]
+    assert stats["throttle"] == "0x5"
+    hot = GpuReading(sm_mhz=1185, max_sm_mhz=1980, throttle=0x40 | 0x4, other_pids=())
+    reasons, _ = judge_gpu(None, hot)
+    assert reasons == ["GPU throttled: hw thermal (SM 1185 of 1980 MHz)"]
+    assert judge_gpu(None, None) == ([], {})
+
+
+def test_nvidia_smi_output_is_parsed_and_unknowns_become_none():
+    assert parse_smi_gpu("1410, 1980, 0x0000000000000044\n") == (1410.0, 1980.0, 0x44)
+    assert parse_smi_gpu("[N/A], 1980, [N/A]\n") == (None, 1980.0, None)
+    assert parse_smi_gpu("") == (None, None, None)
+    assert parse_smi_pids("3301\n 97\n\nNo running processes found\n") == [3301, 97]
+
+
+FAKE_SMI = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$*" in
+  *clocks_event_reasons*) exit 6 ;;  # an older driver: only the throttle name is known
+  *query-gpu*) echo "1185, 1980, 0x0000000000000044" ;;
+  *query-compute-apps*) echo 4242 ;;
+esac
+"""
+
+
+def test_nvidia_smi_path_flags_a_shared_throttled_gpu_and_reuses_the_last_reading(tmp_path, monkeypatch):
+    log = tmp_path / "calls.log"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(log=log))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(gpu_reading, "_nvml", lambda: None)
+    monkeypatch.setattr(gpu_reading, "nvml_index", lambda device: 3)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    probe = ContentionProbe(torch.device("cuda"))
+    for _ in range(2):
+        with probe.watch() as watch:
+            pass
+        assert watch.noisy and watch.stats["gpu_source"] == "nvidia-smi" and watch.stats["sm_mhz"] == 1185
+        assert "shared GPU: 1 other compute processes on the GPU (pid 4242)" in watch.reason
+        assert "GPU throttled: hw thermal (SM 1185 of 1980 MHz)" in watch.reason
+    calls = log.read_text().splitlines()
+    assert all(call.endswith("-i 3") for call in calls)
+    assert sum("clocks_throttle_reasons" in call for call in calls) == 3  # the second "before" was reused
+
+
+# ---- end-of-run warning and snapshots --------------------------------------------------------------
+
+
+def rows_with(noise):
+    return [{"noisy": n, "noise_reason": r} for n, r in noise]
+
+
+def test_summary_counts_noisy_rows_and_names_the_commonest_cause():
+    rows = rows_with([(True, "busy host: other processes used 0.93 of 2 CPUs while sampling, x"),
+                      (False, ""), (True, "busy host: our threads waited 0.41 s per s for a CPU"),
+                      (True, "GPU throttled: hw thermal (SM 990 of 1980 MHz)"), (None, ""), (False, "")])
+    line = summary_warning(rows)
+    assert line.startswith("3 of 5 timed rows were noisy (busy host, GPU throttled), e.g. other processes used 0.93")
+    assert "re-run" in line and "\n" not in line
+    frame = pd.DataFrame(rows).astype({"noisy": object})
+    frame.loc[4, "noisy"] = math.nan  # an untimed row as the results store holds it
+    assert summary_warning(frame) == line
+
+
+def test_summary_is_none_without_noisy_rows():
+    assert summary_warning(rows_with([(False, ""), (None, "")])) is None
+    assert summary_warning(pd.DataFrame({"noisy": [False, False], "noise_reason": ["", ""]})) is None
+    assert summary_warning([]) is None
+    assert summary_warning([{"noisy": True, "noise_reason": ""}]).startswith("1 of 1 timed rows were noisy")
+
+
+def test_snapshot_never_raises_and_reports_the_host():
+    snap = snapshot(CPU)
+    assert set(snap) == {"time", "host", "gpu"} and snap["gpu"] == {}
+    host = snap["host"]
+    assert {"load_1m", "running", "cpu_count", "cpus_allowed", "torch_threads", "running_others"} <= set(host)
+    assert host["cpu_count"] >= host["cpus_allowed"] >= 1
+    assert all(str(os.getpid()) not in name for name in host["running_others"])
+    if not torch.cuda.is_available():  # a CUDA device named on a machine without one: still no exception
+        assert isinstance(snapshot(torch.device("cuda")), dict)
+
+
+def test_watch_keeps_its_verdict_when_the_block_raises():
+    probe = ContentionProbe(CPU)
+    with pytest.raises(RuntimeError, match="inside"), probe.watch() as watch:
+        raise RuntimeError("inside the window")
+    assert watch.stats["window_s"] >= 0 and isinstance(watch.noisy, bool)
+    assert (watch.reason == "") == (not watch.noisy)
+
+
+# ---- real windows on this host ---------------------------------------------------------------------
+
+
+def timed_matmul(probe, device=CPU, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(257, 251, generator=g).to(device), torch.randn(251, 263, generator=g).to(device))
+    with probe.watch() as watch:
+        time_call(lambda: a @ b, device, TimerConfig(warmup_s=0.05, budget_s=0.3, max_samples=100_000))
+    return watch
+
+
+@pytest.fixture
+def busy_process():
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # let it start spinning
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_busy_process_gets_the_timed_window_flagged(busy_process):
+    watch = timed_matmul(ContentionProbe(CPU), seed=11)
+    assert watch.noisy, watch.stats
+    assert watch.reason.startswith("busy host: other processes used"), watch.reason
+    assert watch.stats["wait_cores"] > 0 and watch.stats["other_cores"] > 0
+
+
+def test_a_quiet_host_mostly_gets_no_flag():
+    probe = ContentionProbe(CPU)
+    verdicts = []
+    for seed in range(9):
+        if len(verdicts) == 5:
+            break
+        with probe.watch() as idle:
+            time.sleep(0.2)
+        if idle.stats.get("other_cores_low", 0) > 0:
+            continue  # this shared host is running someone else's work: not a quiet window
+        verdicts.append(timed_matmul(probe, seed=seed).noisy)
+    if len(verdicts) < 3:
+        pytest.skip("other work kept this shared host busy; no quiet windows to judge")
+    assert sum(verdicts) < len(verdicts) / 2, verdicts
+
+
+@pytest.mark.cuda
+def test_cuda_window_reads_the_gpu_where_it_can():
+    device = torch.device("cuda")
+    probe = ContentionProbe(device)
+    watch = timed_matmul(probe, device, seed=3)
+    assert "window_s" in watch.stats and isinstance(watch.noisy, bool)
+    gpu = snapshot(device)["gpu"]
+    if gpu:  # pynvml or nvidia-smi answered
+        assert gpu["max_sm_mhz"] and gpu["max_sm_mhz"] > 0
+        assert os.getpid() not in (gpu["other_pids"] or [])
+        assert watch.stats["gpu_source"] == gpu["source"]

@@ -1,0 +1,150 @@
+"""Timer statistics and sample-count adaptation (no time is asserted)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from phasebench.bench.instruments import timing as timing_mod
+from phasebench.bench.instruments.timing import TimerConfig, Timing, _sample_count, time_call, time_cpu
+
+
+def test_percentiles_and_median_of_known_samples():
+    t = Timing((5.0, 1.0, 3.0, 2.0, 4.0), "test")
+    assert t.median_ms == 3.0 and t.count == 5
+    assert t.percentile_ms(0) == 1.0 and t.percentile_ms(100) == 5.0
+    assert t.percentile_ms(20) == pytest.approx(1.8) and t.percentile_ms(80) == pytest.approx(4.2)
+
+
+def test_sample_count_adapts_to_the_budget_within_bounds():
+    cfg = TimerConfig(budget_s=1.0, min_samples=5, max_samples=100)
+    assert _sample_count(0.02, cfg) == 50
+    assert _sample_count(10.0, cfg) == 5
+    assert _sample_count(1e-9, cfg) == 100
+
+
+def test_cpu_timer_warms_up_then_samples_each_call():
+    calls = []
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=7, max_samples=7)
+    timing = time_cpu(lambda: calls.append(1), cfg)
+    assert timing.count == 7 and len(calls) == 8  # one warm-up call, then one per sample
+    assert all(s >= 0 for s in timing.samples_ms) and timing.method == "perf_counter_ns"
+
+
+@pytest.fixture
+def events(monkeypatch):
+    """A log of ("open", name, payload) / ("close", name) from the nvtx_range timing.py uses."""
+    log = []
+
+    @contextlib.contextmanager
+    def recorder(name, payload=None, color=None):
+        log.append(("open", name, payload))
+        try:
+            yield
+        finally:
+            log.append(("close", name))
+
+    monkeypatch.setattr(timing_mod, "nvtx_range", recorder)
+    return log
+
+
+def _split(log, name):
+    """(before the range opens, inside it) of a log holding exactly one range `name`."""
+    opens = [i for i, e in enumerate(log) if e[:2] == ("open", name)]
+    closes = [i for i, e in enumerate(log) if e == ("close", name)]
+    assert len(opens) == 1 and len(closes) == 1 and opens[0] < closes[0]
+    assert closes[0] == len(log) - 1  # nothing the timer does comes after the range
+    return log[:opens[0]], log[opens[0] + 1:closes[0]]
+
+
+def test_cpu_range_encloses_the_samples_only(events):
+    cfg = TimerConfig(warmup_s=0.002, budget_s=0.0, min_samples=9, max_samples=9)
+    t = time_call(lambda: events.append(("call",)), torch.device("cpu"), cfg, range_name="case-key", payload=123)
+    before, inside = _split(events, "case-key")
+    assert events[len(before)] == ("open", "case-key", 123)
+    assert len(before) >= 1 and set(before) == {("call",)}  # the warm-up, all of it outside
+    assert inside == [("call",)] * t.count and t.count == 9
+
+
+def test_no_range_without_a_name(events):
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=4, max_samples=4)
+    t = time_cpu(lambda: events.append(("call",)), cfg, range_name=None, payload=5)
+    assert events == [("call",)] * (t.count + 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
+def test_cuda_range_encloses_the_samples_and_their_flushes_only(events, graph):
+    device = torch.device("cuda")
+    torch.manual_seed(3)
+    x = torch.randn(37, 53, device=device)
+    w = torch.randn(53, 29, device=device)
+    out = torch.empty(37, 29, device=device)
+
+    def fn():
+        events.append(("call",))
+        torch.matmul(x, w, out=out)
+
+    cfg = TimerConfig(warmup_s=0.002, budget_s=0.0, min_samples=6, max_samples=6, flush_l2=True, cuda_graph=graph)
+    t = time_call(fn, device, cfg, range_name="case-key", payload=9.5)
+    before, inside = _split(events, "case-key")
+    assert len(before) >= 1 and set(before) == {("call",)}  # warm-up (and capture) outside the range
+    flush = [("open", "l2flush", None), ("close", "l2flush")]
+    # eager: each sample is a flush then the call; a graph replays without calling fn
+    assert inside == (flush + ([] if graph else [("call",)])) * t.count and t.count == 6
+
+
+@pytest.mark.cuda
+@pytest.mark.gpu_exclusive
+def test_the_l2_flush_really_evicts():
+    """A buffer a quarter of L2 (Hopper's L2 is two partitions that may both hold a line) is read faster while it
+    sits in L2 than right after the timer's flush. Each read is queued behind a spin of the GPU, so its events time
+    the kernel, not the wait for the host's launch; medians of many samples, a wide margin (HBM against L2 is
+    about 2x)."""
+    device = torch.device("cuda")
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    flush = timing_mod.l2_flush_buffer(device)
+    assert flush.numel() * flush.element_size() >= 4 * l2  # the flush writes well beyond the cache
+    torch.manual_seed(5)
+    x = torch.rand(l2 // 4 // 4, device=device)
+    out = torch.empty((), device=device)
+
+    def median_read_ms(flushed: bool, samples: int = 200) -> float:
+        times = []
+        for _ in range(samples):
+            torch.sum(x, out=out)  # x in L2 (unless flushed next)
+            torch.cuda._sleep(100_000)  # keeps the GPU busy while the host queues what follows
+            if flushed:
+                flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.sum(x, out=out)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[samples // 2]
+
+    median_read_ms(True, 10)  # warm-up
+    warm, cold = median_read_ms(False), median_read_ms(True)
+    assert cold > 1.15 * warm, (cold, warm)
+    torch.testing.assert_close(out.cpu(), x.sum().cpu())
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replays_run_the_captured_kernel_once_per_sample():
+    device = torch.device("cuda")
+    counter = torch.zeros((), dtype=torch.int64, device=device)
+    python_calls = []
+
+    def step():
+        python_calls.append(1)
+        counter.add_(1)
+
+    cfg = TimerConfig(warmup_s=0.01, budget_s=0.0, min_samples=25, max_samples=25, cuda_graph=True)
+    t = time_call(step, device, cfg)
+    # every Python call ran the kernel once (warm-up, the call before capture; the capture itself runs nothing),
+    # and each timed sample is a replay that ran it once more
+    assert t.method == "cuda-graph+events" and t.count == 25
+    assert counter.item() == len(python_calls) - 1 + t.count
+    assert all(s > 0 for s in t.samples_ms)

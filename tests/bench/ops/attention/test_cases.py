@@ -1,0 +1,149 @@
+"""Cases, presets, suites as data and --shape parsing."""
+
+from __future__ import annotations
+
+import pytest
+from phasebench.bench.ops.attention.cases import MODELS, AttentionCase, parse_shape
+from phasebench.bench.spec.models import model_config
+from phasebench.bench.sweep.suites import SUITES, suite_cases
+
+
+def case(q_len, kv_len, **over):
+    args = dict(batch=1, q_heads=8, kv_heads=2, q_len=q_len, kv_len=kv_len, head_dim=64, causal=True,
+                dtype="bfloat16")
+    args.update(over)
+    return AttentionCase(**args)
+
+
+@pytest.mark.parametrize("q_len,kv_len,phase", [(512, 512, "prefill"), (1, 1, "prefill"), (1, 4096, "decode"),
+                                                (256, 4096, "chunked_prefill"), (4, 1000, "chunked_prefill")])
+def test_phase_follows_the_lengths(q_len, kv_len, phase):
+    assert case(q_len, kv_len).phase == phase
+
+
+def test_cases_are_frozen_and_validated():
+    c = case(3, 9)
+    with pytest.raises(AttributeError):
+        c.q_len = 4
+    with pytest.raises(ValueError, match="q_heads: must be a multiple of kv_heads"):
+        case(3, 9, q_heads=5)
+    with pytest.raises(ValueError, match="dtype"):
+        case(3, 9, dtype="int8")
+    with pytest.raises(ValueError, match="q_len: must not exceed kv_len"):
+        case(10, 9)
+    with pytest.raises(ValueError, match="batch: must be a positive int"):
+        case(3, 9, batch=0)
+
+
+def test_presets_hold_the_public_configurations():
+    assert (MODELS["llama-3-8b"].q_heads, MODELS["llama-3-8b"].kv_heads, MODELS["llama-3-8b"].head_dim) == (32, 8, 128)
+    assert MODELS["llama-3-70b"].q_heads == 64 and MODELS["qwen2.5-7b"].kv_heads == 4
+    assert MODELS["gemma-2-9b"].head_dim == 256 and MODELS["llama-2-7b"].kv_heads == 32
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_quick_suite_has_every_phase(device):
+    phases = {(c.op, c.phase) for c in suite_cases("quick", device, "bfloat16")}
+    assert phases == {("attention", "prefill"), ("attention", "chunked_prefill"), ("attention", "decode"),
+                      ("linear", "decode"), ("linear", "prefill")}
+
+
+def test_gpu_sweeps_cover_the_ranges_the_issue_names():
+    prefill = suite_cases("prefill", "cuda", "bfloat16")
+    assert min(c.q_len for c in prefill) == 512 and max(c.q_len for c in prefill) == 32768
+    assert {c.causal for c in prefill} == {True, False}
+    decode = suite_cases("decode", "cuda", "bfloat16")
+    assert {c.kv_len for c in decode} >= {1024, 131072} and {c.batch for c in decode} >= {1, 256}
+    chunked = suite_cases("chunked", "cuda", "bfloat16")
+    assert {c.q_len for c in chunked} == {256, 1024, 4096} and max(c.kv_len - c.q_len for c in chunked) <= 32768
+    verify = suite_cases("verify", "cuda", "bfloat16")
+    assert min(c.q_len for c in verify) == 2 and max(c.q_len for c in verify) == 16
+    full = suite_cases("full", "cuda", "bfloat16")
+    ragged = suite_cases("ragged", "cuda", "bfloat16")
+    linear = suite_cases("decode-linear", "cuda", "bfloat16") + suite_cases("prefill-linear", "cuda", "bfloat16")
+    assert set(prefill + decode + chunked + verify + ragged + linear) == set(full)
+    assert set(suite_cases("full", "cuda", "bfloat16", ops=("attention",))) == set(full) - set(linear)
+
+
+def test_cpu_sizes_are_small_and_models_can_change():
+    assert max(c.kv_len for s in SUITES for c in suite_cases(s, "cpu", "float32", ops=("attention",))) <= 1024
+    cases = suite_cases("decode", "cpu", "float32", ("llama-3-70b", "gemma-2-9b"))
+    assert all(c.op == "attention" for c in cases)
+    assert {c.model for c in cases} == {"llama-3-70b", "gemma-2-9b"}
+    assert {(c.q_heads, c.head_dim) for c in cases} == {(64, 128), (16, 256)}
+
+
+def test_unknown_suite_or_model():
+    with pytest.raises(ValueError, match="suite: unknown suite 'huge'"):
+        suite_cases("huge", "cpu", "float32")
+    with pytest.raises(ValueError, match="model: unknown model 'gpt-5'"):
+        suite_cases("quick", "cpu", "float32", ("gpt-5",))
+
+
+def test_parse_shape():
+    c = parse_shape("batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128", "bfloat16")
+    assert (c.batch, c.q_heads, c.kv_heads, c.q_len, c.kv_len, c.head_dim, c.causal) == (1, 32, 8, 1, 65536, 128, True)
+    assert c.phase == "decode" and c.model == ""
+    m = parse_shape("q_len=100,kv_len=300,causal=0", "float32", model="qwen2.5-7b")
+    assert (m.q_heads, m.kv_heads, m.head_dim, m.causal, m.batch, m.model) == (28, 4, 128, False, 1, "qwen2.5-7b")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("batch=1,q_len", "shape: malformed 'q_len'"),
+    ("speed=3", "shape: malformed 'speed=3'"),
+    ("q_len=x,kv_len=3,q_heads=1,kv_heads=1,head_dim=8", "shape: q_len must be an integer"),
+    ("q_len=1,kv_len=3", "lacks q_heads, kv_heads, head_dim"),
+    ("model=nope,q_len=1,kv_len=3", "model: unknown model 'nope'"),
+    ("q_len=1,kv_len=3,q_heads=1,kv_heads=1,head_dim=8,causal=maybe", "causal must be"),
+])
+def test_malformed_shapes(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_shape(text, "float32")
+
+
+def test_ragged_suite_is_seeded_long_tailed_and_capped():
+    for device in ("cpu", "cuda"):
+        cases = suite_cases("ragged", device, "bfloat16")
+        assert cases and cases == suite_cases("ragged", device, "bfloat16")  # the same lengths every time
+        for c in cases:
+            assert c.phase == "decode" and c.ragged and len(c.seqlens) == c.batch
+            assert max(c.seqlens) == c.kv_len and min(c.seqlens) >= 1
+            ordered = sorted(c.seqlens)
+            assert ordered[len(ordered) // 2] < c.kv_len / 4  # most sequences are far shorter than the longest
+
+
+def test_ragged_lengths_are_checked_and_parsed():
+    with pytest.raises(ValueError, match="seqlens: must be a tuple of batch=2"):
+        AttentionCase(2, 4, 2, 1, 10, 8, True, "float32", seqlens=(3,))
+    with pytest.raises(ValueError, match=r"seqlens: each length must be an int in \[1, kv_len=10\]"):
+        AttentionCase(2, 4, 2, 1, 10, 8, True, "float32", seqlens=(3, 11))
+    c = parse_shape("model=llama-3-8b,q_len=1,seqlens=97/1025/3", "bfloat16")
+    assert (c.batch, c.kv_len, c.seqlens, c.seqlens_text) == (3, 1025, (97, 1025, 3), "97,1025,3")
+    assert c.row_fields()["kv_tokens"] == 1125 and "avg" in c.shape_label
+
+
+def test_linear_suites_cover_every_projection_and_the_batch_range():
+    decode = suite_cases("decode-linear", "cuda", "bfloat16")
+    assert {c.m for c in decode} == {1, 2, 4, 8, 16, 32, 64, 128, 256} and {c.phase for c in decode} == {"decode"}
+    assert {c.projection for c in decode} == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert {c.model for c in decode} == {"llama-3-8b", "llama-3-70b"}
+    prefill = suite_cases("prefill-linear", "cuda", "bfloat16")
+    assert min(c.m for c in prefill) == 512 and max(c.m for c in prefill) == 16384
+    gate_up = next(c for c in decode if c.model == "llama-3-70b" and c.projection == "gate_up")
+    assert (gate_up.n, gate_up.k) == (2 * 28672, 8192)
+    assert all(c.m <= 1024 for c in suite_cases("full", "cpu", "float32", ops=("linear",)))
+
+
+def test_model_presets_give_the_layer_projections_and_custom_models_parse():
+    llama = MODELS["llama-3-8b"]
+    assert llama.projections() == {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                                   "down": (4096, 14336), "lm_head": (128256, 4096)}
+    assert (MODELS["gemma-2-9b"].vocab, MODELS["qwen2.5-7b"].intermediate, MODELS["llama-3-70b"].layers) == \
+        (256000, 18944, 80)
+    custom = model_config("name=tiny,hidden=96,intermediate=200,layers=3,q_heads=6,kv_heads=2,head_dim=16,vocab=97")
+    assert custom.projections()["qkv"] == ((6 + 4) * 16, 96) and MODELS["tiny"] is custom
+    assert suite_cases("decode", "cpu", "float32", ("tiny",))[0].q_heads == 6
+    with pytest.raises(ValueError, match="model: .* lacks vocab"):
+        model_config("name=x,hidden=8,intermediate=8,layers=1,q_heads=2,kv_heads=1,head_dim=4")
+    with pytest.raises(ValueError, match="q_heads: must be a multiple of kv_heads"):
+        model_config("name=y,hidden=8,intermediate=8,layers=1,q_heads=3,kv_heads=2,head_dim=4,vocab=9")

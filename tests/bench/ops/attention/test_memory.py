@@ -1,0 +1,198 @@
+"""The memory-fit check (charges a case once and each impl for what it allocates) and the bounded reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from phasebench.bench.instruments import device_memory
+from phasebench.bench.ops.attention import check as correctness
+from phasebench.bench.ops.attention import memory
+from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.attention.check import CaseInputs, make_inputs, reference, reference_scratch_bytes
+from phasebench.bench.sweep.suites import suite_cases
+from phasebench.kernels import buffers, prepare
+from phasebench.kernels.attention.triton_decode import choose_splits
+
+from ....kernels.reference import reference as textbook
+
+CUDA = torch.device("cuda")  # a device object only: with `free` given nothing may touch CUDA
+CARDS = {"H100": 79e9, "H200": 140e9}  # free bytes on an idle 80 GB and 141 GB card
+SUITES = [(name, None) for name in ("prefill", "chunked", "decode", "verify", "ragged")]
+SUITES += [(name, ("llama-3-70b",)) for name in ("prefill", "decode", "verify")]
+
+
+@pytest.fixture
+def no_cuda_calls(monkeypatch):
+    """Any CUDA query made by the fit check fails the test."""
+    def touched(*args, **kwargs):
+        raise AssertionError("the fit check touched CUDA although `free` was given")
+    for name in ("mem_get_info", "get_device_properties", "memory_reserved", "memory_allocated", "is_available"):
+        monkeypatch.setattr(torch.cuda, name, touched)
+
+
+def fits(case, impl, free, resident=False) -> bool:
+    return memory.does_not_fit(case, impl, CUDA, resident=resident, free=int(free)) is None
+
+
+@pytest.mark.parametrize("suite,models", SUITES)
+@pytest.mark.parametrize("card", CARDS)
+def test_flash_and_triton_never_disagree(suite, models, card, no_cuda_calls):
+    free = CARDS[card]
+    for case in suite_cases(suite, "cuda", "bfloat16", models):
+        first = {impl: fits(case, impl, free) for impl in ("flash", "triton")}
+        assert first["flash"] == first["triton"], f"{case.shape_label}: {first} on {card}"
+        # once the case is resident, the free figure already lacks its inputs and reference
+        left = free - memory.input_bytes(case) - memory.reference_output_bytes(case, CUDA)
+        later = {impl: fits(case, impl, left, resident=True) for impl in ("flash", "triton")}
+        assert later["flash"] == later["triton"], f"{case.shape_label}: {later} resident on {card}"
+        if first["flash"]:
+            assert later["flash"], f"{case.shape_label}: fits for the first impl, not once resident"
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("models", [None, ("llama-3-70b",)])
+def test_the_top_prefill_case_fits_for_tiled_kernels_and_not_for_naive(card, models, no_cuda_calls):
+    top = max(suite_cases("prefill", "cuda", "bfloat16", models), key=lambda c: (c.q_len, not c.causal))
+    assert top.q_len == 32768
+    assert fits(top, "flash", CARDS[card]) and fits(top, "triton", CARDS[card])
+    # the score matrices alone are B x Hq x Sq x Sk x 8 bytes (fp32 scores and softmax): 256 GiB and more
+    assert not fits(top, "naive", CARDS[card])
+    assert memory.impl_bytes(top, "triton", CUDA) < 4 * 2**30
+
+
+def test_a_long_decode_batch_fits_on_an_h200_for_every_impl(no_cuda_calls):
+    case = next(c for c in suite_cases("decode", "cuda", "bfloat16") if c.batch == 64 and c.kv_len == 131072)
+    free = CARDS["H200"]
+    assert fits(case, "naive", free)
+    left = free - memory.input_bytes(case) - memory.reference_output_bytes(case, CUDA)  # after naive built them
+    for impl in ("flash", "triton"):
+        assert fits(case, impl, free) and fits(case, impl, left, resident=True)
+
+
+def test_resident_cases_charge_only_the_impl(no_cuda_calls):
+    case = AttentionCase(64, 32, 8, 1, 131072, 128, True, "bfloat16")
+    own = memory.impl_bytes(case, "triton", CUDA)
+    free = int(own / device_memory.HEADROOM) + 1
+    assert memory.does_not_fit(case, "triton", CUDA, resident=True, free=free) is None
+    reason = memory.does_not_fit(case, "triton", CUDA, free=free)
+    assert reason and "\n" not in reason and "needs about" in reason and "free on cuda" in reason
+    assert f"{free / 2**30:.1f} GiB free" in reason
+
+
+def test_an_unknown_impl_is_charged_twice_its_inputs_and_told_so(no_cuda_calls):
+    case = AttentionCase(3, 12, 4, 5, 1000, 80, False, "float16")
+    nbytes = memory.impl_bytes(case, "my_plugin", CUDA)
+    expected = memory.output_bytes(case) + 2 * memory.input_bytes(case)
+    assert nbytes == expected + memory.CHECK_COPIES * memory.reference_output_bytes(case, CUDA)
+    reason = memory.does_not_fit(case, "my_plugin", CUDA, resident=True, free=1000)
+    assert "my_plugin is charged its output plus 2x the inputs" in reason
+    assert "2x the inputs" not in memory.does_not_fit(case, "triton", CUDA, resident=True, free=1000)
+
+
+def test_the_measured_free_figure_is_used_when_none_is_given(monkeypatch):
+    case = AttentionCase(1, 4, 2, 7, 33, 16, True, "float32")
+    monkeypatch.setattr(device_memory, "free_bytes", lambda device: 10**15)
+    assert memory.does_not_fit(case, "naive", torch.device("cpu")) is None
+    monkeypatch.setattr(device_memory, "free_bytes", lambda device: 1000)
+    assert "needs about" in memory.does_not_fit(case, "naive", torch.device("cpu"))
+
+
+def test_triton_split_kv_is_charged_the_partials_its_kernel_uses(monkeypatch):
+    """Every byte the decode kernels allocate through kernels.buffers is inside the charge, on this machine."""
+    case = AttentionCase(3, 6, 2, 2, 700, 24, True, "float32")
+    x = make_inputs(case, torch.device("cpu"), seed=7)
+    allocated = []
+    real_empty = buffers.empty
+
+    def counting(shape, *, dtype, device):
+        t = real_empty(shape, dtype=dtype, device=device)
+        allocated.append(t.numel() * t.element_size())
+        return t
+    monkeypatch.setattr(buffers, "empty", counting)
+    prepare(x.q, x.k, x.v, impl="triton", causal=True).run()
+    used = choose_splits(case.batch, case.kv_heads, case.kv_len, os.cpu_count() or 1)
+    assert memory.split_kv_count(case) >= used
+    assert sum(allocated) > memory.output_bytes(case)  # the partials were allocated
+    charged = memory.impl_bytes(case, "triton", torch.device("cpu"))
+    assert sum(allocated) <= charged - memory.CHECK_COPIES * memory.reference_output_bytes(case, torch.device("cpu"))
+
+
+@pytest.mark.cuda  # peak device memory is read from the CUDA allocator
+@pytest.mark.parametrize("impl", ["naive", "flash", "triton"])
+def test_the_charge_covers_what_an_impl_allocates_on_cuda(impl):
+    device = torch.device("cuda")
+    case = AttentionCase(2, 8, 2, 97, 1025, 128, True, "bfloat16")
+    x = make_inputs(case, device, seed=3)
+    ref = reference(case, x, device)
+    call = prepare(x.q, x.k, x.v, impl=impl, causal=case.causal)
+    call.run()  # compiled, autotuned (a 256 MiB benchmark buffer while it tunes) and cuBLAS's workspace taken
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    correctness.relative_error(call.run(), ref)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base <= memory.impl_bytes(case, impl, device)
+
+
+@pytest.mark.cuda  # peak device memory is read from the CUDA allocator
+def test_the_reference_stays_within_its_scratch_bound_on_cuda(monkeypatch):
+    monkeypatch.setattr(correctness, "REFERENCE_SCORE_BYTES", 1 << 22)
+    device = torch.device("cuda")
+    case = AttentionCase(2, 8, 2, 97, 20000, 128, True, "bfloat16")
+    x = make_inputs(case, device, seed=5)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    reference(case, x, device)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= memory.reference_output_bytes(case, device) + reference_scratch_bytes(case, device)
+
+
+def test_the_reference_scratch_does_not_grow_with_the_kv_length():
+    cpu = torch.device("cpu")
+    for kv in (1 << 12, 1 << 17, 1 << 22):
+        case = AttentionCase(64, 32, 8, 1, kv, 128, True, "bfloat16")
+        assert reference_scratch_bytes(case, cpu) <= correctness.REFERENCE_SCORE_BYTES
+    assert reference_scratch_bytes(AttentionCase(1, 32, 8, 32768, 32768, 128, True, "bfloat16"), CUDA) \
+        <= correctness.REFERENCE_SCORE_BYTES
+
+
+SIZES = [(1, 97), (17, 97), (97, 97), (1, 1025), (17, 1025), (97, 1025)]
+
+
+@pytest.mark.parametrize("q_len,kv_len", SIZES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(6, 2), (3, 3)])
+def test_the_bounded_reference_equals_full_matrix_attention(q_len, kv_len, causal, heads, monkeypatch):
+    monkeypatch.setattr(correctness, "REFERENCE_SCORE_BYTES", 1 << 18)  # several key and query chunks
+    case = AttentionCase(2, heads[0], heads[1], q_len, kv_len, 40, causal, "float32")
+    rows, keys = correctness._reference_chunks(case, 8)
+    assert keys < kv_len and (rows < q_len or q_len == 1)
+    x = make_inputs(case, torch.device("cpu"), seed=q_len * kv_len + causal)
+    out = reference(case, x, torch.device("cpu"))
+    exact = textbook(x.q, x.k, x.v, causal=causal)
+    assert out.dtype == torch.float64 and out.shape == x.q.shape
+    assert (out - exact).abs().max().item() <= 1e-12 * exact.abs().max().item()
+
+
+@pytest.mark.parametrize("causal,q_len", [(False, 1), (True, 1), (True, 5), (False, 17)])
+def test_the_bounded_reference_honours_per_sequence_lengths(causal, q_len, monkeypatch):
+    monkeypatch.setattr(correctness, "REFERENCE_SCORE_BYTES", 1 << 18)
+    if "seqlens" not in {f.name for f in dataclasses.fields(AttentionCase)}:
+        pytest.skip("AttentionCase has no seqlens field yet")
+    lens = (1025, 97, 333) if not causal or q_len == 1 else (1025, 97, q_len)
+    case = AttentionCase(3, 4, 2, q_len, 1025, 24, causal, "float32", seqlens=lens)
+    x = make_inputs(case, torch.device("cpu"), seed=11)
+    for b, n in enumerate(lens):  # loud values past each length: used by mistake, they move the result
+        x.k[b, :, n:] = 30.0
+        x.v[b, :, n:] = 1e3
+    out = reference(case, x, torch.device("cpu"))
+    exact = textbook(x.q, x.k, x.v, causal=causal, seqlens=list(lens))
+    assert (out - exact).abs().max().item() <= 1e-12 * exact.abs().max().item()
+    # lengths read from the case alone, or from the inputs' cache_seqlens when the case carries none
+    assert torch.equal(out, reference(case, CaseInputs(x.q, x.k, x.v), torch.device("cpu")))
+    assert torch.equal(out, reference(dataclasses.replace(case, seqlens=None), x, torch.device("cpu")))

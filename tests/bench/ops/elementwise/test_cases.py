@@ -1,0 +1,171 @@
+"""Elementwise cases: validation, cost by hand, keys and rows, the gate's views, and runs through the measuring path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from phasebench.bench.instruments.gate import judge
+from phasebench.bench.ops import operator_of
+from phasebench.bench.ops.elementwise import check as elementwise_check
+from phasebench.bench.ops.elementwise.cases import KINDS, ElementwiseCase, flops, min_bytes
+from phasebench.bench.sweep.runner import RunConfig, run
+from phasebench.kernels import elementwise, register
+from phasebench.kernels.elementwise.request import KINDS as KERNEL_KINDS
+from phasebench.kernels.registry import OPS
+from phasebench.profiles.names import elementwise_key_for, parse_case_key
+
+CPU = torch.device("cpu")
+CASES = {
+    "rmsnorm": ElementwiseCase("rmsnorm", 3, 4097, "bfloat16", "decode", "llama-3-8b"),
+    "residual_add": ElementwiseCase("residual_add", 97, 4097, "float32", "prefill"),
+    "silu_mul": ElementwiseCase("silu_mul", 1, 200, "bfloat16", "decode"),
+    "rotary": ElementwiseCase("rotary", 97, 6, "bfloat16", "chunked_prefill", head_dim=80, kv_heads=2,
+                              cache_len=1025),
+    "kv_append": ElementwiseCase("kv_append", 3, 2, "bfloat16", "decode", head_dim=80, cache_len=1025),
+    "greedy_pick": ElementwiseCase("greedy_pick", 3, 4097, "bfloat16", "decode"),
+}
+
+
+def test_cost_by_hand():
+    norm = ElementwiseCase("rmsnorm", 3, 4097, "bfloat16", "decode")
+    assert flops(norm) == 4 * 3 * 4097 and min_bytes(norm) == 2 * (3 * 4097 + 4097 + 3 * 4097)
+    rope = CASES["rotary"]  # q [97, 6, 80] and k [97, 2, 80] read and written once, int64 positions read
+    assert flops(rope) == 3 * 97 * 8 * 80 and min_bytes(rope) == 2 * 2 * 97 * 8 * 80 + 8 * 97
+    silu = ElementwiseCase("silu_mul", 5, 200, "float32", "prefill")
+    assert flops(silu) == 5 * 5 * 200 and min_bytes(silu) == 4 * (2 * 5 * 200 + 5 * 200)
+    kv = CASES["kv_append"]  # k, v read; the same elements written into the caches; the cache size costs nothing
+    assert flops(kv) == 0 and min_bytes(kv) == 2 * (2 * 2 * 3 * 2 * 80) + 8 * 3
+    pick = CASES["greedy_pick"]
+    assert flops(pick) == 3 * 4097 and min_bytes(pick) == 2 * 3 * 4097 + 8 * 3
+    assert min_bytes(CASES["residual_add"]) == 4 * 3 * 97 * 4097
+
+
+@pytest.mark.parametrize("args,message", [
+    (("layernorm", 3, 8, "float32", "decode"), "kind: must be one of rmsnorm"),
+    (("rmsnorm", 0, 8, "float32", "decode"), "m: must be a positive int"),
+    (("rmsnorm", 3, 8, "int8", "decode"), "dtype: must be one of"),
+    (("rmsnorm", 3, 8, "float32", "verify"), "phase: must be one of prefill, chunked_prefill, decode"),
+    (("rmsnorm", 3, 8, "float32", "decode", "", 80), "head_dim: rmsnorm does not take it"),
+    (("rotary", 3, 8, "float32", "decode", "", 80), "kv_heads: rotary needs a positive kv_heads"),
+    (("rotary", 3, 8, "float32", "decode", "", 79, 2), "head_dim: rotary needs an even head dim"),
+    (("kv_append", 3, 8, "float32", "decode", "", 80, 0, 2), "cache_len: must be at least m = 3"),
+    (("kv_append", 3, 8, "float32", "decode", "", 80, 8, 9), "kv_heads: kv_append does not take it"),
+    (("greedy_pick", 3, 8, "float32", "decode", "", 0, 0, -1), "cache_len: must be a non-negative int"),
+])
+def test_bad_cases_are_one_line_errors(args, message):
+    with pytest.raises(ValueError, match=message) as info:
+        ElementwiseCase(*args)
+    assert "\n" not in str(info.value)
+
+
+def test_labels_rows_and_keys():
+    assert KINDS == KERNEL_KINDS
+    assert CASES["rmsnorm"].shape_label == "rmsnorm m3 n4097"
+    assert CASES["rotary"].shape_label == "rotary m97 n6 hkv2 d80 c1025"
+    row = CASES["kv_append"].row_fields()
+    assert row["op"] == "elementwise" and row["kind"] == "kv_append" and "kv_heads" not in row
+    assert (row["head_dim"], row["cache_len"]) == (80, 1025)
+    assert operator_of(CASES["rmsnorm"]).name == "elementwise"
+    key = elementwise_key_for(ElementwiseCase("rmsnorm", 8, 4096, "bfloat16", "decode"), "torch")
+    assert key == "elementwise/torch/decode/rmsnorm-m8-n4096-bfloat16"
+    parsed = parse_case_key(elementwise_key_for(CASES["rotary"], "my-rope.v2"))
+    assert parsed["op"] == "elementwise" and parsed["impl"] == "my-rope.v2" and parsed["kind"] == "rotary"
+    dims = (parsed["m"], parsed["n"], parsed["kv_heads"], parsed["head_dim"], parsed["cache_len"])
+    assert dims == (97, 6, 2, 80, 1025)
+    assert parsed["phase"] == "chunked_prefill" and parsed["dtype"] == "bfloat16" and parsed["k"] is None
+    assert parse_case_key("elementwise/torch/decode/rmsnorm-m8-bfloat16") is None  # n is not optional
+
+
+def test_inputs_are_seeded_and_never_zero():
+    case = CASES["rotary"]
+    a, b = elementwise_check.make_inputs(case, CPU, 7), elementwise_check.make_inputs(case, CPU, 7)
+    assert all(torch.equal(x, y) for x, y in zip(a.tensors, b.tensors, strict=True))
+    assert torch.equal(a.tensors[2], torch.arange(1025 - 97, 1025)) and a.tensors[0].abs().min() > 0
+    weight = elementwise_check.make_inputs(CASES["rmsnorm"], CPU, 7).tensors[1].float()
+    assert 0.8 < weight.mean() < 1.2 and weight.std() > 0.5
+
+
+def test_views_turn_wrong_output_shapes_into_one_line_verdicts():
+    case = CASES["rotary"]
+    x = elementwise_check.make_inputs(case, CPU, 1)
+    ref = elementwise_check.reference(case, x, CPU)
+    q_rot, k_rot = elementwise("rotary", *x.tensors)
+    assert judge((q_rot, k_rot), ref, case.dtype, 1e-2).ok
+    assert "pair of tensors (q, k)" in judge(q_rot, ref, case.dtype, 1e-2).reason
+    assert "output k is" in judge((q_rot, k_rot[:, :1]), ref, case.dtype, 1e-2).reason
+    pick = CASES["greedy_pick"]
+    logits = elementwise_check.make_inputs(pick, CPU, 1)
+    ref = elementwise_check.reference(pick, logits, CPU)
+    picked = elementwise("greedy_pick", *logits.tensors)
+    assert judge(picked, ref, pick.dtype, 0.0).ok
+    assert not judge(logits.tensors[0].argmin(dim=1), ref, pick.dtype, 0.0).ok
+    assert "must lie in [0, 4097)" in judge(picked + 4097, ref, pick.dtype, 0.0).reason
+
+
+def test_memory_charge():
+    big = ElementwiseCase("rmsnorm", 16384, 8192, "bfloat16", "prefill")
+    assert elementwise_check.does_not_fit(big, "torch", CPU, free=1 << 40) is None
+    assert "needs about" in elementwise_check.does_not_fit(big, "torch", CPU, free=1 << 28)
+    assert "charged its output plus" in elementwise_check.does_not_fit(big, "mine", CPU, free=1 << 28)
+
+
+def _run(tmp_path, cases, impls):
+    return run(RunConfig(cases, impls, CPU, tmp_path, detect_contention=False))
+
+
+def test_every_kind_but_kv_append_runs_ok_through_the_runner(tmp_path):
+    cases = [c for kind, c in CASES.items() if kind != "kv_append"]
+    df = _run(tmp_path, cases, ["torch", "naive"])  # naive has no elementwise implementation: not run
+    assert list(df.kind) == [c.kind for c in cases] and set(df.impl) == {"torch"}
+    assert (df.status == "ok").all(), df[["kind", "reason"]]
+    assert (df.op == "elementwise").all() and (df.backend == "torch-eager").all()
+    assert list(df.m) == [c.m for c in cases] and list(df.n) == [c.n for c in cases]
+    # memory-bound wherever the measured ridge lies above their intensity (a host without fast bf16 matmuls has a
+    # bf16 ridge near 1 FLOP/B, which puts a bf16 rmsnorm on the compute side)
+    memory_side = df.intensity * df.peak_gbps / 1e3 < df.peak_tflops
+    assert (df.bound == memory_side.map({True: "memory", False: "compute"})).all()
+    assert (df[df.dtype == "float32"].bound == "memory").all() and (df.max_rel_err <= 2e-2).all()
+    rope = df[df.kind == "rotary"].iloc[0]
+    assert (rope.head_dim, rope.kv_heads, rope.cache_len, rope.phase) == (80, 2, 1025, "chunked_prefill")
+    assert rope.bytes == min_bytes(CASES["rotary"])
+    assert df[df.kind == "rmsnorm"].iloc[0].model == "llama-3-8b"
+
+
+def test_kv_append_runs_ok_through_the_runner(tmp_path):
+    df = _run(tmp_path, [CASES["kv_append"]], ["torch"])
+    assert (df.status == "ok").all() and df.kind.iloc[0] == "kv_append" and df.cache_len.iloc[0] == 1025
+    assert df.gbps.iloc[0] > 0 and df.pct_roofline.iloc[0] > 0
+
+
+def test_wrong_plugins_are_recorded_incorrect(tmp_path):
+    def wrong(kind, *t, **options):
+        """Plausible mistakes: no weight, a subtraction, halves swapped, another RoPE base, argmin, no write."""
+        if kind == "rmsnorm":
+            return elementwise(kind, t[0], torch.ones_like(t[1]), **options)
+        if kind == "residual_add":
+            return t[0] - t[1]
+        if kind == "silu_mul":
+            return elementwise(kind, torch.cat(t[0].chunk(2, dim=1)[::-1], dim=1))
+        if kind == "rotary":
+            return elementwise(kind, *t, base=10000.0)
+        if kind == "kv_append":
+            return t[0], t[1]  # writes nothing: the rows the torch impl wrote before it are put back first
+        return t[0].argmin(dim=1)
+
+    register("elementwise", "wrong", wrong)
+    try:
+        df = _run(tmp_path, list(CASES.values()), ["wrong"])
+    finally:
+        OPS["elementwise"].pop("wrong", None)
+    assert (df.status == "incorrect").all(), df[["kind", "status", "reason"]]
+    assert set(df.kind) == set(KINDS)
+
+
+def test_a_no_op_kv_append_after_a_correct_one_is_incorrect():
+    case = CASES["kv_append"]
+    x = elementwise_check.make_inputs(case, CPU, 3)
+    ref = elementwise_check.reference(case, x, CPU)
+    assert judge(elementwise_check.prepare(case, x, "torch").run(), ref, case.dtype, 0.0).ok
+    elementwise_check.prepare(case, x, "torch")  # the next impl's setup puts the drawn rows back
+    assert not judge((x.tensors[0], x.tensors[1]), ref, case.dtype, 0.0).ok
+    assert "in place" in judge((x.tensors[0].clone(), x.tensors[1]), ref, case.dtype, 0.0).reason

@@ -1,0 +1,226 @@
+"""The reference decoder against a step-by-step float64 computation, its KV cache, its traced ops and timers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from phasebench.bench.instruments.timing import TimerConfig
+from phasebench.bench.phases import reference_decoder as rd
+from phasebench.bench.phases.reference_decoder import (
+    ReferenceDecoder,
+    ops_of_decode,
+    ops_of_prefill,
+    time_decode_step,
+    time_prefill,
+)
+from phasebench.bench.spec.models import MODELS, DecoderConfig
+
+TINY = DecoderConfig(hidden=96, intermediate=200, layers=2, q_heads=6, kv_heads=2, head_dim=16, vocab=97,
+                     name="tiny-ref")
+QUICK = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=3, max_samples=3)
+
+
+def _inputs(batch, tokens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, tokens, TINY.hidden, generator=gen, dtype=torch.float64)
+
+
+def _norm(x, w):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _rope(x, positions):
+    """x [T, D] at the given positions, each pair (i, i + D/2) rotated by pos * 500000^(-2i/D)."""
+    d = x.shape[-1]
+    half = d // 2
+    out = torch.empty_like(x)
+    for t, pos in enumerate(positions):
+        for i in range(half):
+            angle = pos * 500000.0 ** (-2 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            a, b = x[t, i], x[t, i + half]
+            out[t, i], out[t, i + half] = a * c - b * s, b * c + a * s
+    return out
+
+
+def _reference_layer(layer, x, start, cached_k=None, cached_v=None):
+    """One layer over one sequence x [T, hidden] at positions start.., attending to cached rows (each [Hkv, start, D])
+    and to itself, with explicit matmuls and a masked softmax. Returns the output and the new roped k, v."""
+    t, (hq, hkv, d) = x.shape[0], (TINY.q_heads, TINY.kv_heads, TINY.head_dim)
+    positions = range(start, start + t)
+    qkv = _norm(x, layer.attn_norm.weight) @ layer.qkv.weight.T
+    q = qkv[:, :hq * d].reshape(t, hq, d)
+    k = qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
+    new_k = torch.stack([_rope(k[:, h], positions) for h in range(hkv)])
+    new_v = v.transpose(0, 1)
+    keys = new_k if cached_k is None else torch.cat([cached_k, new_k], dim=1)
+    values = new_v if cached_v is None else torch.cat([cached_v, new_v], dim=1)
+    s = keys.shape[1]
+    heads = []
+    for h in range(hq):
+        kv = h // (hq // hkv)
+        scores = _rope(q[:, h], positions) @ keys[kv].T / math.sqrt(d)
+        mask = torch.arange(s)[None, :] > torch.arange(start, start + t)[:, None]
+        scores = scores.masked_fill(mask, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ values[kv])
+    x = x + torch.cat(heads, dim=-1) @ layer.o.weight.T
+    gu = _norm(x, layer.mlp_norm.weight) @ layer.gate_up.weight.T
+    gate, up = gu[:, :TINY.intermediate], gu[:, TINY.intermediate:]
+    return x + (gate * torch.sigmoid(gate) * up) @ layer.down.weight.T, new_k, new_v
+
+
+def _reference_ids(decoder, last):
+    return (_norm(last, decoder.final_norm.weight) @ decoder.lm_head.weight.T).argmax(-1)
+
+
+def _decoder(dtype=torch.float64, device="cpu", seed=3, max_tokens=24, max_batch=3):
+    return ReferenceDecoder(TINY, 2, device, dtype, max_tokens=max_tokens, max_batch=max_batch, seed=seed)
+
+
+def test_prefill_matches_a_step_by_step_float64_computation():
+    decoder = _decoder()
+    x = _inputs(3, 11, seed=7)
+    ids, hidden = decoder.prefill(3, 11, x=x, return_hidden=True)
+    for b in range(3):
+        h = x[b]
+        for layer in decoder.layers:
+            h, k, v = _reference_layer(layer, h, 0)
+            torch.testing.assert_close(layer.k_cache[b, :, :11], k, rtol=0, atol=1e-10)
+            torch.testing.assert_close(layer.v_cache[b, :, :11], v, rtol=0, atol=1e-10)
+        torch.testing.assert_close(hidden[b], h, rtol=0, atol=1e-10)
+        assert ids[b].item() == _reference_ids(decoder, h[-1]).item()
+    assert hidden.abs().max() < 50  # weights of std K**-0.5 keep activations of order one
+
+
+def test_decode_after_prefill_equals_a_longer_prefill():
+    decoder = _decoder()
+    x = _inputs(2, 14, seed=11)
+    ids_long, long = decoder.prefill(2, 14, x=x, return_hidden=True)
+    decoder.prefill(2, 13, x=x[:, :13])
+    ids, step = decoder.decode_step(2, 13, x=x[:, 13:], return_hidden=True)
+    assert step.shape == (2, 1, TINY.hidden)
+    torch.testing.assert_close(step[:, 0], long[:, -1], rtol=0, atol=1e-10)
+    assert torch.equal(ids, ids_long)
+
+
+def test_decode_without_prefill_attends_to_the_seeded_random_cache():
+    decoder = _decoder(seed=5)
+    x = _inputs(3, 1, seed=13)
+    ids, hidden = decoder.decode_step(3, 9, x=x, return_hidden=True)
+    for b in range(3):
+        h = x[b]
+        for layer in decoder.layers:
+            cached_k, cached_v = layer.k_cache[b, :, :9], layer.v_cache[b, :, :9]
+            assert cached_k.abs().sum() > 0 and cached_k.std() > 0.5  # random values, not zeros nor garbage
+            h, k, v = _reference_layer(layer, h, 9, cached_k, cached_v)
+            torch.testing.assert_close(layer.k_cache[b, :, 9:10], k, rtol=0, atol=1e-10)
+        torch.testing.assert_close(hidden[b], h, rtol=0, atol=1e-10)
+        assert ids[b].item() == _reference_ids(decoder, h[-1]).item()
+    again = _decoder(seed=5).decode_step(3, 9, x=x, return_hidden=True)[1]
+    torch.testing.assert_close(again, hidden, rtol=0, atol=0)  # the cache fill is seeded
+
+
+def _expected_layer_ops(m, batch, q_len, kv_len, causal):
+    c = TINY
+    return [
+        {"op": "linear", "name": "qkv", "scope": "layer", "m": m, "n": (c.q_heads + 2 * c.kv_heads) * c.head_dim,
+         "k": c.hidden},
+        {"op": "attention", "name": "attention", "scope": "layer", "batch": batch, "q_heads": c.q_heads,
+         "kv_heads": c.kv_heads, "q_len": q_len, "kv_len": kv_len, "head_dim": c.head_dim, "causal": causal},
+        {"op": "linear", "name": "o", "scope": "layer", "m": m, "n": c.hidden, "k": c.q_heads * c.head_dim},
+        {"op": "linear", "name": "gate_up", "scope": "layer", "m": m, "n": 2 * c.intermediate, "k": c.hidden},
+        {"op": "linear", "name": "down", "scope": "layer", "m": m, "n": c.hidden, "k": c.intermediate},
+    ]
+
+
+def _expected_step_ops(rows):
+    return [{"op": "linear", "name": "lm_head", "scope": "step", "m": rows, "n": TINY.vocab, "k": TINY.hidden},
+            {"op": "argmax", "name": "greedy", "scope": "step", "m": rows, "n": TINY.vocab}]
+
+
+def test_ops_of_prefill_and_decode_list_each_projection_attention_and_the_step():
+    assert ops_of_prefill(TINY, 3, 11) == _expected_layer_ops(33, 3, 11, 11, True) + _expected_step_ops(3)
+    assert ops_of_decode(TINY, 5, 13) == _expected_layer_ops(5, 5, 1, 14, False) + _expected_step_ops(5)
+
+
+def test_recorded_ops_of_a_real_decoder_repeat_per_layer():
+    decoder = _decoder(dtype=torch.float32)
+    with decoder.record_ops() as ops:
+        decoder.prefill(2, 7)
+    assert ops == 2 * _expected_layer_ops(14, 2, 7, 7, True) + _expected_step_ops(2)
+    decoder.decode_step(2, 7)
+    assert len(ops) == 2 * 5 + 2  # the hooks are gone once the block closes
+
+
+def test_traced_projections_of_a_preset_agree_with_its_config():
+    config = MODELS["llama-3-8b"]
+    traced = {op["name"]: (op["n"], op["k"]) for op in ops_of_decode(config, 4, 300) if op["op"] == "linear"}
+    assert traced == config.projections()
+
+
+def test_byte_counts_agree_with_the_allocated_decoder_and_the_fit():
+    decoder = _decoder(dtype=torch.float32, max_tokens=19, max_batch=2)
+    assert decoder.weight_bytes() == rd.weight_bytes(TINY, 2, torch.float32)
+    assert decoder.cache_bytes() == rd.cache_bytes(TINY, 2, 2, 19, torch.float32)
+    need = (rd.weight_bytes(TINY, 2, torch.float32) + rd.cache_bytes(TINY, 2, 2, 19, torch.float32)
+            + rd.activation_bytes(TINY, 2, 19, torch.float32))
+    assert rd.fits(TINY, 2, 2, 19, torch.float32, free_bytes=2 * need)
+    assert not rd.fits(TINY, 2, 2, 19, torch.float32, free_bytes=need)
+    config = MODELS["llama-3-8b"]
+    layer_gib = 2 * config.layer_weight_count() * 4 / 2**30
+    assert 1.5 < layer_gib < 1.8 and rd.default_layers(config, "cpu", torch.float32, 1, 256) == 2
+
+
+def test_bad_input_raises_one_line_value_errors():
+    decoder = _decoder(max_tokens=10, max_batch=2)
+    for call, word in [(lambda: decoder.prefill(3, 4), "batch"), (lambda: decoder.prefill(2, 11), "prompt_len"),
+                       (lambda: decoder.prefill(2, 0), "prompt_len"), (lambda: decoder.decode_step(1, 10), "context"),
+                       (lambda: decoder.prefill(2, 4, x=_inputs(2, 5, 0)), "x"),
+                       (lambda: ReferenceDecoder(TINY, 3, "cpu", torch.float32, 8, 1), "layers"),
+                       (lambda: ReferenceDecoder(TINY, 1, "cpu", torch.int32, 8, 1), "dtype")]:
+        with pytest.raises(ValueError, match=word) as info:
+            call()
+        assert "\n" not in str(info.value)
+
+
+def test_timers_return_positive_medians():
+    decoder = _decoder(dtype=torch.float32)
+    for timing in (time_prefill(decoder, 2, 9, QUICK), time_decode_step(decoder, 3, 17, QUICK)):
+        assert timing.count == 3 and timing.median_ms > 0 and timing.method == "perf_counter_ns"
+
+
+def _bf16_against_float64(device):
+    lo, hi = _decoder(torch.bfloat16, device), _decoder(torch.float64, device)
+    x = _inputs(3, 12, seed=17).to(device)
+    ids, hidden = lo.prefill(3, 12, x=x.to(torch.bfloat16), return_hidden=True)
+    exact = hi.prefill(3, 12, x=x, return_hidden=True)[1]
+    assert ids.shape == (3,) and ((0 <= ids) & (ids < TINY.vocab)).all()
+    assert hidden.dtype == torch.bfloat16 and torch.isfinite(hidden).all()
+    assert (hidden.double() - exact).norm() / exact.norm() < 0.05  # the same draw, rounded to bf16
+    step_ids = lo.decode_step(3, 20)
+    assert step_ids.shape == (3,) and ((0 <= step_ids) & (step_ids < TINY.vocab)).all()
+
+
+def test_bf16_runs_and_stays_near_float64_on_the_host():
+    _bf16_against_float64("cpu")
+
+
+@pytest.mark.cuda
+def test_bf16_runs_and_stays_near_float64_on_cuda():
+    _bf16_against_float64("cuda")
+
+
+@pytest.mark.cuda
+def test_cuda_prefill_matches_the_host_and_times_with_events():
+    x = _inputs(2, 10, seed=19)
+    host_decoder, gpu_decoder = _decoder(), _decoder(device="cuda")
+    gpu_decoder.load_state_dict(host_decoder.state_dict())  # CUDA's generator draws other weights
+    host = host_decoder.prefill(2, 10, x=x, return_hidden=True)[1]
+    gpu = gpu_decoder.prefill(2, 10, x=x.cuda(), return_hidden=True)[1]
+    torch.testing.assert_close(gpu.cpu(), host, rtol=0, atol=1e-10)
+    decoder = _decoder(torch.bfloat16, "cuda")
+    assert time_prefill(decoder, 2, 10, QUICK).method == "cuda-events"
+    assert time_decode_step(decoder, 2, 10, QUICK).median_ms > 0

@@ -1,0 +1,78 @@
+"""Every Triton kernel compiles for sm_90 ahead of time, fits the H200, spills only where allowed, uses wgmma."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from phasebench.bench.session import hopper_build
+
+pytestmark = pytest.mark.skipif(hopper_build.find_ptxas() is None,
+                                reason="no ptxas: the Triton wheel carries one under backends/nvidia/bin")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("hopper") / "builds.json"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    command = [sys.executable, "-m", "phasebench.bench.session.hopper_build", "--json", str(out), "--jobs", "2"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_kernel_and_config_builds_within_the_h200(report):
+    builds = [hopper_build.Build(**b) for b in report["builds"]]
+    assert hopper_build.problems(builds) == [], report["problems"]
+    assert {b.kernel for b in builds} == set(hopper_build._MODULES)
+    assert all(b.registers and b.shared is not None and b.spill_stores is not None for b in builds)
+
+
+def test_autotune_lists_are_all_compiled(report):
+    from phasebench.kernels.attention import triton_decode, triton_prefill
+    from phasebench.kernels.linear import triton_linear
+
+    def labels(kernel):
+        return {b["config"] for b in report["builds"] if b["kernel"] == kernel and b["source"] == "autotune"}
+
+    for kernel, configs in [("prefill_kernel", triton_prefill.TUNING_CONFIGS),
+                            ("split_kv_kernel", triton_decode.TUNING_CONFIGS),
+                            ("gemm_kernel", triton_linear.GEMM_CONFIGS)]:
+        assert {hopper_build._label(dict(c.kwargs), c.num_warps, c.num_stages) for c in configs} <= labels(kernel)
+    gemv = {hopper_build._label({"BLOCK_M": 16, **c.kwargs}, c.num_warps, c.num_stages)
+            for c in triton_linear.GEMV_CONFIGS}
+    assert gemv <= labels("splitk_gemv_kernel")
+
+
+def test_16_bit_gemm_and_attention_dots_use_wgmma(report):
+    # 64 rows or more per warpgroup: prefill, the tiled GEMM and verify-sized split-KV; decode's 16 rows use mma.sync
+    wide = [b for b in report["builds"] if b["dtype"] in ("bf16", "fp16") and b["source"] == "autotune" and
+            (b["kernel"] in ("prefill_kernel", "gemm_kernel") or
+             (b["kernel"] == "split_kv_kernel" and "rows16 " not in b["flags"]))]
+    assert {b["kernel"] for b in wide} == {"prefill_kernel", "gemm_kernel", "split_kv_kernel"}
+    assert {b["dtype"] for b in wide} == {"bf16", "fp16"}
+    assert [b["name"] for b in wide if b["mma"] != "wgmma"] == []
+    # every 16-bit dot is on tensor cores, fp32 (ieee) dots are not
+    dots = [b for b in report["builds"] if b["kernel"] not in ("reduce_kernel", "splitk_reduce_kernel")]
+    assert all(b["mma"] in ("wgmma", "mma") for b in dots if b["dtype"] != "fp32")
+    assert all(b["mma"] == "fma" for b in dots if b["dtype"] == "fp32")
+
+
+def test_problems_flags_spills_and_overruns_outside_the_allow_lists():
+    base = dict(kernel="gemm_kernel", config="M7 w4 s3", dtype="bf16", flags="", source="autotune",
+                registers=200, spill_stores=0, spill_loads=0, shared=1000)
+    spill = hopper_build.Build(name="gemm_kernel bf16 M7 w4 s3", **{**base, "spill_stores": 12, "spill_loads": 20})
+    big = hopper_build.Build(name="gemm_kernel bf16 M9 w4 s3", **{**base, "config": "M9 w4 s3",
+                                                                 "shared": hopper_build.H200_SHARED_BYTES + 1})
+    broken = hopper_build.Build(name="prefill_kernel bf16 x", **{**base, "kernel": "prefill_kernel", "shared": None,
+                                                                 "error": "CompilationError: boom"})
+    found = hopper_build.problems([spill, big, broken])
+    assert any("spills 12 B stores" in line for line in found)
+    assert any("above the H200" in line for line in found)
+    assert any("compile error" in line for line in found)
+    assert any("prefill_kernel bf16 : no config fits" in line for line in found)
+    # a group with one config that fits is launchable: only the spill is left
+    assert hopper_build.problems([spill]) == [found[0]]

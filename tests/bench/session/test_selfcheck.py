@@ -1,0 +1,167 @@
+"""`phasebench selfcheck`: the plans as data, the packing into at most 8 files, and the dry run end to end."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+import torch
+from phasebench.bench.session import selfcheck
+from phasebench.bench.session.selfcheck_plan import GPU, HOST, STEPS
+from phasebench.bench.session.selfcheck_steps import _junit_counts, merge_junit
+
+from ...conftest import run_cli
+
+SUITES = ("prefill", "chunked", "verify", "decode", "decode-linear", "prefill-linear")
+
+
+def test_plans_fit_their_totals_and_name_every_step():
+    for plan in (GPU, HOST):
+        assert set(plan.budgets) == set(STEPS)
+        assert sum(plan.budgets.values()) + plan.reserve_s <= plan.total_s
+        assert set(plan.suites) == set(SUITES) and sum(plan.suites.values()) == pytest.approx(1)
+    assert GPU.total_s <= 7 * 60 and HOST.total_s < 120 and GPU.device == "cuda" and HOST.device == "cpu"
+    assert set(GPU.models) == {"llama-3-8b", "llama-3-70b"} and GPU.dtype == "bfloat16"
+    half = GPU.with_total(210)
+    assert half.total_s == 210 and sum(half.budgets.values()) + half.reserve_s <= 210
+    assert half.budgets["suites"] / half.budgets["tests"] == pytest.approx(GPU.budgets["suites"] / GPU.budgets["tests"])
+    with pytest.raises(ValueError, match="reserve"):
+        GPU.with_total(10)
+
+
+def test_choose_plan():
+    assert selfcheck.choose_plan(True, False, None) is GPU
+    assert selfcheck.choose_plan(True, True, None) is HOST and selfcheck.choose_plan(False, False, None) is HOST
+    assert selfcheck.choose_plan(False, False, 60).total_s == 60
+
+
+def test_pack_leaves_the_largest_files_out_to_stay_under_the_limit(tmp_path, monkeypatch):
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "suites" / "decode").mkdir(parents=True)
+    (work / "cache").mkdir()
+    out.mkdir()
+    gen = torch.Generator().manual_seed(1)
+    noise = torch.randint(0, 256, (300_000,), generator=gen, dtype=torch.uint8).numpy().tobytes()  # incompressible
+    (work / "suites" / "decode" / "results.csv").write_text("impl,latency_ms\nnaive,1.5\n")
+    (work / "profile.json").write_bytes(noise)
+    (work / "cache" / "ceilings.json").write_text("{}")
+    (work / "tests.xml").write_text("<testsuites/>")
+    (out / selfcheck.LOG).write_text("log\n")
+    monkeypatch.setattr(selfcheck, "MAX_BYTES", 100_000)
+    summary = {"steps": []}
+    selfcheck._pack(work, out, summary)
+    assert sorted(p.name for p in out.iterdir()) == sorted([selfcheck.ARCHIVE, selfcheck.LOG, selfcheck.SUMMARY,
+                                                            selfcheck.TESTS])
+    with tarfile.open(out / selfcheck.ARCHIVE) as tar:
+        names = tar.getnames()
+    assert "selfcheck/suites/decode/results.csv" in names and "selfcheck/profile.json" not in names
+    assert not any("cache" in n for n in names)  # the ceilings cache is the steps' scratch, not a result
+    assert summary["left_out"] == ["profile.json (300000 B)"]
+    selfcheck._pack(work, out, summary)  # after the next step: the same archive, the list not repeated
+    assert summary["left_out"] == ["profile.json (300000 B)"]
+    assert json.loads((out / selfcheck.SUMMARY).read_text())["files"][selfcheck.ARCHIVE] <= 100_000
+    (out / "stray.txt").write_text("")
+    with pytest.raises(RuntimeError, match="more than its 8 files"):
+        selfcheck._pack(work, out, summary)
+
+
+def test_junit_files_merge_and_count(tmp_path):
+    one, two = tmp_path / "a.xml", tmp_path / "b.xml"
+    one.write_text('<testsuites><testsuite name="pytest" tests="3"><testcase classname="t.a" name="ok"/>'
+                   '<testcase classname="t.a" name="bad"><failure message="boom"/></testcase>'
+                   '<testcase classname="t.a" name="gpu"><skipped message="no CUDA device"/></testcase>'
+                   '</testsuite></testsuites>')
+    two.write_text('<testsuite name="pytest" tests="2"><testcase classname="t.b" name="err"><error/></testcase>'
+                   '<testcase classname="t.b" name="gpu2"><skipped message="no CUDA device"/></testcase></testsuite>')
+    merged = tmp_path / "tests.xml"
+    merge_junit([one, two, tmp_path / "missing.xml"], merged)
+    counts = _junit_counts([merged])
+    assert counts == _junit_counts([one, two])
+    assert [counts[k] for k in ("tests", "passed", "failures", "errors", "skipped")] == [5, 1, 1, 1, 2]
+    assert counts["failed"] == ["t.a::bad", "t.b::err"] and counts["skip_reasons"] == {"no CUDA device": 2}
+    cut = tmp_path / "cut.xml"  # a pytest killed while writing its report
+    cut.write_text(one.read_text()[:90])
+    partial = _junit_counts([cut, two])
+    assert partial["unreadable"] == ["cut.xml"] and partial["tests"] == 2
+    merge_junit([cut, two], merged)
+    assert _junit_counts([merged])["tests"] == 2
+
+
+@pytest.fixture(scope="session")
+def dry_run(tmp_path_factory):
+    """`phasebench selfcheck --dry-run` once: its exit status, its folder and its work folder."""
+    root = tmp_path_factory.mktemp("selfcheck")
+    out, work = root / "out", root / "work"
+    proc = run_cli("selfcheck", "--dry-run", "--out", str(out), "--work", str(work), timeout=600)
+    return proc, out, work
+
+
+def test_dry_run_writes_at_most_eight_small_files(dry_run):
+    proc, out, _ = dry_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    files = list(out.iterdir())
+    assert len(files) <= selfcheck.MAX_FILES and all(f.is_file() and f.stat().st_size <= 16 << 20 for f in files)
+    assert {f.name for f in files} == {selfcheck.SUMMARY, selfcheck.LOG, selfcheck.REPORT, selfcheck.TESTS,
+                                       selfcheck.ARCHIVE}
+    assert "<html" in (out / selfcheck.REPORT).read_text()[:500].lower()
+
+
+def test_dry_run_ran_every_step(dry_run):
+    proc, out, _ = dry_run
+    summary = json.loads((out / selfcheck.SUMMARY).read_text())
+    assert summary["selfcheck"] == "host-dry-run" and summary["device"] == "cpu"
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps) == list(STEPS)
+    assert all(s["allowance_s"] <= summary["budget_s"] for s in steps.values())
+    # a step or suite the budget cut short is `overran` or `partial`: it kept what it measured; none failed
+    assert all(s["status"] in ("ok", "partial", "overran", "skipped") for s in steps.values()), steps
+    assert steps["tests"]["status"] == "ok" and steps["env"]["status"] == "ok" and steps["report"]["status"] == "ok"
+    assert steps["ncu"]["status"] == "skipped" and "ran alone: ok" in steps["ncu"]["reason"]
+    assert summary["env"]["versions"]["torch"] == torch.__version__
+    assert summary["ceilings"]["peak_gbps"] > 0 and summary["ceilings"]["peak_tflops"]["float32"] > 0
+    tests = summary["tests"]
+    if torch.cuda.is_available():  # beside a GPU the dry run lists the CUDA set without running it
+        assert tests["collected_only"] > 0
+    else:  # here every CUDA test is collected and skips with its reason
+        assert tests["tests"] > 100 and tests["skipped"] == tests["tests"] and tests["failures"] == 0
+        assert tests["skip_reasons"].get("no CUDA device", 0) > 0
+    for suite in SUITES:
+        found = summary["suites"][suite]
+        assert found["run"] in ("ok", "overran") and found["rows"] >= 1, (suite, found)
+        assert found["status"].get("ok", 0) + found["budget_skips"] == found["rows"], (suite, found)
+    assert summary["suites"]["prefill"]["status"].get("ok", 0) >= 1
+    assert {row["phase"] for row in summary["phases"]["reference"]} == {"prefill", "decode"}
+    assert summary["profile"]["summary"] and summary["files"][selfcheck.ARCHIVE] > 0
+    for step in STEPS:
+        assert f"== {step} (allowance" in (out / selfcheck.LOG).read_text()
+    assert "selfcheck host-dry-run on cpu" in proc.stdout and "suite decode:" in proc.stdout
+
+
+def test_dry_run_archive_holds_every_result_and_loads(dry_run, tmp_path):
+    _, out, _ = dry_run
+    with tarfile.open(out / selfcheck.ARCHIVE) as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path, filter="data")
+    for name in ("env.json", "ceilings.json", "tests.xml", "phases/phases.json", "profile/summary.csv",
+                 "profile/trace.json", "ncu/case.json", *(f"suites/{s}/results.parquet" for s in SUITES)):
+        assert f"selfcheck/{name}" in names, name
+    import phasebench.analysis as pa
+
+    df = pa.load(*(tmp_path / "selfcheck" / "suites" / s for s in SUITES))
+    assert set(df["suite"]) == set(SUITES) and set(df["device_kind"]) == {"cpu"}
+    assert set(df["op"]) == {"attention", "linear"}
+
+
+def test_a_subset_of_steps_and_bad_arguments(tmp_path):
+    proc = run_cli("selfcheck", "--dry-run", "--steps", "env", "ceilings", "--out", str(tmp_path / "o"),
+                   "--work", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "o" / selfcheck.SUMMARY).read_text())
+    assert [s["name"] for s in summary["steps"]] == ["env", "ceilings"]
+    again = run_cli("selfcheck", "--dry-run", "--out", str(tmp_path / "o"))
+    assert again.returncode == 2 and "is not empty" in again.stderr and len(again.stderr.splitlines()) == 1
+    bad = run_cli("selfcheck", "--steps", "env", "nonsense", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "unknown step(s) nonsense" in bad.stderr
+    budget = run_cli("selfcheck", "--budget", "0", "--out", str(tmp_path / "y"))
+    assert budget.returncode == 2 and "budget: must be a positive" in budget.stderr

@@ -1,0 +1,102 @@
+"""The one result schema: column order, types, defaults, the runner's aliases, and no torch behind it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import phasebench.analysis as analysis
+import pytest
+from phasebench.bench.spec import schema
+from phasebench.bench.sweep import results
+
+
+def test_one_schema_for_runner_and_loader():
+    assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 2
+    assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
+    assert results.STATUSES == schema.STATUSES
+    assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
+    assert analysis.RUN_COLUMNS == schema.RUN_COLUMNS
+
+
+def test_column_order():
+    cols = list(schema.RESULT_COLUMNS)
+    assert len(cols) == len(set(cols))
+    assert cols[cols.index("model") + 1] == "op"
+    assert cols[cols.index("dtype") + 1: cols.index("dtype") + 3] == ["seqlens", "kv_tokens"]
+    assert cols[cols.index("samples") + 1: cols.index("samples") + 4] == ["timer", "noisy", "noise_reason"]
+    assert cols[-1] == "profiled"
+    start = cols.index("batch")
+    assert tuple(cols[start: start + len(schema.CASE_COLUMNS)]) == schema.CASE_COLUMNS
+
+
+def test_every_column_has_exactly_one_type():
+    typed = [schema.STRING_COLUMNS, schema.INT_COLUMNS, schema.FLOAT_COLUMNS, schema.BOOL_COLUMNS]
+    for name in schema.RESULT_COLUMNS + schema.RUN_COLUMNS:
+        assert sum(name in group for group in typed) == 1, name
+    assert set(schema.RESULT_STRING_COLUMNS) == set(schema.STRING_COLUMNS) & set(schema.RESULT_COLUMNS)
+
+
+def test_conform_fills_schema_1_rows_with_defaults():
+    rng = np.random.default_rng(97)
+    batch, kv_len = rng.integers(1, 9, size=5), rng.integers(3, 1025, size=5)
+    old = pd.DataFrame({"impl": "flash", "phase": "decode", "batch": batch, "kv_len": kv_len,
+                        "latency_ms": rng.uniform(0.1, 3.0, size=5), "status": "ok"})
+    out = schema.conform(old)
+    assert list(out.columns[: len(schema.RESULT_COLUMNS)]) == list(schema.RESULT_COLUMNS)
+    assert out["op"].eq("attention").all() and out["seqlens"].eq("").all()
+    assert out["noisy"].eq(False).all() and out["profiled"].eq(False).all()
+    assert out["kv_tokens"].tolist() == (batch * kv_len).tolist()
+
+
+def test_conform_keeps_what_rows_say():
+    rows = pd.DataFrame({"op": ["attention", "linear"], "seqlens": ["97,1025,3", ""], "kv_tokens": [1125, np.nan],
+                         "batch": [3, 5], "kv_len": [1025, 80], "noisy": ["True", ""], "profiled": [None, "1"]})
+    out = schema.conform(rows)
+    assert out["op"].tolist() == ["attention", "linear"]
+    assert out["seqlens"].tolist() == ["97,1025,3", ""] and out["kv_tokens"].tolist() == [1125, 400]
+    assert out["noisy"].tolist() == [True, False] and out["profiled"].tolist() == [False, True]
+
+
+def test_bad_values_name_their_column():
+    with pytest.raises(ValueError, match="column 'noisy' holds 'maybe'"):
+        schema.conform(pd.DataFrame({"noisy": ["maybe"]}))
+    with pytest.raises(ValueError, match="column 'kv_tokens' holds non-integer"):
+        schema.conform(pd.DataFrame({"kv_tokens": [2.5]}))
+
+
+def test_runner_csv_keeps_text_columns_text(tmp_path):
+    row = {name: "" for name in results.COLUMNS}
+    row.update(run_id="20250101", seqlens="97,1025,3", noise_reason="0.7 CPU share", op="attention", timer="x",
+               batch=3, kv_len=1025, causal=False, noisy=True, profiled=False)
+    path = tmp_path / "results.csv"
+    pd.DataFrame([row], columns=results.COLUMNS).to_csv(path, index=False)
+    df = results.read_results_csv(path)
+    assert df.loc[0, "run_id"] == "20250101" and df.loc[0, "seqlens"] == "97,1025,3"
+    assert df.loc[0, "noise_reason"] == "0.7 CPU share"
+
+
+def test_schema_and_analysis_import_no_torch():
+    script = (
+        "import sys, phasebench.bench.spec.schema, phasebench.bench.spec.models, phasebench.bench.spec.steps, "
+        "phasebench.analysis\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')"
+        " or m.startswith('phasebench.kernels')"
+        " or (m.startswith('phasebench.bench.') and not m.startswith('phasebench.bench.spec'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_cells_read_as_floats_and_flags_with_blanks_as_nothing():
+    import math
+
+    from phasebench.bench.spec.schema import cell_float, cell_true
+
+    assert cell_float("1.5") == 1.5 and cell_float(2) == 2.0
+    assert all(math.isnan(cell_float(v)) for v in (None, "[N/A]", "", float("nan")))
+    assert not any(cell_true(v) for v in (None, pd.NA, float("nan"), 0, False, ""))  # a blank is not a yes
+    assert all(cell_true(v) for v in (True, 1, 1.0, "yes"))

@@ -1,0 +1,108 @@
+"""Step definitions: what prefill, decode and the hybrid chunked step run, per layer and per step."""
+
+from __future__ import annotations
+
+import pytest
+from phasebench.bench.spec import steps
+from phasebench.bench.spec.models import DecoderConfig
+
+TINY = DecoderConfig(hidden=96, intermediate=200, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97,
+                     name="tiny-steps")
+
+
+def by_label(uses):
+    out = {}
+    for u in uses:
+        out.setdefault(u.label, []).append(u)
+    return out
+
+
+def test_prefill_runs_every_layer_op_at_m_prompt_and_the_head_on_the_last_token():
+    uses = by_label(steps.prefill_step(TINY, 97))
+    for name, (n, k) in TINY.projections().items():
+        if name == "lm_head":
+            (head,) = uses["lm_head"]
+            assert head.count == 1 and head.field_dict["m"] == 1
+            assert (head.field_dict["n"], head.field_dict["k"]) == (n, k)
+        else:
+            (use,) = uses[name]
+            assert use.count == TINY.layers and use.field_dict == {"m": 97, "n": n, "k": k, "phase": "prefill",
+                                                                   "projection": name}
+    (attn,) = uses["attention"]
+    assert attn.field_dict == {"batch": 1, "q_heads": 6, "kv_heads": 2, "q_len": 97, "kv_len": 97, "head_dim": 16,
+                               "causal": True}
+    assert uses["rmsnorm"][0].count == 2 * TINY.layers and uses["residual_add"][0].count == 2 * TINY.layers
+    assert {u.part for u in steps.prefill_step(TINY, 97)} == set(steps.PARTS)
+
+
+def test_decode_reads_the_cache_once_per_layer_at_m_batch():
+    uses = by_label(steps.decode_step(TINY, 5, 1025))
+    assert uses["attention"][0].field_dict["kv_len"] == 1026 and uses["attention"][0].field_dict["q_len"] == 1
+    assert all(u.field_dict["m"] == 5 for u in uses["qkv"] + uses["lm_head"] + uses["greedy_pick"])
+
+
+def test_chunked_prefill_covers_the_prompt_with_hybrid_steps():
+    chunked = steps.chunked_prefill_steps(TINY, 100, 32, 4, 200)
+    assert len(chunked) == 4  # 32 + 32 + 32 + 4
+    attn = [[u.field_dict for u in s if u.label == "attention"] for s in chunked]
+    assert [a[1]["q_len"] for a in attn] == [32, 32, 32, 4] and [a[1]["kv_len"] for a in attn] == [32, 64, 96, 100]
+    assert all(a[0] == {"batch": 4, "q_heads": 6, "kv_heads": 2, "q_len": 1, "kv_len": 201, "head_dim": 16,
+                        "causal": True} for a in attn)
+    ms = [[u.field_dict["m"] for u in s if u.label == "qkv"][0] for s in chunked]
+    assert ms == [36, 36, 36, 8]
+    heads = [[u.field_dict["m"] for u in s if u.label == "lm_head"] for s in chunked]
+    assert heads == [[4], [4], [4], [5]]  # the prompt's last token joins the decode rows at the end
+    alone = steps.chunked_prefill_steps(TINY, 100, 32, 0, 200)
+    assert [len([u for u in s if u.label == "attention"]) for s in alone] == [1, 1, 1, 1]
+    assert [[u for u in s if u.label == "lm_head"] != [] for s in alone] == [False, False, False, True]
+    with pytest.raises(ValueError, match="chunk: must be a positive int"):
+        steps.chunked_prefill_steps(TINY, 100, 0, 4, 200)
+
+
+def test_distinct_uses_name_each_case_once():
+    all_steps = [steps.decode_step(TINY, 4, 64), steps.decode_step(TINY, 4, 64), steps.prefill_step(TINY, 64)]
+    uses = steps.distinct_uses(all_steps)
+    assert len({(u.op, u.fields) for u in uses}) == len(uses)
+    # the layer's rmsnorm and the final norm at the same M are one case
+    assert sum(u.label in ("rmsnorm", "final_norm") and u.field_dict["m"] == 4 for u in uses) == 1
+
+
+def comparable(ops_list):
+    """The traced or composed ops as (op, shape) pairs; a one-query attention is the same with or without
+    the bottom-right causal mask."""
+    out = []
+    for op in ops_list:
+        shape = {k: v for k, v in op.items() if k not in ("op", "name", "scope", "label")}
+        if op["op"] == "attention" and shape.get("q_len") == 1:
+            shape.pop("causal", None)
+        out.append((op["op"], op.get("name"), tuple(sorted(shape.items()))))
+    return sorted(out, key=repr)
+
+
+def composed(uses, config):
+    """The phase model's layer projections, attention, lm_head and greedy pick, in the reference's terms."""
+    out = []
+    for u in uses:
+        f = u.field_dict
+        if u.op == "linear":
+            out += [{"op": "linear", "name": f["projection"], "m": f["m"], "n": f["n"], "k": f["k"]}]
+        elif u.op == "attention":
+            out += [{"op": "attention", "name": "attention", **f}]
+        elif u.label == "greedy_pick":
+            out += [{"op": "argmax", "name": "greedy", "m": f["m"], "n": f["n"]}]
+    return out
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase):
+    from phasebench.bench.phases import reference_decoder as ref
+
+    if phase == "prefill":
+        traced, uses = ref.ops_of_prefill(TINY, 1, 97), steps.prefill_step(TINY, 97)
+    else:
+        traced, uses = ref.ops_of_decode(TINY, 3, 200), steps.decode_step(TINY, 3, 200)
+    layer_ops = [o for o in traced if o["scope"] == "layer"]
+    step_ops = [o for o in traced if o["scope"] == "step"]
+    assert comparable(layer_ops + step_ops) == comparable(composed(uses, TINY))
+    # the composition counts each layer op once per layer, as the traced decoder runs it
+    assert all(u.count == TINY.layers for u in uses if u.op in ("linear", "attention") and u.part != "head")

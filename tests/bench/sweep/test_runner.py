@@ -1,0 +1,268 @@
+"""Runner resilience: failures become rows, the sweep goes on, a killed run resumes without losing rows."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+from phasebench.bench.instruments import device_memory
+from phasebench.bench.ops.attention import cost
+from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.sweep import runner
+from phasebench.bench.sweep.results import COLUMNS, ResumeError, row_key
+from phasebench.kernels import IMPLS, AttentionCall, Impl, Unsupported, available_impls
+from phasebench.kernels.attention.naive import naive_attention
+
+CASES = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32")]
+FLOAT32 = frozenset({torch.float32})
+
+
+def fake(name, plan):
+    return Impl(name=name, summary="test double", devices=frozenset({"cpu"}), dtypes=FLOAT32, plan=plan)
+
+
+def raising_plan(req):
+    def boom():
+        raise RuntimeError("kernel exploded\nsecond line")
+    return AttentionCall("raises", "fake", boom)
+
+
+def wrong_plan(req):
+    return AttentionCall("wrong", "fake", lambda: naive_attention(req) + 0.5)
+
+
+def unsupported_plan(req):
+    raise Unsupported("this fake serves nothing")
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    for impl in (fake("raises", raising_plan), fake("wrong", wrong_plan), fake("unsupported", unsupported_plan)):
+        monkeypatch.setitem(IMPLS, impl.name, impl)
+
+
+def run(tmp_path, impls, cases=CASES, **kw):
+    return runner.run(runner.RunConfig(cases, impls, torch.device("cpu"), tmp_path, suite="test", **kw))
+
+
+def test_failures_become_rows_and_the_sweep_goes_on(tmp_path, fakes):
+    df = run(tmp_path, ["raises", "wrong", "unsupported", "naive"])
+    assert list(df.columns) == COLUMNS and len(df) == 8
+    by = {(r.impl, r.phase): r for r in df.itertuples()}
+    failed = by[("raises", "prefill")]
+    assert failed.status == "failed" and failed.reason == "RuntimeError: kernel exploded"
+    wrong = by[("wrong", "decode")]
+    assert wrong.status == "incorrect" and wrong.max_rel_err > 0.01 and "above the float32 limit" in wrong.reason
+    skipped = by[("unsupported", "prefill")]
+    assert skipped.status == "skipped" and skipped.reason == "this fake serves nothing"
+    for r in (failed, wrong, skipped):
+        assert all(math.isnan(getattr(r, c)) for c in ("latency_ms", "tflops", "gbps", "pct_roofline"))
+    ok = df[df.impl == "naive"]
+    assert (ok.status == "ok").all() and (ok.tflops > 0).all() and (ok.samples >= 5).all()
+    assert (ok.max_rel_err < 1e-5).all() and set(ok.backend) == {"torch-matmul"}
+    assert (tmp_path / "results.parquet").exists() and (tmp_path / "run.json").exists()
+
+
+def test_rows_carry_consistent_figures(tmp_path):
+    df = run(tmp_path, ["naive", "flash"])
+    r = df.iloc[0]
+    assert r.flops / (r.latency_ms / 1e3) / 1e12 == pytest.approx(r.tflops)
+    assert r.bytes / (r.latency_ms / 1e3) / 1e9 == pytest.approx(r.gbps)
+    assert r.roof_tflops == pytest.approx(min(r.peak_tflops, r.intensity * r.peak_gbps / 1000))
+    assert r.pct_roofline == pytest.approx(100 * r.tflops / r.roof_tflops)
+    assert r.latency_p20_ms <= r.latency_ms <= r.latency_p80_ms
+    assert set(df.bound) <= {"compute", "memory"} and set(df.phase) == {"prefill", "decode"}
+
+
+def test_cases_that_do_not_fit_are_skipped_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_memory, "free_bytes", lambda device: 1000)
+    df = run(tmp_path, ["naive"])
+    assert (df.status == "skipped").all() and df.reason.str.contains("needs about").all()
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import torch
+    from phasebench.kernels import IMPLS, AttentionCall, Impl
+    from phasebench.kernels.attention.naive import naive_attention
+    from phasebench.bench.sweep import runner
+    from phasebench.bench.ops.attention.cases import AttentionCase
+
+    die = sys.argv[2] == "die"
+    def plan(req):
+        def call():
+            if die and req.q_len == 1:  # the second case: kill -9 in the middle of the sweep
+                os.kill(os.getpid(), signal.SIGKILL)
+            return naive_attention(req)
+        return AttentionCall("flaky", "fake", call)
+    IMPLS["flaky"] = Impl("flaky", "test double", frozenset({"cpu"}), frozenset({torch.float32}), plan)
+    cases = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32"),
+             AttentionCase(1, 2, 2, 8, 24, 32, True, "float32")]
+    runner.run(runner.RunConfig(cases, ["naive", "flaky"], torch.device("cpu"), Path(sys.argv[1]),
+                                suite="test", resume=not die))
+""")
+
+
+def test_a_killed_run_resumes_without_losing_or_repeating_rows(tmp_path):
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    out = tmp_path / "run"
+    killed = subprocess.run([sys.executable, str(script), str(out), "die"], capture_output=True, text=True)
+    assert killed.returncode == -9
+    before = pd.read_csv(out / "results.csv")
+    assert len(before) == 3  # case 1 for both impls, case 2 for naive; flaky died on case 2
+    run_id = __import__("json").loads((out / "run.json").read_text())["run_id"]
+    resumed = subprocess.run([sys.executable, str(script), str(out), "resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    after = pd.read_parquet(out / "results.parquet")
+    assert len(after) == 6 and (after.status == "ok").all()
+    keys = after[["impl", "q_len", "kv_len", "batch"]].apply(tuple, axis=1)
+    assert keys.is_unique
+    assert before.time.tolist() == after.time.tolist()[:3]  # the rows measured before the kill are kept as they were
+    assert set(after.run_id) == {run_id}
+    meta = __import__("json").loads((out / "run.json").read_text())
+    assert meta["finished"] and meta["run_id"] == run_id
+
+
+def test_resume_with_other_measurement_options_is_refused(tmp_path):
+    run(tmp_path, ["naive"], cases=CASES[:1], detect_contention=False)
+    other = runner.TimerConfig(warmup_s=0.01, budget_s=0.05, min_samples=3, max_samples=10, flush_l2=False)
+    with pytest.raises(ResumeError, match=r"resume: .* was measured with timer=.*use another --out"):
+        run(tmp_path, ["naive"], cases=CASES[:1], resume=True, timer=other)
+
+
+def test_resume_checks_the_csv_header(tmp_path):
+    run(tmp_path, ["naive"], cases=CASES[:1], detect_contention=False)
+    csv_path = tmp_path / "results.csv"
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join([lines[0].replace(",noisy,", ",loud,")] + lines[1:]) + "\n")
+    with pytest.raises(ResumeError, match="has other columns"):
+        run(tmp_path, ["naive"], cases=CASES[:1], resume=True)
+
+
+def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypatch):
+    state = {"broken": True}
+
+    def plan(req):
+        def call():
+            if state["broken"]:
+                raise RuntimeError("transient")
+            return naive_attention(req)
+        return AttentionCall("flaky", "fake", call)
+
+    monkeypatch.setitem(IMPLS, "flaky", fake("flaky", plan))
+    first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
+    assert list(first.status) == ["ok", "failed", "ok", "failed"]
+    state["broken"] = False
+    kept = run(tmp_path, ["naive", "flaky"], resume=True, detect_contention=False)
+    assert list(kept.status) == ["ok", "failed", "ok", "failed"]  # plain resume keeps what is there
+    retried = run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False)
+    assert sorted(retried.status) == ["ok"] * 4 and len(retried) == 4
+    naive_times = first[first.impl == "naive"].time.tolist()
+    assert retried[retried.impl == "naive"].time.tolist() == naive_times  # ok rows are not re-measured
+
+
+def test_the_resume_key_holds_every_field_that_changes_a_measurement():
+    row = {"op": "attention", "impl": "naive", "model": "", "batch": 1, "q_heads": 4, "kv_heads": 2, "q_len": 16,
+           "kv_len": 16, "head_dim": 32, "causal": True, "dtype": "float32", "seqlens": "", "device": "cpu0",
+           "mode": "compiled", "timer": "perf_counter_ns"}
+    for field, other in (("device", "gpu"), ("dtype", "bfloat16"), ("mode", "interpreter"),
+                         ("timer", "cuda-graph+events"), ("seqlens", "3,16"), ("op", "linear")):
+        assert row_key(row) != row_key({**row, field: other}), field
+
+
+def test_a_ragged_decode_batch_is_measured_with_its_own_lengths(tmp_path):
+    ragged = AttentionCase(3, 4, 2, 1, 97, 32, True, "float32", seqlens=(97, 40, 5))
+    df = run(tmp_path, ["naive", "flash"] + (["triton"] if "triton" in available_impls("cpu") else []),
+             cases=[ragged], detect_contention=False)
+    assert (df.status == "ok").all(), df[["impl", "reason"]]
+    assert set(df.seqlens) == {"97,40,5"} and set(df.kv_tokens) == {142}
+    assert df.backend.str.contains("per-seq|splitkv|matmul").all()
+    dense = AttentionCase(3, 4, 2, 1, 97, 32, True, "float32")
+    assert df.flops.iloc[0] == pytest.approx(cost.flops(dense) * 142 / (3 * 97))
+
+
+def test_linear_cases_run_through_the_same_path_and_a_wrong_plugin_is_incorrect(tmp_path):
+    from phasebench.bench.ops.linear.cases import LinearCase
+    from phasebench.kernels import register
+    from phasebench.kernels.registry import OPS
+
+    def transposed_sum(x, w):  # a wrong GEMV: drops the last input feature
+        return torch.nn.functional.linear(x[:, :-1], w[:, :-1])
+
+    register("linear", "drops_k", transposed_sum)
+    try:
+        cases = [LinearCase(3, 97, 4095, "float32", "decode"), LinearCase(70, 130, 200, "bfloat16", "prefill")]
+        impls = ["naive", "torch", "drops_k", "flash"] + (["triton"] if "triton" in available_impls("cpu", "linear")
+                                                         else [])
+        df = run(tmp_path, impls, cases=cases, detect_contention=False)
+    finally:
+        OPS["linear"].pop("drops_k", None)
+    assert set(df.op) == {"linear"} and "flash" not in set(df.impl)  # flash has no linear implementation
+    ok = df[df.impl != "drops_k"]
+    assert (ok.status == "ok").all(), ok[["impl", "reason"]]
+    assert (df[df.impl == "drops_k"].status == "incorrect").all()
+    r = ok[(ok.impl == "torch") & (ok.m == 3)].iloc[0]
+    assert r.flops == 2 * 3 * 97 * 4095 and r.bytes == 4 * (3 * 4095 + 97 * 4095 + 3 * 97)
+    assert r["shape"] == "m3 n97 k4095" and r.bound == "memory"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 13])
+def test_spread_order_is_a_permutation_whose_prefixes_span_the_sweep(n):
+    order = runner.spread_order(n)
+    assert sorted(order) == list(range(n)) and order[0] == 0
+    if n >= 3:  # the first two already reach into the second half
+        assert max(order[:2]) >= n // 2
+
+
+def slow_plan(req):
+    def call():
+        import time
+
+        time.sleep(0.15)
+        return naive_attention(req)
+    return AttentionCall("slow", "fake", call)
+
+
+def test_a_time_budget_skips_the_rows_that_would_overrun_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(IMPLS, "slow", fake("slow", slow_plan))
+    cases = [AttentionCase(1, 2, 1, 1, 16 + i, 16, True, "float32") for i in range(8)]
+    timer = runner.TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=3, max_samples=3, flush_l2=False)
+    df = run(tmp_path, ["slow"], cases=cases, timer=timer, time_budget_s=2.0)
+    assert len(df) == 8  # every row is recorded, measured or not
+    ok, skipped = df[df.status == "ok"], df[df.status == "skipped"]
+    assert 1 <= len(ok) < 8 and len(skipped) == 8 - len(ok)
+    assert skipped.reason.str.startswith("time budget: ").all()
+    assert skipped.reason.str.contains(r"of 2 s left, a slow row takes about 0\.\d", regex=True).all()
+    # measured in spread order: the first case, then one from the far half of the sweep
+    assert set(ok.kv_len) >= {16, 20} if len(ok) >= 2 else set(ok.kv_len) == {16}
+    # skipped rows run on resume with --retry-failed, within a new budget
+    again = run(tmp_path, ["slow"], cases=cases, timer=timer, resume=True, retry_failed=True, time_budget_s=60)
+    assert (again.status == "ok").all() and len(again) == 8
+
+
+def test_default_timer_takes_a_sample_time_and_graphs():
+    assert runner.default_timer(torch.device("cpu")) == runner.CPU_TIMER
+    t = runner.default_timer(torch.device("cuda"), cuda_graph=True, sample_time=0.1)
+    assert t.cuda_graph and t.budget_s == 0.1 and t.warmup_s == runner.CUDA_TIMER.warmup_s
+
+
+def test_a_row_is_expected_to_take_as_long_as_the_longest_of_its_impl():
+    budget = runner.TimeBudget(10.0, runner.CPU_TIMER)
+    assert budget.expected("any") == runner.CPU_TIMER.warmup_s + runner.CPU_TIMER.budget_s
+    for impl, seconds in (("fast", 0.5), ("fast", 0.3), ("slow", 9.0), ("slow", 4.0)):
+        budget.record(impl, seconds)
+    # an impl's first row (its compile and autotuning) is left out
+    assert budget.expected("fast") == 0.3 and budget.expected("slow") == 4.0
+    assert budget.expected("new") == pytest.approx(2.25)  # the median row, before an impl has two
+    budget.start -= 7.0  # about 3 s left
+    assert budget.refusal("fast") is None
+    assert budget.refusal("slow").startswith("time budget: 3.0 s of 10 s left, a slow row takes about 4.0 s")
+    budget.record("one", 0.1)
+    assert budget.expected("one") == pytest.approx(0.5)  # one row of its own: still the median of all
