@@ -57,3 +57,16 @@ def test_backend_for_matches_the_call():
     q, k, v = make_qkv(1, 2, 2, 4, 8, 16)
     name = backend_for(q, k, v, impl="flash")
     assert name == "sdpa-flash"
+
+
+def test_the_facade_names_stay_functions_beside_their_operator_packages():
+    import importlib
+    import pkgutil
+
+    import phasebench.kernels as k
+
+    for package in ("attention", "linear", "elementwise"):
+        for sub in pkgutil.iter_modules(importlib.import_module(f"phasebench.kernels.{package}").__path__):
+            importlib.import_module(f"phasebench.kernels.{package}.{sub.name}")  # a late submodule import
+    assert all(callable(f) and not hasattr(f, "__path__") for f in (k.attention, k.linear, k.elementwise))
+    assert set(k.OPS) >= {"attention", "linear", "elementwise"}
