@@ -83,9 +83,9 @@ def interpreter(rows: pd.DataFrame) -> pd.Series:
 
 
 def performance_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
-    """The ok rows a performance figure or median may use: not interpreter-mode, not noisy."""
+    """The ok rows a performance figure or median may use: not interpreter-mode, not noisy, not above their roof."""
     rows = ok_rows(df, phase)
-    return rows[~interpreter(rows) & ~_flag(rows, "noisy")]
+    return rows[~interpreter(rows) & ~_flag(rows, "noisy") & ~_flag(rows, "above_roof")]
 
 
 def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
@@ -95,6 +95,8 @@ def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
     counts = {
         "interpreter-mode rows (correctness only)": int(in_interpreter.sum()),
         "noisy rows (device contended)": int((_flag(rows, "noisy") & ~in_interpreter).sum()),
+        "rows above their roof (findings)": int((_flag(rows, "above_roof") & ~_flag(rows, "noisy")
+                                                 & ~in_interpreter).sum()),
     }
     parts = [f"{count} {what}" for what, count in counts.items() if count]
     return f"\n(left out: {'; '.join(parts)})" if parts else ""
@@ -105,7 +107,7 @@ def no_performance(title: str, df: pd.DataFrame, phase: str | None = None) -> Fi
     what = f"ok {phase} rows" if phase else "rows with status 'ok'"
     if ok_rows(df, phase).empty:
         return no_data(title, f"no {what}")
-    return no_data(title, f"every one of the {what} is interpreter-mode or noisy")
+    return no_data(title, f"every one of the {what} is interpreter-mode, noisy or above its roof")
 
 
 def group_fields(df: pd.DataFrame) -> list[str]:

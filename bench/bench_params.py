@@ -34,6 +34,7 @@ class _Options:
         self.shape = None
         self.op = config.getoption("--op") or _env_list("PHASEBENCH_OP") or None
         self.shard = config.getoption("--shard")
+        self.warm = config.getoption("--warm")
 
 
 def bench_params(config) -> tuple[list, list[str]]:
@@ -51,6 +52,7 @@ def bench_params(config) -> tuple[list, list[str]]:
         raise ValueError(str(err)) from None
     config.phasebench_device = device
     config.phasebench_suite = opts.suite
+    config.phasebench_cold = not opts.warm
     return cases, impls
 
 
@@ -66,32 +68,40 @@ def flush_buffer(device: torch.device) -> torch.Tensor:
 
 
 class BenchmarkSampler:
-    """The measuring path's timer under pytest-benchmark: `pedantic` rounds of a call that completes on the device."""
+    """The measuring path's timer under pytest-benchmark: `pedantic` rounds of a call that completes on the device;
+    on the host, the calls on copies of the streamed operands taken in turn (or an eviction first), as the runner
+    does, unless `cold` is off (`--warm`)."""
 
-    label = "pytest-benchmark"
-
-    def __init__(self, benchmark, device: torch.device):
+    def __init__(self, benchmark, device: torch.device, cold: bool = True):
         self.benchmark = benchmark
         self.flush = flush_buffer(device) if device.type == "cuda" else None
+        self.cold = cold and device.type == "cpu"
+        self.label = "pytest-benchmark+cold" if self.cold else "pytest-benchmark"
 
-    def __call__(self, fn, device, *, range_name, payload, interpreter) -> Timing:
-        def timed():  # the host clock stops only once the device has finished
-            fn()
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None) -> Timing:
+        calls, kept = list(calls), {"next": 0, "last": None}
+
+        def timed(fn):  # the host clock stops only once the device has finished
+            kept["last"] = fn()
             sync(device)
 
-        setup = None
-        if self.flush is not None:  # the flush runs and completes before the clock starts
-            def setup():
+        def setup():  # outside the clock: the next call in turn, the L2 flush or the host eviction before it
+            if self.flush is not None:
                 self.flush.zero_()
                 torch.cuda.synchronize(device)
+            if evict is not None:
+                evict()
+            fn = calls[kept["next"] % len(calls)]
+            kept["next"] += 1
+            return (fn,), {}
         from .sweep.measure import INTERPRETER_SAMPLES
 
         rounds = INTERPRETER_SAMPLES
         if not interpreter:  # as many rounds as fit the budget, from one warm call
             t0 = time.perf_counter()
-            timed()
+            timed(*setup()[0])
             rounds = max(5, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6))))
         with nvtx_range(range_name, payload=payload):
             self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=1, iterations=1)
         data = self.benchmark.stats.stats.data
-        return Timing(tuple(s * 1e3 for s in data), self.label)
+        return Timing(tuple(s * 1e3 for s in data), self.label, kept["last"])

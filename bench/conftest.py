@@ -22,6 +22,9 @@ def pytest_addoption(parser):
     group.addoption("--shard", default=os.environ.get("PHASEBENCH_SHARD"), metavar="K/N",
                     help="only shard K of N (1-based) of the cases, every impl of a case in one shard, as "
                          "`phasebench run --shard`; env PHASEBENCH_SHARD (pytest-benchmark is off under xdist)")
+    group.addoption("--warm", action="store_true", default=bool(os.environ.get("PHASEBENCH_WARM")),
+                    help="host: time with warm caches (default: the weights and the KV cache cold, as a forward "
+                         "pass streams them; env PHASEBENCH_WARM=1)")
 
 
 def pytest_generate_tests(metafunc):

@@ -38,7 +38,7 @@ def probe(device):
 
 def test_kernel(benchmark, case, impl, device, probe, pytestconfig):
     ceil = suite_ceilings(device, (case.dtype,))
-    sampler = BenchmarkSampler(benchmark, device)
+    sampler = BenchmarkSampler(benchmark, device, cold=pytestconfig.phasebench_cold)
     row = base_row(case, impl, "pytest-benchmark", pytestconfig.phasebench_suite, ceil, sampler.label)
     with on_device(device):  # Triton launches and events act on the current device
         row = measure(case_state(case, device), impl, row, sampler, probe)

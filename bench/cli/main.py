@@ -97,7 +97,7 @@ def cmd_run(args) -> int:
         raise UsageError("cuda-graph: needs a CUDA device")
     from ..sweep.runner import default_timer
 
-    timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time)
+    timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time, warm=args.warm)
     cases, shard = shard_of_run(args, cases, impls, device, timer, out, suite)
     try:
         df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
@@ -140,7 +140,8 @@ def cmd_ceilings(args) -> int:
           + (f"   {sheet.peak_gbps:10.1f} GB/s datasheet ({sheet.name})" if sheet else ""))
     for d, tf in ceil.peak_tflops.items():
         ds = f"   {sheet.peak_tflops[d]:10.1f} TFLOP/s datasheet" if sheet and d in sheet.peak_tflops else ""
-        print(f"  matmul {d:<9} {tf:10.3f} TFLOP/s measured{ds}   ridge {ceil.ridge(d):.1f} FLOP/B")
+        size = f" at {ceil.matmul_n[d]}^3" if d in ceil.matmul_n else ""
+        print(f"  matmul {d:<9} {tf:10.4g} TFLOP/s measured{size}{ds}   ridge {ceil.ridge(d):.3g} FLOP/B")
     for warning in ceil.warnings:
         print(f"  warning: {warning}")
     return 0
@@ -192,6 +193,10 @@ def cmd_profile(args) -> int:
     return 0
 
 
+WARM_HELP = ("host: time each op with warm caches (default: the weights and the KV cache cold, read from memory "
+             "as a forward pass streams them)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phasebench", description=__doc__)
     parser.add_argument("--version", action="version", version=f"phasebench {package_version()}")
@@ -210,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time CUDA-graph replays of each call (no host launch cost inside the events)")
     run.add_argument("--sample-time", type=float, metavar="S",
                      help="seconds of timed samples per case and impl (default 0.5 on CUDA, 0.3 on the host)")
+    run.add_argument("--warm", action="store_true", help=WARM_HELP)
     run.add_argument("--time-budget", type=float, metavar="S",
                      help="wall seconds for the whole command, start-up included: cases are taken spread over the "
                           "sweep, and the rows that would overrun are recorded as skipped (--resume --retry-failed "
@@ -259,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
     phases.add_argument("--sample-time", type=float, metavar="S",
                         help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
+    phases.add_argument("--warm", action="store_true", help=WARM_HELP)
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
@@ -277,7 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--threshold", default="5%", help="smallest change called faster or slower (default 5%%)")
     comp.add_argument("--confidence", type=float, default=0.95, help="of the intervals (default 0.95)")
     comp.add_argument("--fail-on-regression", action="store_true",
-                      help="exit 1 when a pair is slower beyond the threshold with confidence (for CI)")
+                      help="exit 1 when a pair is slower beyond the threshold with confidence, a row that was ok is "
+                           "not (incorrect, failed, skipped), or an ok row of BASE is missing from NEW (for CI)")
+    comp.add_argument("--allow-missing", action="store_true",
+                      help="with --fail-on-regression: rows missing from NEW do not fail it")
     comp.add_argument("--out", help="folder for comparison.csv, comparison.png and a report.html")
     comp.set_defaults(func=cmd_compare)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .conditions import driver_version, load_warnings, watch
+from .host_cache import last_level_cache
 from .timing import TimerConfig, time_call
 
 DATASHEET_RANGE = (0.3, 1.1)  # measured / datasheet outside this gets a warning
@@ -75,6 +75,8 @@ class Ceilings:
     conditions: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     added: dict[str, dict] = field(default_factory=dict)
+    checked: str = ""  # how a cached entry was held against a probe now, or why the figures were measured
+    matmul_n: dict[str, int] = field(default_factory=dict)  # the square size each dtype's matmul was measured at
 
     def to_json(self) -> dict:
         return {"device": self.device, "kind": self.kind, "peak_gbps": self.peak_gbps,
@@ -82,7 +84,8 @@ class Ceilings:
                 "datasheet": asdict(self.datasheet) if self.datasheet else None,
                 "source": self.source, "measured_at": self.measured_at, "age_s": self.age_s,
                 "duration_s": self.duration_s, "conditions": dict(self.conditions),
-                "warnings": list(self.warnings), "added": {d: dict(p) for d, p in self.added.items()}}
+                "warnings": list(self.warnings), "added": {d: dict(p) for d, p in self.added.items()},
+                "checked": self.checked, "matmul_n": dict(self.matmul_n)}
 
     def roof_tflops(self, dtype: str, intensity: float) -> float:
         return min(self.peak_tflops[dtype], intensity * self.peak_gbps / 1000)
@@ -95,8 +98,8 @@ class Ceilings:
         """One line: measured now or cached (and how long ago), when and for how long."""
         when = f"at {self.measured_at}, took {self.duration_s:.1f} s"
         if self.source == "measured":
-            return f"measured now ({when})"
-        return f"cached, measured {_age(self.age_s)} ago ({when})"
+            return f"measured now ({when}); {self.checked}"
+        return f"cached, measured {_age(self.age_s)} ago ({when}); {self.checked}"
 
 
 def _age(seconds: float) -> str:
@@ -139,15 +142,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "phasebench"
 
 
+HOST_COPY_LLCS = 4  # the host copy's buffers are this many times the last-level cache (as the GPU flush is with L2)
+
+
 def _copy_size_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(min(2 << 30, free // 4))
-    return 256 << 20  # far beyond the last-level cache of any host CPU
+    return max(256 << 20, HOST_COPY_LLCS * last_level_cache()[0])  # a 480 MiB L3 would hold a 256 MiB copy
 
 
 def measure_bandwidth(device: torch.device, cfg: TimerConfig) -> float:
-    """GB/s of a large device copy, counting the bytes read plus the bytes written."""
+    """GB/s of a device copy far beyond the last-level cache, counting the bytes read plus the bytes written."""
     n = _copy_size_bytes(device) // 4
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
@@ -155,9 +161,30 @@ def measure_bandwidth(device: torch.device, cfg: TimerConfig) -> float:
     return 2 * n * 4 / (timing.median_ms / 1e3) / 1e9
 
 
-def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig) -> float:
-    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32)."""
-    n = 8192 if device.type == "cuda" else 2048
+MATMUL_SIZES = {"cuda": (1024, 8192), "cpu": (256, 2048)}  # square sizes tried, smallest to largest
+MATMUL_CALL_S = 0.05  # the size grows while one call takes less than this
+
+
+def matmul_size(device: torch.device, dtype: str) -> int:
+    """The largest square size, doubling from the smallest, whose one call still takes under MATMUL_CALL_S (or the
+    largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3."""
+    low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
+    n = low
+    while n < high:
+        a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+        start = time.perf_counter()
+        torch.matmul(a, a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if time.perf_counter() - start >= MATMUL_CALL_S:
+            break
+        n *= 2
+    return n
+
+
+def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | None = None) -> float:
+    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32), of size `n` (default matmul_size)."""
+    n = n or matmul_size(device, dtype)
     a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     timing = time_call(lambda: torch.matmul(a, b), device, cfg)
@@ -165,6 +192,8 @@ def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig) -> float:
 
 
 CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_samples=200, flush_l2=False)
+# the host measures its ceilings in every run: a shorter timer keeps that near a second per figure
+HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -218,41 +247,119 @@ def datasheet_warnings(ceil: Ceilings) -> list[str]:
             if not low <= got / want <= high]
 
 
-def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False) -> Ceilings:
-    """Measured ceilings of `device` for `dtypes`, from the cache unless `refresh`, the cache entry is from
-    other torch/CUDA/driver versions, or a dtype is missing from it (then that dtype is measured and added)."""
+# ---- serving the ceilings: measured in each host run, cached on a GPU behind a probe ----------------------------
+
+# The host measures its ceilings in each run (a shared host drifts by tens of percent within the hour, and a probe
+# there is as noisy as the drift); a process reuses what it measured within HOST_REUSE_S (runs called in a loop).
+HOST_REUSE_S = 120.0
+# A GPU keeps its cache, held against a short probe in each run (the same copy, a matmul of half the size, a few
+# samples): beyond PROBE_TOLERANCE of the probe measured with the entry, the ceilings are measured again.
+PROBE_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.1, min_samples=3, max_samples=20, flush_l2=False)
+PROBE_TOLERANCE = 0.10
+_this_process: dict[str, tuple[float, dict]] = {}  # fingerprint -> (monotonic time, entry) on the host
+
+
+def probe(device: torch.device, dtypes, sizes: dict[str, int]) -> dict[str, float]:
+    """Quick figures to hold a cached entry against: the same copy and a matmul of half the entry's size."""
+    return {"copy": measure_bandwidth(device, PROBE_TIMER),
+            **{d: measure_matmul(device, d, PROBE_TIMER, n=max(sizes[d] // 2, 1)) for d in dtypes}}
+
+
+def _drift(then: dict, now: dict) -> tuple[str, float]:
+    """The figure that moved most between two probes, and by how much (relative)."""
+    moves = {k: abs(now[k] / then[k] - 1) for k in now if then.get(k)}
+    return max(moves.items(), key=lambda kv: kv[1]) if moves else ("", float("inf"))
+
+
+def _held(device: torch.device, entry: dict, wanted: list[str]) -> tuple[dict | None, str]:
+    """A GPU's cache entry if a probe now agrees with the one taken with it, else None; and what the probe found."""
+    if not entry.get("probe") or not entry.get("matmul_n"):
+        return None, "measured again: the cached entry has no probe to hold it against"
+    have = [d for d in wanted if d in entry["peak_tflops"] and d in entry["matmul_n"]]
+    what, moved = _drift(entry["probe"], probe(device, have, entry["matmul_n"]))
+    if moved <= PROBE_TOLERANCE:
+        return entry, f"cached entry held: a probe now is within {moved:.0%} of its own ({what})"
+    return None, f"measured again: a probe now differs by {moved:.0%} from the cached entry's ({what})"
+
+
+def _cached(device: torch.device, path: Path, current: dict, wanted: list[str],
+            use_file: bool) -> tuple[dict | None, str]:
+    if not use_file:
+        when, entry = _this_process.get(fingerprint(device), (None, None))
+        if entry is not None and time.monotonic() - when <= HOST_REUSE_S:
+            return entry, f"measured by this process {time.monotonic() - when:.0f} s ago (host: each run measures)"
+        return None, "measured: the host measures its ceilings in each run"
+    entry = _read_entry(path, current)
+    return _held(device, entry, wanted) if entry is not None else (None, "measured: nothing cached for these versions")
+
+
+def _measure_dtype(device: torch.device, dtype: str, timer: TimerConfig, with_probe: bool) -> tuple:
+    n = matmul_size(device, dtype)
+    tflops = measure_matmul(device, dtype, timer, n=n)
+    return tflops, n, (measure_matmul(device, dtype, PROBE_TIMER, n=max(n // 2, 1)) if with_probe else None)
+
+
+def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
+             cached: bool | None = None) -> Ceilings:
+    """Measured ceilings of `device` for `dtypes`. With `cached` (default: on a GPU), from the cache file unless
+    `refresh`, the entry is from other torch/CUDA/driver versions, a probe now differs from the entry's by more
+    than PROBE_TOLERANCE, or a dtype is missing (then it is measured and added); without (default on the host),
+    measured in each run and reused within one process for HOST_REUSE_S. Figures measured on a busy machine (the
+    conditions' load warnings) serve this run, with a warning, and are never kept for another."""
+    gpu = device.type == "cuda"
+    use_file = gpu if cached is None else cached
     path = cache_dir() / f"ceilings-{fingerprint(device)}.json"
     current = versions(device)
-    entry = None if refresh else _read_entry(path, current)
-    source = "cached" if entry is not None else "measured"
     name = device_name(device)
     wanted = list(dict.fromkeys(dtypes))
+    timer = CEILING_TIMER if gpu else HOST_CEILING_TIMER
     with on_device(device):
+        entry, checked = (None, "measured: --refresh") if refresh else _cached(device, path, current, wanted,
+                                                                                  use_file)
+        source = "cached" if entry is not None else "measured"
         if entry is None:
             def measure_all():
-                gbps = measure_bandwidth(device, CEILING_TIMER)
-                return gbps, {d: measure_matmul(device, d, CEILING_TIMER) for d in wanted}
+                gbps = measure_bandwidth(device, timer)
+                figures = {d: _measure_dtype(device, d, timer, use_file) for d in wanted}
+                return gbps, figures, measure_bandwidth(device, PROBE_TIMER) if use_file else None
 
-            (gbps, tflops), provenance = _measure(device, measure_all)
-            entry = {"device": name, "kind": device.type, "peak_gbps": gbps, "peak_tflops": tflops,
-                     **provenance, "added": {}, "versions": current}
+            (gbps, figures, copy_probe), provenance = _measure(device, measure_all)
+            entry = {"device": name, "kind": device.type, "peak_gbps": gbps,
+                     "peak_tflops": {d: f[0] for d, f in figures.items()},
+                     "matmul_n": {d: f[1] for d, f in figures.items()}, **provenance, "added": {},
+                     "versions": current, "probe": {"copy": copy_probe, **{d: f[2] for d, f in figures.items()}}}
         missing = [d for d in wanted if d not in entry["peak_tflops"]]
         for dtype in missing:
-            measure = functools.partial(measure_matmul, device, dtype, CEILING_TIMER)
-            entry["peak_tflops"][dtype], entry["added"][dtype] = _measure(device, measure)
-    if source == "measured" or missing:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(entry, indent=1))
-        except OSError:
-            pass  # an unwritable cache only costs a re-measurement next time
+            (tflops, n, probed), entry["added"][dtype] = _measure(device, lambda d=dtype: _measure_dtype(
+                device, d, timer, use_file))
+            entry["peak_tflops"][dtype], entry.setdefault("matmul_n", {})[dtype] = tflops, n
+            entry.setdefault("probe", {})[dtype] = probed
+    busy = load_warnings(entry.get("conditions") or {}) if source == "measured" else []
+    busy += [w for d in missing for w in load_warnings(entry["added"][d].get("conditions") or {})]
+    if busy:
+        checked += "; kept for no other run: measured on a busy machine"
+    elif source == "measured" or missing:
+        _keep(device, path, entry, use_file)
     age = round(max(0.0, time.time() - entry["measured_at_epoch"]), 3)
     result = Ceilings(name, device.type, float(entry["peak_gbps"]),
                       {k: float(v) for k, v in entry["peak_tflops"].items()}, datasheet_for(name),
                       source=source, measured_at=entry["measured_at"], age_s=age,
                       duration_s=float(entry.get("duration_s") or 0.0),
-                      conditions=dict(entry.get("conditions") or {}), added=dict(entry["added"]))
+                      conditions=dict(entry.get("conditions") or {}), added=dict(entry["added"]), checked=checked,
+                      matmul_n=dict(entry.get("matmul_n") or {}))
     result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
     for dtype, provenance in result.added.items():
         result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")
     return result
+
+
+def _keep(device: torch.device, path: Path, entry: dict, use_file: bool) -> None:
+    """The entry to the cache file (a GPU's), or for this process only (the host's)."""
+    if not use_file:
+        _this_process[fingerprint(device)] = (time.monotonic(), entry)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(entry, indent=1))
+    except OSError:
+        pass  # an unwritable cache only costs a re-measurement next time

@@ -1,4 +1,9 @@
-"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time."""
+"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time.
+
+A timer takes one call or several equivalent ones (the same op on copies of its streamed operands, taken in
+turn so that none is still cached when it is read again) and an optional `evict` run before each call, outside
+the clock. It keeps the last timed call's output, so the gate can check what was timed as well as the first call.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +30,7 @@ class TimerConfig:
     max_samples: int = 1000
     flush_l2: bool = True
     cuda_graph: bool = False
+    cold: bool = False  # host: the operands a forward pass streams are timed cold (bench.instruments.cold)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Timing:
 
     samples_ms: tuple[float, ...]
     method: str
+    last: object = field(default=None, compare=False, repr=False)  # the last timed call's output
 
     @property
     def median_ms(self) -> float:
@@ -55,16 +62,28 @@ def _sample_count(per_call_s: float, cfg: TimerConfig) -> int:
     return max(cfg.min_samples, min(cfg.max_samples, wanted))
 
 
-def _warm_up(fn: Callable[[], object], cfg: TimerConfig, sync: Callable[[], None]) -> float:
-    """Run until warm-up time has passed (at least once); return the mean seconds per call."""
-    calls, start = 0, time.perf_counter()
+def _calls(fn: Callable[[], object] | Sequence[Callable[[], object]]) -> list[Callable[[], object]]:
+    calls = [fn] if callable(fn) else list(fn)
+    if not calls:
+        raise ValueError("calls: need at least one call to time")
+    return calls
+
+
+def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None],
+             evict: Callable[[], None] | None = None) -> tuple[float, int]:
+    """Run the calls in turn until warm-up time has passed (at least once); return the mean wall seconds per call,
+    its eviction included (so that the sample count keeps the sampling near its budget), and how many calls ran
+    (the samples go on from the next one in turn, so the first sample never rereads what warm-up just read)."""
+    n, start = 0, time.perf_counter()
     while True:
-        fn()
+        if evict is not None:
+            evict()
+        calls[n % len(calls)]()
         sync()
-        calls += 1
+        n += 1
         elapsed = time.perf_counter() - start
         if elapsed >= cfg.warmup_s:
-            return elapsed / calls
+            return elapsed / n, n
 
 
 def _samples_range(range_name: str | None, payload):
@@ -72,24 +91,34 @@ def _samples_range(range_name: str | None, payload):
     return contextlib.nullcontext() if range_name is None else nvtx_range(range_name, payload=payload)
 
 
-def time_cpu(fn: Callable[[], object], cfg: TimerConfig = TimerConfig(), range_name: str | None = None,
-             payload=None) -> Timing:
-    """perf_counter_ns around each call after warm-up; range_name: NVTX range around the samples only."""
-    per_call = _warm_up(fn, cfg, lambda: None)
+def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: TimerConfig = TimerConfig(),
+             range_name: str | None = None, payload=None, evict: Callable[[], None] | None = None) -> Timing:
+    """perf_counter_ns around each call after warm-up, the calls taken in turn and `evict` run before each one
+    (outside the clock); range_name: NVTX range around the samples only."""
+    calls = _calls(fn)
+    per_call, offset = _warm_up(calls, cfg, lambda: None, evict)
     n = _sample_count(per_call, cfg)
-    samples = []
+    samples, last = [], None
     gc_was_on = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land inside a random sample
     try:
         with _samples_range(range_name, payload):
-            for _ in range(n):
-                t0 = time.perf_counter_ns()
-                fn()
-                samples.append((time.perf_counter_ns() - t0) / 1e6)
+            for i in range(n):
+                call = calls[(offset + i) % len(calls)]
+                if evict is not None:
+                    evict()
+                if i < n - 1:
+                    t0 = time.perf_counter_ns()
+                    call()
+                    samples.append((time.perf_counter_ns() - t0) / 1e6)
+                else:  # the last call's output is kept for the gate
+                    t0 = time.perf_counter_ns()
+                    last = call()
+                    samples.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         if gc_was_on:
             gc.enable()
-    return Timing(tuple(samples), "perf_counter_ns")
+    return Timing(tuple(samples), "perf_counter_ns", last)
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
@@ -98,47 +127,58 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.int32, device=device)
 
 
-def time_cuda(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig(),
-              range_name: str | None = None, payload=None) -> Timing:
+def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
+              cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None) -> Timing:
     """CUDA events around each call; an L2 flush (outside the events) before each one.
 
     range_name: NVTX range (with payload) around the samples only, after warm-up and graph capture,
     closed once the last sample has finished on the GPU; each flush sits in a nested 'l2flush' range.
+    With several calls each is taken in turn (each captured in a graph of its own with cuda_graph); the last
+    output kept is the last call's, or the graph's output after its last replay.
     """
     sync = torch.cuda.synchronize
-    per_call = _warm_up(fn, cfg, sync)
-    run = fn
+    calls = _calls(fn)
+    per_call, _ = _warm_up(calls, cfg, sync)
+    runs, static = calls, [None] * len(calls)
     if cfg.cuda_graph:
-        graph = torch.cuda.CUDAGraph()
+        runs = []
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            fn()  # allocations of the first call happen outside the capture
-            with torch.cuda.graph(graph, stream=stream):
-                fn()
+            for i, call in enumerate(calls):
+                graph = torch.cuda.CUDAGraph()
+                call()  # allocations of the first call happen outside the capture
+                with torch.cuda.graph(graph, stream=stream):
+                    static[i] = call()  # replays rewrite this output in place
+                runs.append(graph.replay)
         torch.cuda.current_stream(device).wait_stream(stream)
-        run = graph.replay
     flush = l2_flush_buffer(device) if cfg.flush_l2 else None
     n = _sample_count(per_call, cfg)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    last = None
     sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
     with _samples_range(range_name, payload):
-        for start, end in zip(starts, ends, strict=True):
+        for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
             if flush is not None:
                 with nvtx_range(L2FLUSH):
                     flush.zero_()
             start.record()
-            run()
+            out = runs[i % len(runs)]()
             end.record()
+            if i == n - 1:
+                last = static[i % len(runs)] if cfg.cuda_graph else out
+            del out
         sync()
     samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
-    return Timing(samples, "cuda-graph+events" if cfg.cuda_graph else "cuda-events")
+    return Timing(samples, "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last)
 
 
-def time_call(fn: Callable[[], object], device: torch.device, cfg: TimerConfig = TimerConfig(),
-              range_name: str | None = None, payload=None) -> Timing:
-    """Time `fn` on the device its tensors live on; range_name (if given) is the NVTX range of the samples."""
+def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
+              cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
+              evict: Callable[[], None] | None = None) -> Timing:
+    """Time `fn` (or several equivalent calls in turn) on the device its tensors live on; range_name (if given) is
+    the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2)."""
     if device.type == "cuda":
         return time_cuda(fn, device, cfg, range_name, payload)
-    return time_cpu(fn, cfg, range_name, payload)
+    return time_cpu(fn, cfg, range_name, payload, evict)

@@ -26,6 +26,12 @@ class Operator:
     prepare: Callable[[object, object, str], object]  # (case, inputs, impl) -> a planned call
     does_not_fit: Callable[..., str | None]  # (case, impl, device, *, resident, free)
     key: Callable[[object, str], str]  # the NVTX name of (case, impl)
+    # fields of the inputs that a forward pass streams from memory (weights, the KV cache): cold on the host
+    streamed: tuple[str, ...] = ()
+    # (case, inputs) -> inputs that stress the kernel where standard-normal inputs cannot (attention: large logits),
+    # checked after the standard inputs; None for an operator without such a regime
+    stress: Callable[[object, object], object] | None = None
+    stress_note: str = ""  # what the stress inputs are, for the reason of a row that fails on them
 
 
 OPERATORS: dict[str, Operator] = {}

@@ -25,7 +25,7 @@ CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": E
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
             reference_layers=2)
 # short per-op sampling on the host: about 190 ops to measure in two minutes
-HOST_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.15, min_samples=3, max_samples=200, flush_l2=False)
+HOST_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.15, min_samples=3, max_samples=200, flush_l2=False, cold=True)
 GPU = dict(prompts=(512, 2048, 8192), batches=(1, 4, 16, 64, 128, 256), context=4096, chunks=(256, 512, 1024, 2048),
            chunk_batch=32, reference_layers=4)
 REFERENCE_TIMER = {"cpu": TimerConfig(warmup_s=0.05, budget_s=0.5, min_samples=3, max_samples=20, flush_l2=False),
@@ -34,10 +34,12 @@ LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "host gaps b
             "allocation), which the composition never sees", "sampling beyond the greedy pick")
 
 
-def ops_timer(device: torch.device, sample_time: float | None = None) -> TimerConfig:
-    """How each op of the composition is timed: the runner's CUDA timer, or short host sampling;
-    `sample_time` replaces the seconds of samples per op."""
+def ops_timer(device: torch.device, sample_time: float | None = None, warm: bool = False) -> TimerConfig:
+    """How each op of the composition is timed: the runner's CUDA timer, or short host sampling with the weights
+    and the KV cache cold (warm caches with `warm`); `sample_time` replaces the seconds of samples per op."""
     timer = CUDA_TIMER if device.type == "cuda" else HOST_TIMER
+    if warm:
+        timer = dataclasses.replace(timer, cold=False)
     return timer if sample_time is None else dataclasses.replace(timer, budget_s=sample_time)
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, build_cases, resolve_device
+from ..sweep.selection import UsageError, build_cases, load_plugins, resolve_device
 
 
 def parse_args(argv):
@@ -20,6 +20,7 @@ def parse_args(argv):
     parser.add_argument("--device")
     parser.add_argument("--dtype")
     parser.add_argument("--calls", type=int, default=2, help="calls inside the profiled range (default 2)")
+    parser.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")
     parser.add_argument("--json", help="write the case, its cost and the backend here")
     return parser.parse_args(argv)
 
@@ -27,6 +28,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        load_plugins(args.plugin)
         device = resolve_device(args.device)
         selection = argparse.Namespace(suite="custom", op=None, model=args.model, shape=[args.shape],
                                        dtype=args.dtype)
@@ -36,21 +38,28 @@ def main(argv=None) -> int:
         return 2
     from ...profiles.capture import cuda_profiler_range
     from ..instruments.roofline import on_device
-    from ..ops import operator_of
-    from ..sweep.measure import case_seed, sync
+    from ..sweep.measure import CaseState, gate, sync
 
-    op = operator_of(case)
     with on_device(device):
-        inputs = op.make_inputs(case, device, case_seed(case))
-        call = op.prepare(case, inputs, args.impl)
-        for _ in range(2):  # the first call compiles and autotunes; the profiled ones run the chosen kernel
-            call.run()
-            sync(device)
+        state = CaseState(case, device)
+        op = state.op
+        call = op.prepare(case, state.inputs, args.impl)
+        verdict = gate(state, call, args.impl)  # the first call compiles and autotunes; what is profiled is correct
+        if not verdict.ok:
+            print(f"ncu_target: error: {args.impl} is incorrect on this case: {verdict.reason}", file=sys.stderr)
+            return 1
+        call.run()
+        sync(device)
         with cuda_profiler_range() if device.type == "cuda" else contextlib.nullcontext():
             for _ in range(args.calls):
-                call.run()
+                out = call.run()
             sync(device)
+        last = state.standard.judge(out)  # and the last profiled call's output, outside the range
+        if not last.ok:
+            print(f"ncu_target: error: {args.impl}'s last profiled call is incorrect: {last.reason}", file=sys.stderr)
+            return 1
     info = {"case": case.row_fields(), "impl": args.impl, "backend": call.backend, "key": op.key(case, args.impl),
+            "max_rel_err": verdict.error,
             "flops": op.flops(case), "bytes": op.min_bytes(case), "calls": args.calls, "device": str(device)}
     print(json.dumps(info))
     if args.json:

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 # 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
-SCHEMA_VERSION = 2
+# 3: above_roof (a compiled row above ABOVE_ROOF_PCT of its measured roof, its finding in `reason`).
+SCHEMA_VERSION = 3
+ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
@@ -33,6 +35,7 @@ RESULT_COLUMNS = (
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline", "bound",
+    "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: left off the figures, the finding in `reason`
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
@@ -69,7 +72,7 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k",
                "cache_len")
-BOOL_COLUMNS = ("causal", "noisy", "profiled")
+BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline",
@@ -132,7 +135,7 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 
 # What a row that lacks a column (an older schema) or leaves it blank holds; other missing
 # columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
-DEFAULTS = {"op": "attention", "noisy": False, "profiled": False}
+DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

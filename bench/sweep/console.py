@@ -7,6 +7,8 @@ import sys
 
 import pandas as pd
 
+from ..spec.schema import ABOVE_ROOF_PCT
+
 
 class Progress:
     """One line per finished row, led by a bar; redrawn in place on a terminal."""
@@ -46,6 +48,8 @@ def format_table(df: pd.DataFrame) -> str:
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
         if getattr(r, "noisy", False) is True:
             status = ("NOISY " + status).strip()
+        if getattr(r, "above_roof", False) is True:
+            status = ("ABOVE ROOF " + status).strip()
         spread = "" if r.status != "ok" else f"{_num(r.latency_p20_ms, '.3f')}-{_num(r.latency_p80_ms, '.3f')}"
         lines.append({"op": r.op, "impl": r.impl, "phase": r.phase, "shape": shape,
                       "latency ms": _num(r.latency_ms, ".3f"),
@@ -65,4 +69,10 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
     warning = summary_warning(df) if not df.empty else None
     if warning:
         lines.append(f"warning: {warning}")
+    above = df[df["above_roof"].astype(bool)] if "above_roof" in df.columns and not df.empty else df.iloc[0:0]
+    if len(above):
+        example = above.iloc[0]
+        lines.append(f"warning: {len(above)} of {int((df['status'] == 'ok').sum())} ok rows stand above "
+                     f"{ABOVE_ROOF_PCT:g}% of their measured roof (left off the figures), e.g. {example['impl']} "
+                     f"{example['shape']}: {str(example['reason']).removeprefix('above roof: ')}")
     return lines

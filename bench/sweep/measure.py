@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -14,10 +14,14 @@ import torch
 from ...kernels import Unsupported, triton_mode
 from ...profiles.names import CHECK, SETUP, stage_name
 from ...profiles.nvtx_ranges import nvtx_range
-from ..instruments.gate import judge
+from ..instruments import cold as cold_operands
+from ..instruments.cold import cold_copies
+from ..instruments.gate import Verdict, judge
+from ..instruments.host_cache import last_level_cache
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
+from ..spec.schema import ABOVE_ROOF_PCT
 
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
 
@@ -42,12 +46,15 @@ def one_line(err: BaseException) -> str:
 
 
 class Sampler(Protocol):
-    """Times a planned call: `label` names the clock (it goes in the row's `timer` column)."""
+    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one outside
+    the clock; `label` names the clock (it goes in the row's `timer` column), `cold` whether host operands that a
+    forward pass streams are timed cold."""
 
     label: str
+    cold: bool
 
-    def __call__(self, fn: Callable[[], object], device: torch.device, *, range_name: str, payload: float,
-                 interpreter: bool) -> Timing: ...
+    def __call__(self, calls: Sequence[Callable[[], object]], device: torch.device, *, range_name: str,
+                 payload: float, interpreter: bool, evict: Callable[[], None] | None = None) -> Timing: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,37 +65,33 @@ class HarnessSampler:
     device_type: str
 
     @property
+    def cold(self) -> bool:
+        return self.config.cold
+
+    @property
     def label(self) -> str:
         if self.device_type != "cuda":
-            return "perf_counter_ns"
+            return "perf_counter_ns+cold" if self.config.cold else "perf_counter_ns"
         return "cuda-graph+events" if self.config.cuda_graph else "cuda-events"
 
-    def __call__(self, fn, device, *, range_name, payload, interpreter):
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None):
         cfg = self.config
         if interpreter:
             cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES)
-        return time_call(fn, device, cfg, range_name=range_name, payload=payload)
+        return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict)
 
 
-class CaseState:
-    """Inputs, reference and low-precision baseline of one case of any operator, built once for every impl."""
+class Checked:
+    """One set of inputs of a case with its higher-precision reference and low-precision baseline, built lazily."""
 
-    def __init__(self, case, device: torch.device):
-        self.case, self.device = case, device
-        self.op = operator_of(case)
-        self._inputs = None
-        self._reference: torch.Tensor | None = None
-        self._baseline: tuple[float | None] | None = None
-
-    @property
-    def resident(self) -> bool:
-        """True once the inputs and reference occupy device memory (the fit check then charges impls only)."""
-        return self._reference is not None
+    def __init__(self, op, case, device: torch.device, make_inputs: Callable[[], object]):
+        self.op, self.case, self.device, self._make = op, case, device, make_inputs
+        self._inputs = self._reference = self._baseline = None
 
     @property
     def inputs(self):
         if self._inputs is None:
-            self._inputs = self.op.make_inputs(self.case, self.device, case_seed(self.case))
+            self._inputs = self._make()
         return self._inputs
 
     @property
@@ -102,6 +105,64 @@ class CaseState:
         if self._baseline is None:
             self._baseline = (self.op.baseline_error(self.case, self.inputs, self.reference),)
         return self._baseline[0]
+
+    def judge(self, out) -> Verdict:
+        return judge(out, self.reference, self.case.dtype, self.baseline_error)
+
+
+class CaseState:
+    """Inputs, reference and low-precision baseline of one case of any operator, built once for every impl: the
+    standard inputs, the operator's stress inputs (attention: large logits), and copies of the streamed operands
+    for cold host timings."""
+
+    def __init__(self, case, device: torch.device):
+        self.case, self.device = case, device
+        self.op = operator_of(case)
+        self.standard = Checked(self.op, case, device, lambda: self.op.make_inputs(case, device, case_seed(case)))
+        self.stressed = None if self.op.stress is None else Checked(
+            self.op, case, device, lambda: self.op.stress(case, self.standard.inputs))
+        self._copies: list = []
+
+    @property
+    def resident(self) -> bool:
+        """True once the inputs and reference occupy device memory (the fit check then charges impls only)."""
+        return self.standard._reference is not None
+
+    @property
+    def inputs(self):
+        return self.standard.inputs
+
+    @property
+    def reference(self) -> torch.Tensor:
+        return self.standard.reference
+
+    @property
+    def baseline_error(self) -> float | None:
+        return self.standard.baseline_error
+
+    def cold_copies(self, names: tuple[str, ...], count: int) -> list:
+        """Copies of the inputs with fresh streamed fields, made once for every impl of the case."""
+        if len(self._copies) < count - 1:
+            self._copies += cold_copies(self.inputs, names, count - len(self._copies))
+        return self._copies[:count - 1]
+
+
+def gate(state: CaseState, call, impl: str) -> Verdict:
+    """The first call's output on the standard inputs, then, where the operator has them, a call on its stress
+    inputs: the verdict of the first that fails, else the standard one."""
+    out = call.run()
+    sync(state.device)
+    verdict = state.standard.judge(out)
+    del out
+    if not verdict.ok or state.stressed is None:
+        return verdict
+    stressed = state.op.prepare(state.case, state.stressed.inputs, impl).run()
+    sync(state.device)
+    found = state.stressed.judge(stressed)
+    del stressed
+    if not found.ok:
+        return dataclasses.replace(found, reason=f"{found.reason}, on {state.op.stress_note or 'stress inputs'}")
+    return verdict
 
 
 def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
@@ -119,7 +180,7 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "timer": timer, "noisy": False, "noise_reason": "",
         "tflops": math.nan, "gbps": math.nan, "peak_tflops": peak, "peak_gbps": ceil.peak_gbps,
         "roof_tflops": roof, "pct_roofline": math.nan, "bound": "memory" if roof < peak else "compute",
-        "max_rel_err": math.nan, "status": "ok", "reason": "", "profiled": False,
+        "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "", "profiled": False,
     }
 
 
@@ -131,6 +192,19 @@ def speed_figures(row: dict, latency_ms: float) -> dict:
     # an op with no arithmetic (a copy) has a zero roof: its share of the roof is its share of the bandwidth
     pct = 100 * tflops / row["roof_tflops"] if row["roof_tflops"] > 0 else 100 * gbps / row["peak_gbps"]
     return {"latency_ms": latency_ms, "tflops": tflops, "gbps": gbps, "pct_roofline": pct}
+
+
+def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
+    """Why a compiled row may stand above its measured roof: where its figures most likely come from."""
+    pct = f"{row['pct_roofline']:.0f}% of its measured roof"
+    llc = last_level_cache()[0] if device.type == "cpu" else 0
+    if device.type == "cpu" and row["bytes"] <= llc:
+        return (f"above roof: {pct}; its {row['bytes'] / 2**20:.1f} MiB fit the {llc >> 20} MiB last-level cache, "
+                "so it reads from cache, not memory (activations a forward pass also keeps warm)")
+    if warm:
+        return f"above roof: {pct}; timed with warm caches (--warm), its operands partly re-read from cache"
+    return (f"above roof: {pct}; a ceiling measured low (a busy machine?) or a cost model that counts too few "
+            "bytes or FLOPs: a bug to find before it is a result")
 
 
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
@@ -145,20 +219,24 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
             call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
         with nvtx_range(stage_name(CHECK, key)):
-            ref, base = state.reference, state.baseline_error
-            out = call.run()
-            sync(device)
-            verdict = judge(out, ref, case.dtype, base)
-            del out
+            verdict = gate(state, call, impl)
         row["max_rel_err"] = verdict.error
         if not verdict.ok:
             return {**row, "status": "incorrect", "reason": verdict.reason}
+        with nvtx_range(stage_name(SETUP, key)):
+            timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"])
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
         with watch as seen:
-            timing = sampler(call.run, device, range_name=key, payload=row["flops"],
-                             interpreter=row["mode"] == "interpreter")
+            timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
+                             interpreter=row["mode"] == "interpreter", evict=timed.evict)
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)
+        with nvtx_range(stage_name(CHECK, key)):  # what was timed is checked too, not only the first call
+            last = state.standard.judge(timing.last)
+        del timed
+        if not last.ok:
+            return {**row, "status": "incorrect", "max_rel_err": last.error,
+                    "reason": f"the last timed call: {last.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:
@@ -166,6 +244,9 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         return {**row, "status": "failed", "reason": "out of memory: " + one_line(err)}
     except Exception as err:  # a sweep records the failure and goes on
         return {**row, "status": "failed", "reason": one_line(err)}
-    return {**row, **speed_figures(row, timing.median_ms), "latency_p20_ms": timing.percentile_ms(20),
-            "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
-            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
+    row = {**row, **speed_figures(row, timing.median_ms), "latency_p20_ms": timing.percentile_ms(20),
+           "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
+           "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
+    if row["mode"] == "compiled" and row["pct_roofline"] > ABOVE_ROOF_PCT:
+        row.update(above_roof=True, reason=roof_finding(row, device, not sampler.cold))
+    return row

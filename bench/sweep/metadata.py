@@ -58,7 +58,10 @@ def device_info(device: torch.device) -> dict:
                     multiprocessors=props.multi_processor_count, memory_bytes=props.total_memory,
                     l2_bytes=getattr(props, "L2_cache_size", None), cuda=torch.version.cuda, **_nvidia_smi())
     else:
+        from ..instruments.host_cache import last_level_cache
+
         info["name"] = cpu_model()
+        info["llc_bytes"], info["llc_source"] = last_level_cache()
     return info
 
 
@@ -125,7 +128,8 @@ def format_environment(env: dict) -> list[str]:
         lines.append(f"  clocks: SM {dev.get('clocks.sm')} of {dev.get('clocks.max.sm')}, "
                      f"memory {dev.get('clocks.mem')} of {dev.get('clocks.max.mem')}, "
                      f"power limit {dev.get('power.limit')}")
-    lines.append(f"host: {dev.get('cpu')}, {dev.get('cpu_count')} cores, {dev.get('torch_threads')} torch threads")
+    llc = f", last-level cache {dev['llc_bytes'] >> 20} MiB" if dev.get("llc_bytes") else ""
+    lines.append(f"host: {dev.get('cpu')}, {dev.get('cpu_count')} cores, {dev.get('torch_threads')} torch threads{llc}")
     lines.append(f"versions: python {ver['python']}, torch {ver['torch']}, triton {ver['triton']} "
                  f"({env['triton_mode']}), phasebench {ver['phasebench']}, git {env.get('git_commit') or 'none'}")
     lines.append(f"flash-attn: {env['flash_attn']}")

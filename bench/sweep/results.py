@@ -41,10 +41,14 @@ class ResultsStore:
     join the CSV rows in results.parquet's `samples_ms` column, so a killed run loses none of them.
 
     `options` are the run's measurement options (device, timer, mode); a resume whose options differ
-    from those in DIR/run.json is refused. `retry_failed` drops failed and skipped rows so they run again.
+    from those in DIR/run.json is refused. `sweep` names what the folder holds (run.json's `selection`: suite,
+    dtypes, models, impls): one folder
+    holds one sweep, so a resume with another suite, dtype or model is refused too (other impls of the same cases,
+    fewer or more, resume). `retry_failed` drops failed and skipped rows so they run again.
     """
 
-    def __init__(self, out_dir: Path, resume: bool = False, retry_failed: bool = False, options: dict | None = None):
+    def __init__(self, out_dir: Path, resume: bool = False, retry_failed: bool = False, options: dict | None = None,
+                 sweep: dict | None = None):
         self.out_dir = Path(out_dir)
         self.csv_path = self.out_dir / "results.csv"
         self.parquet_path = self.out_dir / "results.parquet"
@@ -56,6 +60,7 @@ class ResultsStore:
         self.done: set[tuple] = set()
         if resume and self.csv_path.exists():
             self._check_options(options)
+            self._check_sweep(sweep)
             rows = self._read_rows()
             if retry_failed:
                 kept = [r for r in rows if r.get("status") not in RETRIED]
@@ -78,6 +83,16 @@ class ResultsStore:
             if options.get(name) != previous.get(name):
                 raise ResumeError(f"resume: {self.out_dir} was measured with {name}={previous.get(name)!r}, "
                                   f"this run has {name}={options.get(name)!r}; use another --out")
+
+    def _check_sweep(self, sweep: dict | None) -> None:
+        previous = (self.previous_run() or {}).get("selection")
+        if sweep is None or previous is None:
+            return
+        for name in ("suite", "dtypes", "models"):
+            if sweep.get(name) != previous.get(name):
+                raise ResumeError(f"resume: {self.out_dir} holds a sweep of {name} {_listed(previous.get(name))}, "
+                                  f"this run has {_listed(sweep.get(name))}; one folder holds one sweep, use another "
+                                  "--out")
 
     def _read_rows(self) -> list[dict]:
         with self.csv_path.open(newline="") as fh:
@@ -145,6 +160,12 @@ class ResultsStore:
         table[SAMPLES] = pd.Series(values, index=table.index, dtype=object)
         table.to_parquet(self.parquet_path, index=False)
         return df
+
+
+def _listed(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) if v != "" else "(none)" for v in value) or "(none)"
+    return str(value)
 
 
 def _end_line(path: Path) -> None:

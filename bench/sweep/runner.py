@@ -16,23 +16,27 @@ import torch
 
 from ...kernels import OPS, triton_mode
 from ...kernels.autotune import autotune_winners
+from ..instruments.cold import policy as cold_policy
 from ..instruments.roofline import ceilings, on_device
 from ..instruments.timing import TimerConfig
 from .measure import CaseState, HarnessSampler, base_row, measure
 from .metadata import run_metadata
 from .results import ResultsStore
 
-CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False)
+CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False, cold=True)
 CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
 PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
 
 
-def default_timer(device: torch.device, *, cuda_graph: bool = False, sample_time: float | None = None) -> TimerConfig:
-    """The runner's timer for a device: CUDA events (graph replays on request) or the host clock; `sample_time`
-    replaces the seconds of timed samples per (case, impl)."""
+def default_timer(device: torch.device, *, cuda_graph: bool = False, sample_time: float | None = None,
+                  warm: bool = False) -> TimerConfig:
+    """The runner's timer for a device: CUDA events (graph replays on request) or the host clock with cold streamed
+    operands (warm caches with `warm`); `sample_time` replaces the seconds of timed samples per (case, impl)."""
     timer = CUDA_TIMER if device.type == "cuda" else CPU_TIMER
     if cuda_graph:
         timer = dataclasses.replace(timer, cuda_graph=True)
+    if warm:
+        timer = dataclasses.replace(timer, cold=False)
     if sample_time is not None:
         timer = dataclasses.replace(timer, budget_s=sample_time)
     return timer
@@ -80,6 +84,19 @@ def measurement_options(device: torch.device, timer: TimerConfig, profiled: bool
     """What must be equal for rows of two invocations to be one measurement (checked by --resume)."""
     return {"device": str(device), "triton_mode": triton_mode.mode(), "timer": dataclasses.asdict(timer),
             "profiled": profiled}
+
+
+def sweep_of(cfg: RunConfig) -> dict:
+    """What a results folder holds, for --resume: the suite, the cases' dtypes and models, and the impls."""
+    names = sorted({i for c in cfg.cases for i in impls_for(c, cfg.impls)})
+    return {"suite": cfg.suite, "dtypes": sorted({c.dtype for c in cfg.cases}),
+            "models": sorted({getattr(c, "model", "") for c in cfg.cases}), "impls": names}
+
+
+def _joined(sweep: dict, previous: dict | None) -> dict:
+    """The folder's sweep after a resume: its suite, dtypes and models (a resume keeps them), every impl so far."""
+    before = (previous or {}).get("selection") or {}
+    return {**sweep, "impls": sorted({*sweep["impls"], *(before.get("impls") or ())})}
 
 
 def spread_order(n: int) -> list[int]:
@@ -141,7 +158,8 @@ def run(cfg: RunConfig):
     device = cfg.device
     timer = cfg.timer or default_timer(device)
     options = measurement_options(device, timer, cfg.profiled)
-    store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options)
+    sweep = sweep_of(cfg)
+    store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options, sweep=sweep)
     dtypes = sorted({c.dtype for c in cfg.cases})
     state_before = _snapshot(device)
     ceil = ceilings(device, dtypes, refresh=cfg.refresh_ceilings)
@@ -149,6 +167,7 @@ def run(cfg: RunConfig):
     run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
     meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
             "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options, **run_metadata(device),
+            "cold_operands": cold_policy(device, timer), "selection": _joined(sweep, previous),
             "ceilings": ceil.to_json(), "state_before": state_before, "state_after": None}
     store.write_run(meta)
     sampler = HarnessSampler(timer, device.type)

@@ -217,6 +217,14 @@ def test_schema_1_files_get_the_defaults_of_new_columns(tmp_path, rows, helpers,
     assert (frame["kv_tokens"] == frame["batch"] * frame["kv_len"]).all()
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_schema_2_files_read_as_rows_within_their_roof(tmp_path, rows, helpers, fmt):
+    folder = helpers.write_run(tmp_path / "v2", rows.drop(columns=["above_roof"], errors="ignore"), formats=(fmt,),
+                               schema=2)
+    frame = load(folder)
+    assert str(frame["above_roof"].dtype) == "boolean" and not frame["above_roof"].any()
+
+
 def test_committed_schema_1_samples_read_as_dense_attention():
     samples = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir())
     samples = [p for p in samples

@@ -51,9 +51,10 @@ def reference_output_bytes(case: AttentionCase, device: torch.device) -> int:
 
 
 def case_bytes(case: AttentionCase, device: torch.device) -> int:
-    """What a case holds once for all its impls: the inputs and the reference output, plus the
-    reference's bounded scratch while it is computed."""
-    return input_bytes(case) + reference_output_bytes(case, device) + reference_scratch_bytes(case, device)
+    """What a case holds once for all its impls: the inputs and the reference output, the large-logit check's q and
+    reference output (it shares K/V), plus the reference's bounded scratch while it is computed."""
+    stress = output_bytes(case) + reference_output_bytes(case, device)
+    return input_bytes(case) + reference_output_bytes(case, device) + stress + reference_scratch_bytes(case, device)
 
 
 def _naive(case: AttentionCase, device: torch.device) -> int:

@@ -11,5 +11,7 @@ ATTENTION = register_operator(Operator(
     make_inputs=check.make_inputs, reference=check.reference, baseline_error=check.baseline_error,
     prepare=lambda case, x, impl: prepare(x.q, x.k, x.v, impl=impl, causal=case.causal,
                                           cache_seqlens=x.cache_seqlens),
-    does_not_fit=memory.does_not_fit, key=case_key_for,
+    does_not_fit=memory.does_not_fit, key=case_key_for, streamed=("k", "v"), stress=check.large_logits,
+    stress_note=f"large-logit inputs (q x {check.LOGIT_SCALE:g}: logits of about +-100, past exp's range without "
+                "softmax's max subtraction)",
 ))

@@ -65,3 +65,16 @@ def test_ncu_target_runs_one_case_and_reports_its_cost(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "phasebench.bench.session.ncu_target", "--shape", "m=3,n=x", "--impl",
                           "torch"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert bad.returncode == 2 and bad.stderr.startswith("ncu_target: error: ") and len(bad.stderr.splitlines()) == 1
+
+
+def test_ncu_target_profiles_only_what_passes_the_gate(tmp_path):
+    plugin = tmp_path / "zeros_plugin.py"
+    plugin.write_text("import torch\nfrom phasebench.kernels import register\n"
+                      "register('attention', 'zeros', lambda q, k, v, *, causal, scale, cache_seqlens: "
+                      "torch.zeros_like(q))\n")
+    proc = subprocess.run([sys.executable, "-m", "phasebench.bench.session.ncu_target", "--shape",
+                           "batch=2,q_heads=4,kv_heads=2,q_len=1,kv_len=97,head_dim=32", "--impl", "zeros", "--plugin",
+                           str(plugin), "--device", "cpu", "--dtype", "float32"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and "zeros is incorrect on this case: worst row's relative error" in proc.stderr
+    assert proc.stdout == ""  # nothing reported as profiled

@@ -6,11 +6,17 @@ import math
 
 import pytest
 import torch
-from phasebench.bench.instruments.gate import EPS, FACTOR, judge, limit_for
+from phasebench.bench.instruments.gate import EPS, FACTOR, judge, limit_for, row_errors
+from phasebench.bench.instruments.timing import TimerConfig
+from phasebench.bench.ops.attention import check
 from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.linear.cases import LinearCase
 from phasebench.bench.sweep import runner
-from phasebench.kernels import attention, register
+from phasebench.kernels import attention, linear, register
 from phasebench.kernels.registry import OPS
+
+# the gate is what these tests are about: a warm-up call and two samples are all the timing they need
+FAST = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False)
 
 FIGURES = ("latency_ms", "tflops", "gbps", "pct_roofline")
 
@@ -49,7 +55,8 @@ def device():
 
 
 def run_cases(tmp_path, cases, impls):
-    df = runner.run(runner.RunConfig(cases, impls, device(), tmp_path, suite="test", detect_contention=False))
+    df = runner.run(runner.RunConfig(cases, impls, device(), tmp_path, suite="test", detect_contention=False,
+                                     timer=FAST))
     return {(r.impl, r.q_len): r for r in df.itertuples()}
 
 
@@ -92,3 +99,118 @@ def test_judge_checks_finiteness_shape_and_dtype():
     assert "shape" in judge(out[:, :, :4], ref, "float16", 1e-3).reason
     assert "dtype" in judge(out.float(), ref, "float16", 1e-3).reason
     assert "not a tensor" in judge(None, ref, "float16", 1e-3).reason
+
+
+# ---- what the whole-tensor gate let through -------------------------------------------------------------------
+
+
+def misses_keys_on_the_last_rows(q, k, v, *, causal, scale, cache_seqlens):
+    """Right, except that the last 32 query rows of a causal prefill lose their last 32 keys."""
+    out = attention(q, k, v, impl="naive", causal=causal, scale=scale)
+    tail = attention(q[:, :, -32:], k[:, :, :-32], v[:, :, :-32], impl="naive", causal=causal, scale=scale)
+    out[:, :, -32:] = tail
+    return out
+
+
+def no_max_subtraction(q, k, v, *, causal, scale, cache_seqlens):
+    """Softmax as exp(scores) / sum in the input dtype, without subtracting the row maximum first."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    weights = torch.exp(torch.matmul(q, k.transpose(-1, -2)) * scale)
+    return torch.matmul(weights / weights.sum(-1, keepdim=True), v)
+
+
+def right_on_its_first_call_only(op):
+    calls = []
+
+    def kernel(*args, **kwargs):
+        """Right on its first call, zeros afterwards."""
+        calls.append(1)
+        if op == "linear":
+            out = linear(*args, impl="torch")
+        else:
+            out = attention(*args, impl="naive", **kwargs)
+        return out if len(calls) == 1 else torch.zeros_like(out)
+    return kernel
+
+
+@pytest.fixture
+def register_kernels():
+    added = []
+
+    def add(name, fn, op="attention"):
+        register(op, name, fn, devices=("cpu", "cuda"), dtypes=("bfloat16", "float16", "float32"))
+        added.append((op, name))
+    yield add
+    for op, name in added:
+        OPS[op].pop(name, None)
+
+
+def whole_tensor_error(out, ref) -> float:
+    """The gate's old statistic: max |out - ref| over max |ref| of the whole output."""
+    return float((out.to(ref.dtype) - ref).abs().max() / ref.abs().max())
+
+
+def test_rows_are_judged_on_their_own_scale():
+    ref = torch.ones(3, 4, dtype=torch.float64)
+    ref[2] = 0.01  # a row that sees thousands of keys: outputs near 0.01
+    out = ref.clone()
+    out[2, 1] += 0.005  # half its own scale, a tenth of a percent of the tensor's largest value
+    errors = row_errors(out, ref)
+    assert errors.tolist() == pytest.approx([0.0, 0.0, 0.5]) and whole_tensor_error(out, ref) == pytest.approx(0.005)
+    out[0, 0] = float("nan")
+    assert torch.isinf(row_errors(out, ref)).all()
+    zero = torch.zeros(2, 3, dtype=torch.float64)
+    zero[0] = 2.0
+    assert row_errors(zero, zero).tolist() == [0.0, 0.0]  # an all-zero row held to a floor, not divided by zero
+
+
+def test_a_causal_prefill_wrong_on_its_last_rows_is_incorrect(tmp_path, register_kernels):
+    register_kernels("tail_rows", misses_keys_on_the_last_rows)
+    case = AttentionCase(1, 1, 1, 4096, 4096, 64, True, "bfloat16")
+    x = check.make_inputs(case, torch.device("cpu"), 5)
+    ref = check.reference(case, x, torch.device("cpu"))
+    wrong = misses_keys_on_the_last_rows(x.q, x.k, x.v, causal=True, scale=64 ** -0.5, cache_seqlens=None)
+    naive = check.naive_in_dtype(case, x)
+    assert whole_tensor_error(wrong, ref) <= limit_for("bfloat16", whole_tensor_error(naive, ref))  # let through
+    bad = run_cases(tmp_path, [case], ["tail_rows"])[("tail_rows", 4096)]
+    assert bad.status == "incorrect" and "worst row's relative error" in bad.reason, bad.reason
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_kernel_without_max_subtraction_fails_on_large_logits(tmp_path, register_kernels, dtype):
+    register_kernels("no_max", no_max_subtraction)
+    case = AttentionCase(2, 8, 2, 1, 4096, 64, True, dtype)
+    x = check.make_inputs(case, torch.device("cpu"), 3)
+    standard = no_max_subtraction(x.q, x.k, x.v, causal=True, scale=64 ** -0.5, cache_seqlens=None)
+    ref = check.reference(case, x, torch.device("cpu"))
+    assert judge(standard, ref, dtype, check.baseline_error(case, x, ref)).ok  # standard inputs hide it
+    rows = run_cases(tmp_path, [case], ["naive", "flash", "no_max"])
+    assert rows[("naive", 1)].status == "ok" and rows[("flash", 1)].status == "ok"
+    bad = rows[("no_max", 1)]
+    assert bad.status == "incorrect" and "on large-logit inputs (q x 30" in bad.reason, bad.reason
+    assert math.isnan(bad.latency_ms)
+
+
+def test_a_kernel_right_only_on_its_first_call_is_incorrect(tmp_path, register_kernels):
+    register_kernels("first_only", right_on_its_first_call_only("linear"), op="linear")
+    register_kernels("first_only", right_on_its_first_call_only("attention"))
+    cases = [LinearCase(m=3, n=97, k=1025, dtype="float32", phase="decode"),
+             AttentionCase(2, 4, 2, 1, 257, 32, True, "float32")]
+    df = runner.run(runner.RunConfig(cases, ["first_only"], device(), tmp_path, suite="test", detect_contention=False,
+                                     timer=FAST))
+    assert (df.status == "incorrect").all() and df.latency_ms.isna().all(), df[["op", "reason"]]
+    linear_row = df[df.op == "linear"].iloc[0]  # only its timed calls show it: the last one is checked too
+    assert linear_row.reason.startswith("the last timed call: "), linear_row.reason
+    assert "large-logit" in df[df.op == "attention"].iloc[0].reason  # attention's second check meets it first
+
+
+def test_every_builtin_kernel_passes_the_stricter_gate_in_low_precision(tmp_path):
+    cases = [AttentionCase(2, 8, 2, 1, 1025, 64, True, "bfloat16"),
+             AttentionCase(1, 4, 4, 97, 97, 80, True, "bfloat16"),
+             AttentionCase(1, 8, 2, 16, 529, 64, True, "float16"),
+             AttentionCase(3, 4, 1, 1, 300, 64, True, "bfloat16", seqlens=(300, 17, 1))]
+    df = runner.run(runner.RunConfig(cases, ["naive", "flash", "triton"], device(), tmp_path, suite="test",
+                                     detect_contention=False, timer=FAST))
+    ran = df[df.status != "skipped"]
+    assert len(ran) >= 2 * len(cases) and (ran.status == "ok").all(), ran[["impl", "shape", "status", "reason"]]

@@ -32,6 +32,25 @@ def test_cpu_timer_warms_up_then_samples_each_call():
     assert all(s >= 0 for s in timing.samples_ms) and timing.method == "perf_counter_ns"
 
 
+def test_cpu_timer_takes_the_calls_in_turn_evicts_before_each_and_keeps_the_last_output():
+    log = []
+    calls = [lambda i=i: log.append(("call", i)) or i for i in range(3)]
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=7, max_samples=7)
+    timing = time_cpu(calls, cfg, evict=lambda: log.append(("evict",)))
+    made = [e[1] for e in log if e[0] == "call"]
+    assert made == [i % 3 for i in range(8)]  # one warm-up call, then the samples go on in turn from the next
+    assert all(log[2 * i] == ("evict",) for i in range(8)) and len(log) == 16  # an eviction before every call
+    assert timing.count == 7 and timing.last == made[-1]  # the last timed call's own output
+
+
+def test_cpu_timer_keeps_only_the_last_output():
+    outputs = iter(range(100))
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5)
+    assert time_cpu(lambda: next(outputs), cfg).last == 5  # warm-up 0, samples 1..5
+    with pytest.raises(ValueError, match="calls: need at least one"):
+        time_cpu([], cfg)
+
+
 @pytest.fixture
 def events(monkeypatch):
     """A log of ("open", name, payload) / ("close", name) from the nvtx_range timing.py uses."""

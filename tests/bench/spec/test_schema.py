@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 2
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 3
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
@@ -29,6 +29,7 @@ def test_column_order():
     assert cols[cols.index("dtype") + 1: cols.index("dtype") + 3] == ["seqlens", "kv_tokens"]
     assert cols[cols.index("samples") + 1: cols.index("samples") + 4] == ["timer", "noisy", "noise_reason"]
     assert cols[-1] == "profiled"
+    assert cols[cols.index("bound") + 1] == "above_roof"
     start = cols.index("batch")
     assert tuple(cols[start: start + len(schema.CASE_COLUMNS)]) == schema.CASE_COLUMNS
 

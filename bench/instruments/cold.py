@@ -1,0 +1,79 @@
+"""Cold operands on the host: what a forward pass streams (weights, the KV cache) is read from memory when an op is
+timed alone, not from the last-level cache that the previous call left full; what the pass has just written
+(activations: the query, the layer's input) stays as it would be.
+
+Each operator names the fields of its inputs that a forward pass streams (`Operator.streamed`). They are copied
+until a rotation over the copies streams at least COLD_FACTOR x the last-level cache between two reads of one
+copy, and the timer takes the copies in turn; where that would need more than MAX_COPIES copies (small operands)
+or more memory than is free, the timer instead writes an LLC-sized buffer before each call (every operand is
+then cold, the activations too, which are small there). A GPU flushes its L2 instead (bench.instruments.timing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .device_memory import HEADROOM, free_bytes
+from .host_cache import COLD_FACTOR, cold_bytes, evictor, last_level_cache
+
+MAX_COPIES = 32
+
+
+@dataclass(frozen=True)
+class ColdCalls:
+    """The calls a timer takes in turn, what it runs before each (outside the clock), and how the operands were
+    made cold."""
+
+    calls: tuple[Callable[[], object], ...]
+    evict: Callable[[], None] | None
+    how: str
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def copies_needed(streamed_bytes: int, target: int) -> int:
+    """Copies in rotation (the original included) so that the others stream `target` bytes between two reads of
+    one copy."""
+    return math.ceil(target / max(streamed_bytes, 1)) + 1
+
+
+def cold_copies(inputs, names: tuple[str, ...], count: int) -> list:
+    """`count` - 1 copies of `inputs` whose streamed fields are fresh clones; the other fields are shared."""
+    return [dataclasses.replace(inputs, **{n: getattr(inputs, n).clone() for n in names}) for _ in range(count - 1)]
+
+
+def plan(state, impl: str, call, *, cold: bool, mode: str) -> ColdCalls:
+    """The calls of one (case, impl) for the timer: the planned call alone where nothing needs to be cold (a GPU,
+    --warm, an operator that streams nothing, Triton's interpreter), else copies in turn or an eviction."""
+    op, device = state.op, state.device
+    names = tuple(op.streamed)
+    if not cold or device.type != "cpu" or not names or mode == "interpreter":
+        return ColdCalls((call.run,), None, "warm")
+    streamed = nbytes(getattr(state.inputs, n) for n in names)
+    target = cold_bytes()
+    count = copies_needed(streamed, target)
+    if count <= MAX_COPIES and (count - 1) * streamed <= HEADROOM * free_bytes(device):
+        copies = state.cold_copies(names, count)
+        calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
+        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies")
+    return ColdCalls((call.run,), evictor(target), f"{COLD_FACTOR} x LLC written before each call")
+
+
+def policy(device, timer) -> dict:
+    """What run.json says of cold operands: on a GPU the L2 flush, on the host the rule below."""
+    if device.type == "cuda":
+        return {"cold": timer.flush_l2, "rule": "an L2 flush (a buffer 4x L2 zeroed) before each call"
+                if timer.flush_l2 else "no L2 flush: operands may stay in L2 between calls"}
+    cold = timer.cold
+    llc, source = last_level_cache()
+    return {"cold": cold, "llc_bytes": llc, "llc_source": source, "cold_bytes": cold_bytes() if cold else 0,
+            "max_copies": MAX_COPIES,
+            "rule": ("host only: the operands each operator streams (attention k/v, linear w) are copied so that "
+                     f"{COLD_FACTOR} x LLC streams between two reads of one copy, or, past {MAX_COPIES} copies, "
+                     f"{COLD_FACTOR} x LLC is written before each call; activations stay warm; elementwise ops "
+                     "read activations only" if cold else "warm: operands stay in cache between calls (--warm)")}

@@ -1,0 +1,98 @@
+"""Cold host operands: the last-level cache read from sysfs, and the copies or eviction a case is timed with."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from phasebench.bench.instruments import cold, host_cache
+from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.linear.cases import LinearCase
+from phasebench.bench.sweep.measure import CaseState
+
+CPU = torch.device("cpu")
+
+
+def fake_sysfs(root, levels):
+    for i, (level, kind, size) in enumerate(levels):
+        index = root / f"index{i}"
+        index.mkdir(parents=True)
+        (index / "level").write_text(f"{level}\n")
+        (index / "type").write_text(f"{kind}\n")
+        (index / "size").write_text(f"{size}\n")
+
+
+@pytest.mark.parametrize("levels,expected", [
+    ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"), (3, "Unified", "491520K")], 480 << 20),
+    ([(1, "Data", "48K"), (2, "Unified", "1M")], 1 << 20),
+    ([(1, "Instruction", "64K")], host_cache.ASSUMED_LLC),
+])
+def test_the_last_level_cache_is_the_largest_data_level(tmp_path, monkeypatch, levels, expected):
+    fake_sysfs(tmp_path / "cache", levels)
+    monkeypatch.setattr(host_cache, "SYSFS", tmp_path / "cache")
+    host_cache.last_level_cache.cache_clear()
+    try:
+        size, source = host_cache.last_level_cache()
+        assert size == expected and ("assumed" in source) == (expected == host_cache.ASSUMED_LLC)
+        assert host_cache.cold_bytes() == host_cache.COLD_FACTOR * expected
+    finally:
+        host_cache.last_level_cache.cache_clear()
+
+
+def test_this_host_reports_a_cache():
+    size, source = host_cache.last_level_cache()
+    assert size >= 1 << 20 and source
+
+
+@pytest.fixture
+def small_llc(monkeypatch):
+    """A 1 MiB last-level cache, so that cases of a few MiB need a handful of copies."""
+    monkeypatch.setattr(cold, "cold_bytes", lambda: 2 << 20)
+    monkeypatch.setattr(cold, "last_level_cache", lambda: (1 << 20, "test"))
+
+
+def test_a_linear_case_rotates_over_copies_of_its_weights_and_shares_its_activations(small_llc):
+    case = LinearCase(m=3, n=251, k=1025, dtype="float32", phase="decode")  # w: 1.0 MB
+    state = CaseState(case, CPU)
+    call = state.op.prepare(case, state.inputs, "torch")
+    timed = cold.plan(state, "torch", call, cold=True, mode="compiled")
+    weight = state.inputs.w.numel() * 4
+    assert len(timed.calls) == cold.copies_needed(weight, 2 << 20) >= 3 and timed.evict is None
+    copies = state.cold_copies(("w",), len(timed.calls))
+    assert all(c.x is state.inputs.x for c in copies)  # the activations stay the one warm tensor
+    assert len({c.w.data_ptr() for c in copies} | {state.inputs.w.data_ptr()}) == len(timed.calls)
+    assert all(torch.equal(c.w, state.inputs.w) for c in copies)
+    assert (len(timed.calls) - 1) * weight >= 2 << 20  # what streams between two reads of one copy
+    outs = [fn() for fn in timed.calls]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert "w rotated over" in timed.how
+
+
+def test_small_streamed_operands_are_evicted_instead(small_llc):
+    case = AttentionCase(1, 4, 2, 1, 17, 16, True, "float32")  # k/v: a few KB, past MAX_COPIES copies
+    state = CaseState(case, CPU)
+    call = state.op.prepare(case, state.inputs, "naive")
+    timed = cold.plan(state, "naive", call, cold=True, mode="compiled")
+    assert len(timed.calls) == 1 and timed.evict is not None and "written before each call" in timed.how
+    timed.evict()
+
+
+@pytest.mark.parametrize("why", ["warm", "interpreter", "streams nothing"])
+def test_nothing_is_copied_where_nothing_needs_to_be_cold(small_llc, why):
+    case = LinearCase(m=3, n=251, k=1025, dtype="float32", phase="decode")
+    state = CaseState(case, CPU)
+    if why == "streams nothing":
+        state.op = dataclasses.replace(state.op, streamed=())
+    call = state.op.prepare(case, state.inputs, "torch")
+    timed = cold.plan(state, "torch", call, cold=why != "warm", mode="interpreter" if why == "interpreter" else
+                      "compiled")
+    assert timed.calls == (call.run,) and timed.evict is None and timed.how == "warm"
+
+
+def test_the_policy_names_what_is_cold():
+    from phasebench.bench.instruments.timing import TimerConfig
+
+    policy = cold.policy(CPU, TimerConfig(cold=True))
+    assert policy["cold"] and policy["llc_bytes"] >= 1 << 20 and "linear w" in policy["rule"]
+    assert not cold.policy(CPU, TimerConfig(cold=False))["cold"]
