@@ -23,7 +23,8 @@ from ..bench.spec.schema import (
 )
 from ._figures import GROUP_FIELDS
 
-__all__ = ["BY", "KINDS", "VERDICTS", "compare", "parse_threshold", "regressions", "with_samples"]
+__all__ = ["BY", "KINDS", "VERDICTS", "compare", "parse_threshold", "regression_line", "regressions",
+           "with_samples"]
 
 # What may differ between the two sides of a pair, and the column that holds it.
 BY = {"run": "run_id", "impl": "impl", "device": "device", "timer": "timer"}
@@ -288,6 +289,28 @@ def _case_label(row: dict) -> str:
     return f"{shape} {row.get('dtype') or ''}".strip()
 
 
-def regressions(frame: pd.DataFrame) -> pd.DataFrame:
-    """The pairs found slower with confidence, less interpreter-mode ones (their timings are not performance)."""
-    return frame[(frame["pairing"] == "pair") & (frame["verdict"] == "slower") & ~frame["interpreter"].astype(bool)]
+def regressions(frame: pd.DataFrame, *, allow_missing: bool = False) -> pd.DataFrame:
+    """What fails a regression gate, with a `regression` column saying why: pairs found slower with confidence (less
+    interpreter-mode ones: their timings are not performance), rows that were ok and are not any more, and, unless
+    `allow_missing`, rows that were ok in the base and are missing from the new side."""
+    pair = frame["pairing"] == "pair"
+    slower = pair & (frame["verdict"] == "slower") & ~frame["interpreter"].astype(bool)
+    was_ok = frame["base_status"] == "ok"
+    broke = (frame["pairing"] == "status change") & was_ok
+    vanished = (frame["pairing"] == "base only") & was_ok & (not allow_missing)
+    out = frame[slower | broke | vanished].copy()
+    out["regression"] = np.select([slower[out.index], broke[out.index]],
+                                  ["slower", "ok -> " + out["new_status"].astype(str)], "missing in new")
+    return out
+
+
+def regression_line(row) -> str:
+    """One line naming a regression: the case and impl, and what went wrong."""
+    what = f"{row['case']} {key_text(row.get('new_impl')) or key_text(row.get('base_impl'))}".strip()
+    if row["regression"] == "slower":
+        return (f"{what}: slower, {row['ratio']:.3g}x [{row['ratio_lo']:.3g}, {row['ratio_hi']:.3g}]"
+                + (" (noisy: re-run before believing it)" if row["noisy"] else ""))
+    if row["regression"] == "missing in new":
+        return f"{what}: ok in the base, missing in the new results"
+    reason = str(row.get("new_reason") or "").strip()
+    return f"{what}: {row['regression']}" + (f" ({reason[:120]})" if reason else "")

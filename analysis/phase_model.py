@@ -15,7 +15,7 @@ from ..bench.spec import steps as step_defs
 from ..bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
-SATURATION_MARGIN = 0.05  # throughput "stops growing" when the next batch adds less than this share
+SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 
 
 @dataclass
@@ -26,14 +26,22 @@ class StepTime:
     parts: dict[str, float]
     items: pd.DataFrame
     missing: list[str] = field(default_factory=list)
+    noisy: int = 0  # noisy or profiled rows of the step's ops that the composition left out
 
     @property
     def complete(self) -> bool:
         return not self.missing
 
 
+def _flag(rows: pd.DataFrame, column: str) -> np.ndarray:
+    if column not in rows.columns:
+        return np.zeros(len(rows), dtype=bool)
+    return rows[column].fillna(False).astype(bool).to_numpy()
+
+
 class Measured:
-    """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups."""
+    """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups: quiet
+    and unprofiled rows only (the noisy and profiled ones are kept apart, to be counted as left out)."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None):
         self.model, self.dtype = model, dtype
@@ -45,24 +53,36 @@ class Measured:
         if len(groups) > 1:  # never pool unlike rows
             found = "; ".join(" / ".join(map(str, g)) for g in groups.itertuples(index=False))
             raise ValueError(f"rows: {len(groups)} device/mode/timer groups ({found}); compose one at a time")
-        self.rows = rows
+        unfit = _flag(rows, "noisy") | _flag(rows, "profiled")
+        self.rows, self.left_out = rows[~unfit], rows[unfit]
 
-    def latency_ms(self, use: step_defs.OpUse) -> float | None:
-        """The median latency of the row measuring `use` (the median over repeats), None when none was."""
-        rows = self.rows[self.rows["op"] == use.op]
+    @staticmethod
+    def _matching(rows: pd.DataFrame, use: step_defs.OpUse) -> pd.DataFrame | None:
+        rows = rows[rows["op"] == use.op]
         for name, value in use.fields:
             if name not in rows:
                 return None
             rows = rows[rows[name] == value]
-        if rows.empty:
+        return rows
+
+    def latency_ms(self, use: step_defs.OpUse) -> float | None:
+        """The median latency of the quiet row measuring `use` (the median over repeats), None when none was."""
+        rows = self._matching(self.rows, use)
+        if rows is None or rows.empty:
             return None
         return float(np.median(rows["latency_ms"].to_numpy(float)))
+
+    def left_out_rows(self, use: step_defs.OpUse) -> int:
+        """How many noisy or profiled rows measured `use` and were left out."""
+        rows = self._matching(self.left_out, use)
+        return 0 if rows is None else len(rows)
 
 
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
     """Sum count x latency over a step's ops; ops with no measured row are named in `missing`."""
-    items, missing = [], []
+    items, missing, noisy = [], [], 0
     for use in uses:
+        noisy += measured.left_out_rows(use)
         latency = measured.latency_ms(use)
         if latency is None:
             missing.append(f"{use.op} {use.label} {use.field_dict}")
@@ -71,7 +91,7 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
                       "latency_ms": latency, "ms": use.count * latency})
     table = pd.DataFrame(items, columns=["op", "label", "part", "count", "latency_ms", "ms"])
     parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in step_defs.PARTS}
-    return StepTime(float(table["ms"].sum()) if not missing else float("nan"), parts, table, missing)
+    return StepTime(float(table["ms"].sum()) if not missing else float("nan"), parts, table, missing, noisy)
 
 
 def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
@@ -90,17 +110,18 @@ def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.Data
     for prompt in prompts:
         t = ttft(measured, config, prompt)
         rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
-                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing)})
+                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
+                     "noisy_left_out": t.noisy})
     return pd.DataFrame(rows)
 
 
 def saturation_batch(batches, tokens_per_s, margin: float = SATURATION_MARGIN):
-    """The first batch after which the next measured batch raises throughput by less than `margin`
-    (relative), or None when it still grows at the largest batch."""
-    pairs = sorted(zip(batches, tokens_per_s, strict=True))
-    for (b, tps), (_, nxt) in zip(pairs, pairs[1:], strict=False):
-        if np.isfinite(tps) and np.isfinite(nxt) and nxt < tps * (1 + margin):
-            return b
+    """The smallest measured batch after which no larger measured batch raises throughput by more than `margin`
+    (relative), or None when none does (a larger batch still gains, or a single batch was measured)."""
+    pairs = sorted((b, t) for b, t in zip(batches, tokens_per_s, strict=True) if np.isfinite(t))
+    for i, (batch, tps) in enumerate(pairs[:-1]):
+        if all(later <= tps * (1 + margin) for _, later in pairs[i + 1:]):
+            return batch
     return None
 
 
@@ -113,7 +134,8 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
         t = tpot(measured, config, batch, context)
         rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
                      "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
-                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing)})
+                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
+                     "noisy_left_out": t.noisy})
     table = pd.DataFrame(rows)
     knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None
     table["saturated"] = table["batch"] == knee

@@ -12,6 +12,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ._figures import SERIES_GID, floats, new_figure, no_data
 from .load import DataFileError
+from .phase_model import SATURATION_MARGIN
 
 # What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {
@@ -163,9 +164,9 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
         ax.axvline(knee, color="0.35", linestyle="--", linewidth=1, gid="saturation")
         ax.annotate(f"saturates at batch {int(knee)}", (knee, 0.96), xycoords=("data", "axes fraction"),
                     xytext=(4, 0), textcoords="offset points", va="top", fontsize="small", color="0.25")
-        state = f"throughput stops growing at batch {int(knee)}"
+        state = saturation_text(int(knee), None)
     else:
-        state = f"throughput still growing at batch {int(np.nanmax(batches))}"
+        state = saturation_text(None, int(np.nanmax(batches)))
     for axis in (ax, twin):
         _log2_batches(axis, batches)
     ax.set_xlabel("decode batch")
@@ -304,6 +305,14 @@ def _number(value) -> str:
     return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
 
 
+def saturation_text(knee: int | None, largest: int | None) -> str:
+    """What the batch sweep says of throughput, from its saturated batch (None: none) and its largest batch."""
+    margin = f"{SATURATION_MARGIN:.0%}"
+    if knee is not None:
+        return f"no larger batch adds more than {margin} throughput beyond batch {knee}"
+    return f"throughput still grows by more than {margin} up to batch {largest}"
+
+
 def _text(table: pd.DataFrame, columns) -> str:
     shown = table[[c for c in columns if c in table.columns]]
     return shown.to_string(index=False, formatters={c: _number for c in shown.columns})
@@ -317,15 +326,16 @@ def phases_summary(tables: dict) -> str:
     if meta.get("impls"):
         out[0] += " · " + ", ".join(f"{op}={impl}" for op, impl in meta["impls"].items())
     if not _empty(tables, "prefill"):
-        out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s"))]
+        out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s",
+                                                                        "noisy_left_out"))]
     if not _empty(tables, "decode"):
         decode = tables["decode"].sort_values("batch")
         marked = decode.assign(saturated=["<- saturates" if _as_bool(s) else "" for s in decode["saturated"]])
         knee = decode.loc[decode["saturated"].map(_as_bool), "batch"]
-        state = (f"throughput stops growing at batch {knee.iloc[0]}" if len(knee)
-                 else f"throughput still growing at batch {decode['batch'].max()}")
+        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
-                _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated"))]
+                _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated",
+                               "noisy_left_out"))]
     if not _empty(tables, "chunked"):
         chunked = tables["chunked"].sort_values("chunk")
         first = chunked.iloc[0]

@@ -44,8 +44,7 @@ def cmd_phases(args) -> int:
                                 chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
                                 reference_layers=args.reference_layers, dtype=args.dtype)
     cfg.impls, cfg.on_row = impls, Progress()
-    if args.sample_time is not None:
-        cfg.timer = ops_timer(device, args.sample_time)
+    cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
     if args.reuse:
         from ...analysis import load
@@ -102,7 +101,7 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     from ...analysis import load
-    from ...analysis.compare import compare, parse_threshold, regressions
+    from ...analysis.compare import compare, parse_threshold, regression_line, regressions
     from ...analysis.compare_output import format_comparison
 
     try:
@@ -127,12 +126,13 @@ def cmd_compare(args) -> int:
         both = load(args.base, args.new) if args.new else base
         paths = write_report(both, out, title="phasebench comparison", comparison=frame)
         print(f"\ncomparison: {paths['comparison_csv']}, {paths['comparison']}; report: {paths['html']}")
-    slower = regressions(frame)
-    if args.fail_on_regression and len(slower):
-        noisy = int(slower["noisy"].sum())
-        print(f"phasebench compare: {len(slower)} pair(s) slower by more than {threshold:.0%} "
-              f"with {args.confidence:.0%} confidence" + (f" ({noisy} noisy: timed on a contended device, "
-                                                           "re-run before believing them)" if noisy else ""),
-              file=sys.stderr)
+    failed = regressions(frame, allow_missing=args.allow_missing)
+    if args.fail_on_regression and len(failed):
+        for _, row in failed.iterrows():
+            print(f"phasebench compare: regression: {regression_line(row)}", file=sys.stderr)
+        counts = failed["regression"].map(lambda r: "slower" if r == "slower" else
+                                          "missing" if r.startswith("missing") else "status").value_counts()
+        print(f"phasebench compare: {len(failed)} regression(s) ({', '.join(f'{n} {k}' for k, n in counts.items())}"
+              f"; slower means by more than {threshold:.0%} with {args.confidence:.0%} confidence)", file=sys.stderr)
         return 1
     return 0

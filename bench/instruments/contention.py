@@ -137,8 +137,13 @@ def running_others(limit: int = 3) -> list[str]:
 # ---- decisions -------------------------------------------------------------------------------------
 
 
-def judge_host(before: HostReading, after: HostReading, hz: int | None = None) -> tuple[str, dict]:
-    """The host reason (empty when quiet) and the figures of the window between two readings."""
+def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
+               shares_memory: bool = False) -> tuple[str, dict]:
+    """The host reason (empty when quiet) and the figures of the window between two readings.
+
+    shares_memory: the device measured is the host itself, so other processes busy on its other cores slow a
+    case through the shared caches and memory bandwidth even when our threads never wait for a CPU (a
+    single-threaded case, Triton's interpreter): their CPU share alone flags the window."""
     hz = hz or os.sysconf("SC_CLK_TCK")
     wall = max(after.wall_s - before.wall_s, 1e-9)
     own = after.own_cpu_s - before.own_cpu_s
@@ -160,7 +165,7 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None) -
         stats["others_runnable"] = max(runnable)
     others_busy = other_low is not None and other_low >= OTHER_CORES_LIMIT
     if wait is not None:
-        contended = wait >= WAIT_LIMIT
+        contended = wait >= WAIT_LIMIT or (shares_memory and others_busy)
     elif other_cores is not None:  # no schedstat: others were busy and the CPUs had no room left
         contended = others_busy and own / wall + other_cores >= after.cpus - SATURATION_SLACK
     else:  # neither source: other runnable tasks at both ends of the window
@@ -172,8 +177,10 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None) -
         steal = stats["steal_cores"]
         stolen = f" ({steal:.2f} of it taken by the hypervisor)" if steal >= other_cores / 2 else ""
         parts.append(f"other processes used {other_cores:.2f} of {after.cpus} CPUs while sampling{stolen}")
-    if wait is not None:
+    if wait is not None and wait >= WAIT_LIMIT:
         parts.append(f"our threads waited {wait:.2f} s per s for a CPU")
+    elif others_busy and shares_memory:
+        parts.append("sharing the caches and memory bandwidth")
     if not parts:
         parts.append(f"{max(runnable)} other tasks were runnable")
     if not others_busy and after.torch_threads > after.cpus:
@@ -254,10 +261,9 @@ class ContentionProbe:
             except Exception as err:  # a probe failure must not fail the case it watches
                 result.stats["probe_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
 
-    @staticmethod
-    def _judge(result: Watch, before: HostReading, after: HostReading,
+    def _judge(self, result: Watch, before: HostReading, after: HostReading,
                gpu_before: GpuReading | None, gpu_after: GpuReading | None) -> None:
-        host_reason, stats = judge_host(before, after)
+        host_reason, stats = judge_host(before, after, shares_memory=self.device.type == "cpu")
         gpu_reasons, gpu_stats = judge_gpu(gpu_before, gpu_after)
         if host_reason:
             names = running_others()

@@ -210,3 +210,26 @@ def test_the_figure_draws_one_point_per_pair_and_the_report_gets_a_section(tmp_p
     page = paths["html"].read_text()
     assert 'id="comparison"' in page and "bootstrap" in page and paths["comparison"].stat().st_size > 0
     assert len(pd.read_csv(paths["comparison_csv"])) == len(frame)
+
+
+def test_a_row_that_stops_being_ok_or_vanishes_is_a_regression(sets):
+    base, new = sets
+    broken = new.copy()
+    wrong = broken.index[(broken["impl"] == "flash") & (broken["kv_len"] == 4096)]
+    broken.loc[wrong, ["status", "reason"]] = ("incorrect", "worst row's relative error 0.3 above the limit")
+    broken.loc[wrong, ["latency_ms", "tflops", "gbps", "pct_roofline"]] = np.nan
+    gone = broken.index[(broken["impl"] == "naive") & (broken["q_len"] == 512) & (broken["phase"] == "prefill")]
+    broken = broken.drop(index=gone)
+    frame = compare(base, broken)
+    found = regressions(frame)
+    kinds = found.groupby("regression").size().to_dict()
+    assert kinds == {"slower": int((frame["verdict"] == "slower").sum()), "ok -> incorrect": len(wrong),
+                     "missing in new": len(gone)}
+    lenient = regressions(frame, allow_missing=True)
+    assert "missing in new" not in set(lenient["regression"]) and len(lenient) == len(found) - len(gone)
+    from phasebench.analysis.compare import regression_line
+
+    lines = [regression_line(row) for _, row in found.iterrows()]
+    assert all("\n" not in line for line in lines)
+    assert any("ok -> incorrect (worst row's relative error 0.3" in line for line in lines)
+    assert any(line.endswith("ok in the base, missing in the new results") for line in lines)

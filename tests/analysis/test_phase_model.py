@@ -97,11 +97,32 @@ def test_batch_sweep_tokens_per_second_and_the_saturation_batch():
     assert not growing["saturated"].any()
 
 
-def test_saturation_batch_is_the_first_that_adds_less_than_the_margin():
-    batches, tps = [8, 1, 4, 2], [300.0, 100.0, 186.0, 180.0]  # unsorted on purpose; 2 -> 4 adds 3.3 %
-    assert pm.saturation_batch(batches, tps, margin=0.05) == 2
-    assert pm.saturation_batch(batches, tps, margin=0.02) is None
+def test_saturation_is_the_smallest_batch_that_no_larger_batch_beats_by_the_margin():
+    batches, tps = [8, 1, 4, 2], [300.0, 100.0, 186.0, 180.0]  # unsorted on purpose; 2 -> 4 adds 3.3 %, 8 far more
+    assert pm.saturation_batch(batches, tps, margin=0.05) is None
+    assert pm.saturation_batch([8, 1, 4, 2], [187.0, 100.0, 186.0, 180.0], margin=0.05) == 2
+    assert pm.saturation_batch([8, 1, 4, 2], [187.0, 100.0, 186.0, 180.0], margin=0.02) == 4
     assert pm.saturation_batch([1, 2], [50.0, 49.0]) == 1
+    assert pm.saturation_batch([4], [50.0]) is None  # one batch says nothing
+    # the committed host sample's sweep: a dip at batch 2, then throughput grows 4x to batch 16
+    assert pm.saturation_batch([1, 2, 4, 8, 16], [0.575, 0.569, 1.01, 1.62, 2.46]) is None
+
+
+def test_noisy_and_profiled_rows_are_left_out_and_counted():
+    steps = [step_defs.prefill_step(TINY, 11)]
+    uses = step_defs.distinct_uses(steps)
+    quiet = op_rows(uses, power_latency)
+    qkv = next(u for u in uses if u.label == "qkv")
+    loud = pd.concat([op_rows([qkv], lambda u: 1e6).assign(noisy=True),
+                      op_rows([qkv], lambda u: 1e6).assign(profiled=True)], ignore_index=True)
+    m = pm.Measured(pd.concat([quiet, loud], ignore_index=True), model="tiny", dtype="float32")
+    t = pm.ttft(m, TINY, 11)
+    assert t.total_ms == hand_ttft(11) and t.noisy == 2
+    assert pm.prefill_table(m, TINY, (11,))["noisy_left_out"].tolist() == [2]
+    only_loud = quiet[quiet["projection"] != "qkv"]
+    m = pm.Measured(pd.concat([only_loud, loud], ignore_index=True), model="tiny", dtype="float32")
+    t = pm.ttft(m, TINY, 11)
+    assert math.isnan(t.total_ms) and any("qkv" in name for name in t.missing)  # never composed from noisy rows
 
 
 def test_chunk_table_steps_ttft_itl_and_the_cost_of_chunking():

@@ -216,6 +216,46 @@ def test_a_busy_process_gets_the_timed_window_flagged(busy_process):
     assert watch.stats["wait_cores"] > 0 and watch.stats["other_cores"] > 0
 
 
+STREAMER = """
+import numpy as np
+a = np.ones(64 << 20, dtype=np.uint8)
+b = np.empty_like(a)
+while True:
+    np.copyto(b, a)
+"""
+
+
+@pytest.fixture
+def memory_streamer():
+    proc = subprocess.Popen([sys.executable, "-c", STREAMER])
+    try:
+        time.sleep(0.5)  # let it allocate and start streaming
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_single_threaded_case_beside_a_memory_streamer_is_flagged(memory_streamer):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread of ours never waits for a CPU on a 2-core host: the caches are shared
+    try:
+        watch = timed_matmul(ContentionProbe(CPU), seed=13)
+    finally:
+        torch.set_num_threads(threads)
+    assert watch.noisy, watch.stats
+    assert watch.reason.startswith("busy host: other processes used"), watch.reason
+    assert watch.stats["other_cores"] >= 0.25 and watch.stats["own_cores"] <= 1.2
+
+
+def test_cpu_share_alone_flags_only_a_host_device():
+    before = HostReading(wall_s=0.0, cpus=2, busy_ticks=0, steal_ticks=0, own_cpu_s=0.0, wait_s=0.0)
+    after = HostReading(wall_s=1.0, cpus=2, busy_ticks=190, steal_ticks=0, own_cpu_s=1.0, wait_s=0.01)
+    shared, _ = judge_host(before, after, hz=100, shares_memory=True)
+    assert shared.startswith("busy host: other processes used 0.90 of 2 CPUs") and "memory bandwidth" in shared
+    assert judge_host(before, after, hz=100, shares_memory=False)[0] == ""  # a GPU case: our threads never waited
+
+
 def test_a_quiet_host_mostly_gets_no_flag():
     probe = ContentionProbe(CPU)
     verdicts = []
