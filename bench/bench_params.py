@@ -10,9 +10,21 @@ import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import Timing, l2_flush_buffer
-from .sweep.measure import sync
-from .sweep.selection import UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
+from .instruments.timing import TimerConfig, Timing, l2_flush_buffer
+from .sweep.measure import base_row, sync
+from .sweep.selection import (
+    UsageError,
+    build_cases,
+    case_ops,
+    isolation_of,
+    load_plugins,
+    resolve_device,
+    resolve_impls,
+)
+from .sweep.worker import Executor
+
+# the worker's first calls of a (case, impl): the gate and two timed calls (their output is checked too)
+PREFLIGHT_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False, cold=False)
 
 BUDGET_S = 0.5
 
@@ -35,6 +47,9 @@ class _Options:
         self.op = config.getoption("--op") or _env_list("PHASEBENCH_OP") or None
         self.shard = config.getoption("--shard")
         self.warm = config.getoption("--warm")
+        self.no_isolate = config.getoption("--no-isolate")
+        timeout = config.getoption("--case-timeout")
+        self.case_timeout = None if timeout in (None, "") else float(timeout)
 
 
 def bench_params(config) -> tuple[list, list[str]]:
@@ -53,6 +68,7 @@ def bench_params(config) -> tuple[list, list[str]]:
     config.phasebench_device = device
     config.phasebench_suite = opts.suite
     config.phasebench_cold = not opts.warm
+    config.phasebench_isolation = isolation_of(opts)
     return cases, impls
 
 
@@ -65,6 +81,21 @@ def suite_ceilings(device: torch.device, dtypes: tuple[str, ...]) -> Ceilings:
 def flush_buffer(device: torch.device) -> torch.Tensor:
     """One L2 flush buffer per device for the whole session (each test would otherwise allocate its own)."""
     return l2_flush_buffer(device)
+
+
+def preflight(config, device: torch.device, pairs, ceil_of) -> dict:
+    """Each (case, impl) gated and called in a worker process before pytest calls it ({} with --no-isolate): a
+    kernel that crashes, hangs or loses the CUDA context there costs its own test, never pytest's process. The
+    worker is gone before anything is timed here, so it never shares the device with a timed call."""
+    isolation = config.phasebench_isolation
+    if not isolation.isolate:
+        return {}
+    rows = {}
+    with Executor(device, PREFLIGHT_TIMER, detect_contention=False, isolation=isolation) as worker:
+        for case, impl in pairs:
+            row = base_row(case, impl, "pytest-benchmark", config.phasebench_suite, ceil_of(case), "preflight")
+            rows[case, impl] = worker.measure(case, impl, row)
+    return rows
 
 
 class BenchmarkSampler:

@@ -25,6 +25,13 @@ def pytest_addoption(parser):
     group.addoption("--warm", action="store_true", default=bool(os.environ.get("PHASEBENCH_WARM")),
                     help="host: time with warm caches (default: the weights and the KV cache cold, as a forward "
                          "pass streams them; env PHASEBENCH_WARM=1)")
+    group.addoption("--no-isolate", action="store_true", default=bool(os.environ.get("PHASEBENCH_NO_ISOLATE")),
+                    help="call the kernels in this process only (default: each (case, impl) is first gated and "
+                         "called in a worker process, so a kernel that crashes or hangs fails its test instead of "
+                         "pytest; env PHASEBENCH_NO_ISOLATE=1)")
+    group.addoption("--case-timeout", type=float, default=os.environ.get("PHASEBENCH_CASE_TIMEOUT"), metavar="S",
+                    help="seconds the worker's first calls of a (case, impl) may take (default as `phasebench run`; "
+                         "0: no limit; env PHASEBENCH_CASE_TIMEOUT)")
 
 
 def pytest_generate_tests(metafunc):

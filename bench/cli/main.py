@@ -4,30 +4,31 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import sys
-import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..sweep.selection import (
     UsageError,
+    add_isolation_arguments,
     build_cases,
     case_argv,
     case_ops,
     check_seconds,
     check_writable,
     default_dtype,
+    isolation_of,
     load_plugins,
     out_dir_for,
     resolve_device,
     resolve_impls,
 )
+from . import STARTED
 from .results import cmd_compare, cmd_phases, cmd_report
 from .session import add_session_verbs
 from .sweeps import cmd_merge, cmd_run_ray, shard_of_run
-
-STARTED = time.monotonic()  # `run --time-budget` counts from here: the imports and the ceilings are in it
 
 
 def package_version() -> str:
@@ -67,12 +68,14 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
-    check_seconds(args, "time_budget", "sample_time")
-    load_plugins(args.plugin)
+    check_seconds(args, "time_budget", "sample_time", "case_timeout")
     if args.ray is not None or args.workers is not None:
+        load_plugins(args.plugin)
         if args.time_budget is not None or args.sample_time is not None:
             raise UsageError("time-budget, sample-time: not with --ray (each shard has its own clock)")
         return cmd_run_ray(args)
+    isolation = isolation_of(args, start=True)
+    load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
     impls = resolve_impls(args.impl, device, case_ops(cases))
@@ -102,7 +105,8 @@ def cmd_run(args) -> int:
     try:
         df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
                            timer=timer, refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture,
-                           profiled=args.cuda_profiler_range, time_budget_s=args.time_budget, started=STARTED))
+                           profiled=args.cuda_profiler_range, time_budget_s=args.time_budget, started=STARTED,
+                           isolation=isolation))
     except ResumeError as err:
         raise UsageError(str(err)) from None
     if shard is not None:
@@ -164,6 +168,8 @@ def add_case_arguments(verb: argparse.ArgumentParser) -> None:
 
 
 def cmd_profile(args) -> int:
+    check_seconds(args, "case_timeout")
+    isolation = isolation_of(args, start=args.tool == "torch" or args.tool is None)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(args, device)
@@ -177,7 +183,7 @@ def cmd_profile(args) -> int:
     check_writable(out)
     if tool == "nsys":
         program = [sys.executable, "-m", "phasebench.bench.cli", "run", *case_argv(args),
-                   "--out", str(out / "run"), "--cuda-profiler-range"]
+                   "--out", str(out / "run"), "--cuda-profiler-range", *isolation.argv()]
         profile_path = capture.run_nsys(out / "profile", program)
     else:
         from ..sweep.console import Progress
@@ -185,8 +191,8 @@ def cmd_profile(args) -> int:
 
         profile_path = out / "trace.json"
         run(RunConfig(cases, impls, device, out / "run", suite=suite, timer=PROFILE_TIMER, on_row=Progress(),
-                      profiled=True, detect_contention=False,
-                      capture=lambda: capture.torch_profiler_capture(profile_path, device.type == "cuda")))
+                      profiled=True, detect_contention=False, isolation=isolation,
+                      capture=functools.partial(capture.torch_profiler_capture, profile_path, device.type == "cuda")))
     summary = capture.write_tables(profile_path, out)
     print(capture.format_summary(summary))
     print(f"\nprofile: {profile_path}; tables: {out}/kernels, ranges, summary (.parquet, .csv); rows: {out}/run")
@@ -216,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sample-time", type=float, metavar="S",
                      help="seconds of timed samples per case and impl (default 0.5 on CUDA, 0.3 on the host)")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
+    add_isolation_arguments(run)
     run.add_argument("--time-budget", type=float, metavar="S",
                      help="wall seconds for the whole command, start-up included: cases are taken spread over the "
                           "sweep, and the rows that would overrun are recorded as skipped (--resume --retry-failed "
@@ -241,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--tool", choices=("nsys", "torch"),
                       help="nsys (default where CUDA and nsys exist) or torch (torch.profiler)")
     prof.add_argument("--out", help="profile folder (default: a new ./results/profile-<timestamp>/)")
+    add_isolation_arguments(prof)
     prof.set_defaults(func=cmd_profile)
 
     report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
@@ -261,11 +269,21 @@ def build_parser() -> argparse.ArgumentParser:
     phases.add_argument("--context", type=int, help="tokens already in each decode sequence's cache")
     phases.add_argument("--chunk", nargs="+", type=int, metavar="C", help="chunked-prefill chunk sizes")
     phases.add_argument("--chunk-batch", type=int, help="decode batch running beside the chunked prompt")
-    phases.add_argument("--reference-layers", type=int, help="layers of the plain-PyTorch decoder timed as a check")
+    phases.add_argument("--reference-layers", type=int, help="layers of the real forward pass timed as a check")
+    phases.add_argument("--reference-batch", nargs="+", type=int, metavar="B",
+                        help="decode batches the real forward pass checks (default 1 and 8 on the host, 1 and 16 "
+                             "on a GPU; the prefill check is the longest prompt)")
+    phases.add_argument("--reference", nargs="+", choices=("phasebench", "transformers"), metavar="IMPL",
+                        help="real forward passes to check the composition against: phasebench's decoder (always) "
+                             "and transformers' LlamaForCausalLM with random weights where installed")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
     phases.add_argument("--sample-time", type=float, metavar="S",
                         help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)
+    phases.add_argument("--time-budget", type=float, metavar="S",
+                        help="wall seconds for the whole command: the ops that would overrun are recorded skipped "
+                             "(the scenarios that need them left blank), time kept for the reference and tables")
+    add_isolation_arguments(phases)
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, case_argv, check_writable, out_dir_for
+from ..sweep.selection import UsageError, case_argv, check_writable, isolation_of, out_dir_for
 
 
 def run_command(args) -> str:
@@ -56,13 +56,16 @@ def cmd_run_ray(args) -> int:
         raise UsageError("retry-failed: goes with --resume --out DIR")
     if importlib.util.find_spec("ray") is None:
         raise UsageError("ray: not installed here; pip install 'phasebench[cluster]'")
+    from ..sweep.ray_runner import RaySweep, Selection, probe_head, run_sweep
+
+    probe_head(args.ray)  # before anything is written
     out = out_dir_for(args).resolve()
     check_writable(out)
-    from ..sweep.ray_runner import RaySweep, Selection, run_sweep
 
     return run_sweep(RaySweep(Selection.from_args(args), out, address=args.ray or None, workers=args.workers,
                               resume=args.resume, retry_failed=args.retry_failed,
-                              refresh_ceilings=args.refresh_ceilings, command=run_command(args)))
+                              refresh_ceilings=args.refresh_ceilings, command=run_command(args),
+                              isolation=isolation_of(args)))
 
 
 def cmd_merge(args) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .selection import UsageError
+from .worker import IN_PROCESS, Isolation
 
 MARKER = ".phasebench-sweep"  # written by the driver: a worker that sees it shares the driver's filesystem
 SHIPPED = ("results.csv", "samples.jsonl", "results.parquet", "run.json", "shard.json")
@@ -63,6 +64,7 @@ class ShardJob:
     resume: bool = False
     retry_failed: bool = False
     refresh_ceilings: bool = False
+    isolation: Isolation = IN_PROCESS
 
 
 def worker_device(sel: Selection):
@@ -137,9 +139,10 @@ class ShardWorker:
         def on_row(row, index, total):
             self.done = index
 
+        isolation = dataclasses.replace(job.isolation, plugins=tuple(job.selection.plugin or ()))
         df = run(RunConfig(job.cases, job.info.impls, device, folder, suite=job.info.suite, resume=job.resume,
                            retry_failed=job.retry_failed, timer=timer, refresh_ceilings=job.refresh_ceilings,
-                           on_row=on_row))
+                           on_row=on_row, isolation=isolation))
         finish_shard(folder, job.info, worker=worker_env(device))
         self.done = len(df)
         files = {} if shared else {n: (folder / n).read_bytes() for n in SHIPPED if (folder / n).is_file()}
@@ -162,6 +165,7 @@ class RaySweep:
     retry_failed: bool = False
     refresh_ceilings: bool = False
     command: str = "phasebench run"  # the selection as a command line, for the resume hints
+    isolation: Isolation = IN_PROCESS  # where each worker measures its cases
     stream: object = field(default=None, repr=False)
 
 
@@ -223,12 +227,52 @@ def run_sweep(cfg: RaySweep) -> int:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=cfg.address or None, include_dashboard=False)
+        connect(ray, cfg.address)
     try:
         return _drive(ray, cfg)
     finally:
         if started:
             ray.shutdown()
+
+
+CONNECT_S = 10.0  # a cluster's head answers a TCP connection at once; nothing answering by then is not one
+NO_CLUSTER = "start one there with `ray start --head`, or drop ADDRESS for a Ray on this machine"
+
+
+def head_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray address to probe: `host:port`, `ray://host:port` (port 10001 by default) or `host`
+    (6379); None for `auto`, which Ray resolves on this machine."""
+    if address in ("auto", "local"):
+        return None
+    scheme, sep, rest = address.partition("://")
+    client = sep and scheme == "ray"
+    host, colon, port = (rest if sep else address).rpartition(":")
+    if not colon or not port.isdigit():
+        host, port = (rest if sep else address), ("10001" if client else "6379")
+    return host.strip("[]"), int(port)
+
+
+def probe_head(address: str | None) -> None:
+    """A one-line UsageError within about CONNECT_S when nothing answers at ADDRESS (Ray itself retries for
+    minutes against a port that refuses, and takes about 20 s to give up on a silent one)."""
+    endpoint = head_endpoint(address) if address else None
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=CONNECT_S).close()
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise UsageError(f"ray: no Ray cluster answers at {address} ({reason}); {NO_CLUSTER}") from None
+
+
+def connect(ray, address: str | None) -> None:
+    """ray.init on ADDRESS (None: a local Ray), one line instead of Ray's traceback when it cannot connect."""
+    probe_head(address)
+    try:
+        ray.init(address=address or None, include_dashboard=False)
+    except (ConnectionError, RuntimeError, TimeoutError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"ray: cannot connect to {address or 'a local Ray'} ({first[:160]}); {NO_CLUSTER}") from None
 
 
 def _drive(ray, cfg: RaySweep) -> int:
@@ -262,7 +306,8 @@ def _drive(ray, cfg: RaySweep) -> int:
             done_rows[k] = info.rows
             continue
         jobs.append(ShardJob(cases, info, str(folder.resolve()), str(cfg.out.resolve()), token, cfg.selection,
-                             resume=cfg.resume, retry_failed=cfg.retry_failed, refresh_ceilings=cfg.refresh_ceilings))
+                             resume=cfg.resume, retry_failed=cfg.retry_failed, refresh_ceilings=cfg.refresh_ceilings,
+                             isolation=cfg.isolation))
     total = sum(j.info.rows for j in jobs) + sum(done_rows.values())
     where = f"{workers} {'GPU' if 'num_gpus' in resources else 'CPU'} worker(s)"
     _say(cfg, f"sweep {sweep}: {len(plan.cases)} cases, {total} rows in {n} shard(s) on {where} "

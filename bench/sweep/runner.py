@@ -15,13 +15,11 @@ from pathlib import Path
 import torch
 
 from ...kernels import OPS, triton_mode
-from ...kernels.autotune import autotune_winners
 from ..instruments.cold import policy as cold_policy
-from ..instruments.roofline import ceilings, on_device
 from ..instruments.timing import TimerConfig
-from .measure import CaseState, HarnessSampler, base_row, measure
-from .metadata import run_metadata
+from .measure import HarnessSampler, base_row
 from .results import ResultsStore
+from .worker import IN_PROCESS, Executor, Isolation
 
 CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False, cold=True)
 CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
@@ -71,6 +69,9 @@ class RunConfig:
     started: float | None = None  # time.monotonic() the budget counts from (default: when run() starts)
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
+    # in a worker process (bench.sweep.worker) that a crash or a hang costs one failed row, or in this one; the
+    # worker imports the plugins itself, so kernels registered only in this process are not there
+    isolation: Isolation = IN_PROCESS
 
 
 def impls_for(case, impls) -> list[str]:
@@ -139,22 +140,15 @@ class TimeBudget:
         self.durations.setdefault(impl, []).append(seconds)
 
 
-def _probe(device: torch.device, enabled: bool):
-    if not enabled:
-        return None
-    from ..instruments.contention import ContentionProbe
-
-    return ContentionProbe(device)
-
-
 def _snapshot(device: torch.device) -> dict:
     from ..instruments.contention import snapshot
 
-    return snapshot(device)
+    return snapshot(device)  # /proc and nvidia-smi only: the parent of a worker never touches the device
 
 
 def run(cfg: RunConfig):
-    """Measure every (case, impl) not already in cfg.out_dir; returns all rows there as a DataFrame."""
+    """Measure every (case, impl) not already in cfg.out_dir; returns all rows there as a DataFrame. A Ctrl-C keeps
+    every row written and closes run.json as interrupted."""
     device = cfg.device
     timer = cfg.timer or default_timer(device)
     options = measurement_options(device, timer, cfg.profiled)
@@ -162,31 +156,32 @@ def run(cfg: RunConfig):
     store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options, sweep=sweep)
     dtypes = sorted({c.dtype for c in cfg.cases})
     state_before = _snapshot(device)
-    ceil = ceilings(device, dtypes, refresh=cfg.refresh_ceilings)
-    previous = store.previous_run() if cfg.resume else None
-    run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
-    meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
-            "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options, **run_metadata(device),
-            "cold_operands": cold_policy(device, timer), "selection": _joined(sweep, previous),
-            "ceilings": ceil.to_json(), "state_before": state_before, "state_after": None}
-    store.write_run(meta)
-    sampler = HarnessSampler(timer, device.type)
-    probe = _probe(device, cfg.detect_contention)
-    budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
-    cases = list(cfg.cases)
-    if budget is not None:
-        cases = [cases[i] for i in spread_order(len(cases))]
-    plan = [(case, impls_for(case, cfg.impls)) for case in cases]
-    total = sum(len(impls) for _, impls in plan)
-    index = 0
-    capture = cfg.capture() if cfg.capture else contextlib.nullcontext()
-    try:
-        with on_device(device), capture:  # a profiler records the cases only, not the ceilings or the setup of the run
+    executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
+    meta: dict = {}
+    with executor:
+        ceil = executor.ceilings(dtypes, refresh=cfg.refresh_ceilings)
+        previous = store.previous_run() if cfg.resume else None
+        run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
+        meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
+                "interrupted": False, "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options,
+                **executor.metadata(), "cold_operands": cold_policy(device, timer),
+                "selection": _joined(sweep, previous), "isolation": executor.describe(),
+                "ceilings": ceil.to_json(), "state_before": state_before, "state_after": None}
+        store.write_run(meta)
+        label = HarnessSampler(timer, device.type).label
+        budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
+        cases = list(cfg.cases)
+        if budget is not None:
+            cases = [cases[i] for i in spread_order(len(cases))]
+        plan = [(case, impls_for(case, cfg.impls)) for case in cases]
+        total = sum(len(impls) for _, impls in plan)
+        index = 0
+        try:
+            executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
             for case, impls in plan:
-                state = CaseState(case, device)
                 for impl in impls:
                     index += 1
-                    row = base_row(case, impl, run_id, cfg.suite, ceil, sampler.label)
+                    row = base_row(case, impl, run_id, cfg.suite, ceil, label)
                     if store.is_done(row):
                         continue
                     refusal = budget.refusal(impl) if budget is not None else None
@@ -194,20 +189,22 @@ def run(cfg: RunConfig):
                         row.update(status="skipped", reason=refusal)
                     else:
                         started = time.monotonic()
-                        row = measure(state, impl, row, sampler, probe)
+                        row = executor.measure(case, impl, row)
                         if budget is not None:
                             budget.record(impl, time.monotonic() - started)
                     row["time"], row["profiled"] = now(), cfg.profiled
                     store.append(row)
                     if cfg.on_row:
                         cfg.on_row(row, index, total)
-                del state
-                if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
-                    torch.cuda.empty_cache()
-    finally:
-        df = store.write_parquet()
-        meta["finished"] = now()
-        meta["state_after"] = _snapshot(device)
-        meta["autotune"] = autotune_winners()  # the config each tuned Triton kernel chose, per tuning key
-        store.write_run(meta)
+        except KeyboardInterrupt:
+            meta["interrupted"] = True
+            raise
+        finally:
+            df = store.write_parquet()
+            meta["finished"] = now()
+            meta["state_after"] = _snapshot(device)
+            if not meta["interrupted"]:  # the config each tuned Triton kernel chose, per tuning key
+                meta["autotune"] = executor.autotune()
+            meta["isolation"] = executor.describe()
+            store.write_run(meta)
     return df

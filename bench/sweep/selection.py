@@ -101,12 +101,49 @@ def out_dir_for(args) -> Path:
     return Path("results") / stamp
 
 
-def check_seconds(args, *flags: str) -> None:
-    """Each given option among `flags` (argparse names) a positive number of seconds, else a one-line UsageError."""
+def check_seconds(args, *flags: str, zero_ok: tuple[str, ...] = ("case_timeout",)) -> None:
+    """Each given option among `flags` (argparse names) a positive number of seconds (or 0 for those in `zero_ok`:
+    0 turns the limit off), else a one-line UsageError."""
     for flag in flags:
         value = getattr(args, flag, None)
-        if value is not None and not value > 0:
+        if value is None:
+            continue
+        if flag in zero_ok and not value >= 0:
+            raise UsageError(f"{flag.replace('_', '-')}: must be 0 (no limit) or a positive number of seconds")
+        if flag not in zero_ok and not value > 0:
             raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
+
+
+def check_counts(args, *flags: str) -> None:
+    """Each given option among `flags` (argparse names; an int or a list of ints) at least 1, else a one-line
+    UsageError: checked before anything is written."""
+    for flag in flags:
+        value = getattr(args, flag, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and not item >= 1:
+                raise UsageError(f"{flag.replace('_', '-')}: must be a positive whole number, got {item}")
+
+
+def add_isolation_arguments(verb) -> None:
+    """--no-isolate and --case-timeout, for every verb that measures cases."""
+    verb.add_argument("--no-isolate", action="store_true",
+                      help="measure in this process (default: in a worker process that a crash, a hang or a lost "
+                           "CUDA context costs one failed row, replaced after it dies)")
+    verb.add_argument("--case-timeout", type=float, metavar="S",
+                      help="seconds a (case, impl) may take in the worker before it is recorded failed and the worker "
+                           "replaced (default: 300 for an impl's first row, then 10x its longest row, at least 60; "
+                           "0: no limit)")
+
+
+def isolation_of(args, start: bool = False):
+    """Where the verb measures, from the command line (the worker imports the plugins again); `start` spawns the
+    worker's interpreter at once, so that its imports overlap the verb's own."""
+    from .worker import Isolation, prestart
+
+    isolation = Isolation(not args.no_isolate, tuple(args.plugin or ()), args.case_timeout)
+    if start:
+        prestart(isolation)
+    return isolation
 
 
 def check_writable(path: Path) -> None:

@@ -62,3 +62,22 @@ def test_a_plugin_kernel_is_gated_in_the_benchmark_suite(tmp_path):
     data = json.loads(out.read_text())
     impls = {b["extra_info"]["impl"] for b in data["benchmarks"]}
     assert impls == {"good"}
+
+
+def test_a_crashing_kernel_fails_its_test_and_pytest_bench_goes_on(tmp_path):
+    plugin = tmp_path / "crash.py"
+    plugin.write_text(
+        "import ctypes\n"
+        "from phasebench.kernels import attention, register\n"
+        "def crash(q, k, v, *, causal, scale, cache_seqlens):\n"
+        "    ctypes.string_at(0)\n"
+        "def good(q, k, v, *, causal, scale, cache_seqlens):\n"
+        "    return attention(q, k, v, impl='naive', causal=causal, scale=scale, cache_seqlens=cache_seqlens)\n"
+        "register('attention', 'crash', crash)\nregister('attention', 'good', good)\n")
+    out = tmp_path / "bench.json"
+    proc = run_pytest_bench(out, "--plugin", str(plugin), "--impl", "crash", "--impl", "good", "-k", "decode")
+    assert proc.returncode == 1, proc.stdout[-3000:]  # pytest itself ended normally, with the crash as failures
+    assert "crash failed: the worker died of SIGSEGV" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {b["extra_info"]["impl"] for b in data["benchmarks"]} == {"good"}
+    assert all(b["extra_info"]["status"] == "ok" for b in data["benchmarks"])

@@ -190,3 +190,19 @@ def test_seconds_options_are_checked_before_anything_runs():
         proc = run_cli(*args)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
             (args, proc.stderr)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch", "0"], "batch: must be a positive whole number, got 0"),
+    (["--prompt", "16", "0"], "prompt: must be a positive whole number, got 0"),
+    (["--chunk", "0"], "chunk: must be a positive whole number, got 0"),
+    (["--context", "-3"], "context: must be a positive whole number, got -3"),
+    (["--chunk-batch", "0"], "chunk-batch: must be a positive whole number"),
+    (["--reference-layers", "0"], "reference-layers: must be a positive whole number"),
+    (["--case-timeout", "-2"], "case-timeout: must be 0 (no limit) or a positive number of seconds"),
+])
+def test_phases_counts_are_checked_before_a_folder_is_made(args, message, tmp_path, capsys):
+    out = tmp_path / "phases"
+    assert main(["phases", "--model", "llama-3-8b", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not out.exists()

@@ -92,12 +92,27 @@ def forget_flaky():
     OPS["attention"].pop("flaky", None)  # the driver loaded the plugin too: keep it out of other tests
 
 
-def test_a_worker_killed_mid_shard_is_resumed_and_nothing_is_lost_or_repeated(local_ray, tmp_path, capsys,
+def test_an_isolated_case_killed_in_a_shard_is_one_failed_row_retried_on_resume(local_ray, tmp_path, capsys,
                                                                                forget_flaky):
     plugin, marker, out = tmp_path / "killer.py", tmp_path / "killed", tmp_path / "ray"
     plugin.write_text(KILLER.format(marker=str(marker)))
     argv = ["run", "--ray", "--workers", "2", "--plugin", str(plugin), *selection(["naive", "flaky"]),
             "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err[-3000:]  # the measuring worker died, not the Ray actor
+    merged = rows(out)
+    failed = [r for r in merged if r["status"] != "ok"]
+    assert len(merged) == 6 and len(failed) == 1 and failed[0]["impl"] == "flaky" and failed[0]["q_len"] == "1"
+    assert "SIGKILL" in failed[0]["reason"] and marker.exists()
+    assert main([*argv, "--resume", "--retry-failed"]) == 0, capsys.readouterr().err[-3000:]
+    assert {r["status"] for r in rows(out)} == {"ok"} and len(rows(out)) == 6
+
+
+def test_a_worker_killed_mid_shard_is_resumed_and_nothing_is_lost_or_repeated(local_ray, tmp_path, capsys,
+                                                                               forget_flaky):
+    plugin, marker, out = tmp_path / "killer.py", tmp_path / "killed", tmp_path / "ray"
+    plugin.write_text(KILLER.format(marker=str(marker)))
+    argv = ["run", "--ray", "--workers", "2", "--plugin", str(plugin), *selection(["naive", "flaky"]),
+            "--out", str(out), "--no-isolate"]  # measured in the Ray actor itself: the kill takes the actor
     status = main(argv)
     err = capsys.readouterr().err
     assert status == 1, err[-3000:]
@@ -122,3 +137,24 @@ def test_a_worker_killed_mid_shard_is_resumed_and_nothing_is_lost_or_repeated(lo
     for f in folders:  # rows measured before the kill are kept as they were, in the same run
         assert [r["time"] for r in rows(f)][: len(before[f.name])] == [r["time"] for r in before[f.name]]
         assert json.loads((f / "run.json").read_text())["run_id"] == run_ids[f.name]
+
+
+def test_a_ray_address_where_no_cluster_answers_fails_at_once_in_one_line(tmp_path):
+    import time
+
+    from ...conftest import run_cli
+
+    started = time.monotonic()
+    proc = run_cli("run", "--ray", "127.0.0.1:1", "--workers", "1", "--out", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "no Ray cluster answers at 127.0.0.1:1" in proc.stderr and "ray start --head" in proc.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "o").exists()
+
+
+def test_ray_addresses_name_the_head_to_probe():
+    from phasebench.bench.sweep.ray_runner import head_endpoint
+
+    assert head_endpoint("10.0.0.5:6380") == ("10.0.0.5", 6380)
+    assert head_endpoint("ray://head.example:10002") == ("head.example", 10002)
+    assert head_endpoint("ray://head.example") == ("head.example", 10001)
+    assert head_endpoint("head.example") == ("head.example", 6379) and head_endpoint("auto") is None

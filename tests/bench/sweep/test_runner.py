@@ -282,8 +282,11 @@ def slow_plan(req):
 
 def test_a_time_budget_skips_the_rows_that_would_overrun_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setitem(IMPLS, "slow", fake("slow", slow_plan))
-    measured = runner.ceilings(torch.device("cpu"), ("float32",))
-    monkeypatch.setattr(runner, "ceilings", lambda device, dtypes, refresh=False: measured)  # the rows use the budget
+    from phasebench.bench.instruments.roofline import ceilings
+    from phasebench.bench.sweep import worker
+
+    measured = ceilings(torch.device("cpu"), ("float32",))
+    monkeypatch.setattr(worker, "device_ceilings", lambda dtypes, refresh: measured)  # the rows use the budget
     cases = [AttentionCase(1, 2, 1, 1, 16 + i, 16, True, "float32") for i in range(8)]
     timer = runner.TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=3, max_samples=3, flush_l2=False)
     df = run(tmp_path, ["slow"], cases=cases, timer=timer, time_budget_s=2.0)  # six 0.15 s calls a row

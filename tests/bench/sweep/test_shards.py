@@ -169,7 +169,8 @@ def test_a_shard_resumes_only_as_its_own_shard_of_its_own_sweep(sweep, tmp_path,
 class FakeConfig:
     def __init__(self, **options):
         self.options = {"--suite": "quick", "--impl": IMPLS, "--plugin": None, "--op": None, "--device": "cpu",
-                        "--dtype": None, "--shard": None, "--warm": False, **options}
+                        "--dtype": None, "--shard": None, "--warm": False, "--no-isolate": False,
+                        "--case-timeout": None, **options}
 
     def getoption(self, name):
         return self.options[name]

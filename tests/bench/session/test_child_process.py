@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from phasebench.bench.sweep.child_process import allowance, run_child
+from phasebench.bench.session.child_process import allowance, run_child
 
 
 def test_allowance_is_a_proportional_share_of_what_is_left():

@@ -1,0 +1,368 @@
+"""The device work of a sweep, in this process or in a worker process that a crash, a hang, an OOM kill or a lost
+CUDA context costs one failed row, never the sweep: the worker is long-lived and replaced when it dies.
+
+The parent never touches the device (no CUDA context: the contention probe in the worker would see it as another
+process on the GPU); it keeps the store, the budget and the order, and asks the worker for ceilings, metadata,
+each (case, impl)'s row and the autotune winners. The same functions run in-process without isolation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass, field
+
+FIRST_ROW_S = 300.0  # an impl's first row compiles and autotunes: it may take this long before it is called hung
+FLOOR_S = 60.0  # no later row is called hung before this
+TIMES_EXPECTED = 10.0  # nor before this many times the longest row of its impl so far
+START_S = 300.0  # a worker that has not answered its first call by then (imports, plugins, CUDA) is stuck
+POLL_S = 0.05
+STICKY_CUDA = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+               "illegal instruction", "an illegal", "cudaErrorLaunchFailure", "CUDA error: an")
+
+
+class WorkerError(RuntimeError):
+    """The worker died, hung or was interrupted; the message is one line naming what happened."""
+
+
+def signal_name(returncode: int | None) -> str:
+    if returncode is None or returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"{signal.Signals(-returncode).name} (signal {-returncode})"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+# ---- the worker's side: the functions the parent asks for, against one state per process -----------------------
+
+_STATE: dict = {}
+
+
+def open_device(device, timer, detect_contention: bool, capture=None) -> None:
+    """Make the device current, keep the sampler and probe, and open the capture (a profiler's range) if given."""
+    import torch
+
+    from ..instruments.contention import ContentionProbe
+    from ..instruments.roofline import on_device
+    from .measure import HarnessSampler
+
+    close_device()
+    stack = contextlib.ExitStack()
+    stack.enter_context(on_device(device))
+    if capture is not None:
+        stack.enter_context(capture())
+    _STATE.update(device=torch.device(device), stack=stack, sampler=HarnessSampler(timer, torch.device(device).type),
+                  probe=ContentionProbe(device) if detect_contention else None, case=None, state=None)
+
+
+def open_capture(capture) -> None:
+    """Open a profiler's range (a picklable factory of a context manager) until the device is closed."""
+    _STATE["stack"].enter_context(capture())
+
+
+def close_device() -> None:
+    stack = _STATE.pop("stack", None)
+    _STATE.clear()
+    if stack is not None:
+        stack.close()
+
+
+def device_ceilings(dtypes, refresh: bool):
+    from ..instruments.roofline import ceilings
+
+    return ceilings(_STATE["device"], tuple(dtypes), refresh=refresh)
+
+
+def device_metadata() -> dict:
+    from .metadata import run_metadata
+
+    return run_metadata(_STATE["device"])
+
+
+def autotune() -> list:
+    from ...kernels.autotune import autotune_winners
+
+    return autotune_winners()
+
+
+def measure_row(case, impl: str, row: dict) -> dict:
+    """One (case, impl)'s row; the case's inputs and reference are kept for its next impl and freed before the next
+    case (its fit check sees the memory free)."""
+    import torch
+
+    from .measure import CaseState, measure
+
+    device = _STATE["device"]
+    if _STATE.get("case") != case:
+        _STATE.update(case=None, state=None)
+        if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
+            torch.cuda.empty_cache()
+        _STATE.update(case=case, state=CaseState(case, device))
+    out = measure(_STATE["state"], impl, row, _STATE["sampler"], _STATE["probe"])
+    if device.type == "cuda" and out["status"] == "failed":
+        lost = any(s in out["reason"] for s in STICKY_CUDA)
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            lost = True
+        if lost:  # every later case in this process would fail the same way: the parent replaces the worker
+            out["reason"] = f"{out['reason']} (the CUDA context was lost; the worker was replaced)"
+            _STATE["lost"] = True
+    return out
+
+
+def _serve(conn, plugins) -> None:
+    """The worker's loop: load the plugins, then run each (fn, args, kwargs) sent and send back what it gave."""
+    import faulthandler
+
+    faulthandler.enable()  # a segfault prints its Python stack to the inherited stderr
+    try:
+        from . import measure  # noqa: F401  (torch, the kernels, the gate: imported while the parent starts too)
+        from .selection import load_plugins
+
+        load_plugins(plugins)
+    except BaseException as err:  # reported on the first call
+        conn.send(("raised", _portable(err)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            close_device()
+            return
+        fn, args, kwargs = message
+        try:
+            conn.send(("ok", fn(*args, **kwargs)))
+        except KeyboardInterrupt:
+            conn.send(("interrupted", None))
+            return
+        except BaseException as err:
+            conn.send(("raised", _portable(err)))
+        if _STATE.get("lost"):
+            return
+
+
+def _portable(err: BaseException) -> BaseException:
+    """The exception itself where it pickles, else a RuntimeError with its one-line text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:
+        text = str(err).strip().splitlines()
+        return RuntimeError(f"{type(err).__name__}: {text[0] if text else ''}")
+
+
+# ---- the parent's side ----------------------------------------------------------------------------------------
+
+_SPARE: dict[tuple, tuple] = {}  # plugins -> (process, pipe) started ahead by prestart()
+
+
+def _spawn(plugins: tuple) -> tuple:
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, plugins), daemon=True, name="phasebench-worker")
+    proc.start()
+    child.close()
+    return proc, conn
+
+
+def prestart(isolation: Isolation) -> None:
+    """Start the worker's interpreter now, so that its imports overlap this process's own start-up (a verb calls
+    this first thing; the run's Worker takes it over)."""
+    if isolation.isolate and isolation.plugins not in _SPARE:
+        _SPARE[isolation.plugins] = _spawn(isolation.plugins)
+
+
+class Worker:
+    """A long-lived child process (spawned: a fresh interpreter, safe beside CUDA) that runs picklable calls; after
+    it dies the next call starts a new one and runs `init` there first."""
+
+    def __init__(self, plugins=(), init: tuple | None = None):
+        self.plugins, self.init = tuple(plugins or ()), init
+        self.proc = self.conn = None
+        self.starts = 0
+
+    def _start(self) -> None:
+        self.proc, self.conn = _SPARE.pop(self.plugins, None) or _spawn(self.plugins)
+        self.starts += 1
+        self._wait(START_S, "starting")  # "ready", or the plugin's error
+        if self.init is not None:
+            fn, args = self.init
+            self._send(fn, args, {})
+            self._wait(START_S, "opening the device")
+
+    def _send(self, fn, args, kwargs) -> None:
+        self.conn.send((fn, args, kwargs))
+
+    def _wait(self, timeout: float | None, doing: str):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            closed = False
+            if self.conn.poll(POLL_S):
+                try:
+                    kind, value = self.conn.recv()
+                except (EOFError, OSError):  # the worker's end closed: it died
+                    kind, value, closed = None, None, True
+                if kind in ("ok", "ready"):
+                    return value
+                if kind == "raised":
+                    raise value
+                if kind == "interrupted":
+                    self._reap()
+                    raise KeyboardInterrupt
+            if closed or not self.proc.is_alive():
+                self.proc.join(timeout=5.0)
+                code = self.proc.exitcode
+                self._reap()
+                raise WorkerError(f"the worker died of {signal_name(code)} while {doing}")
+            if deadline is not None and time.monotonic() > deadline:
+                self.kill()
+                raise WorkerError(f"timed out after {timeout:.0f} s while {doing} (--case-timeout); the worker "
+                                  "was killed")
+
+    def call(self, fn, *args, timeout: float | None = None, doing: str = "running", **kwargs):
+        """fn(*args, **kwargs) in the worker; its exception is raised here, a death or a timeout as WorkerError."""
+        if self.proc is None or not self.proc.is_alive():
+            self._reap()
+            self._start()
+        self._send(fn, args, kwargs)
+        try:
+            return self._wait(timeout, doing)
+        except KeyboardInterrupt:
+            self.kill(grace_s=5.0)  # it got the same SIGINT: a moment to write what it was writing
+            raise
+
+    def _reap(self) -> None:
+        """Forget a worker that has ended (or was never started)."""
+        if self.proc is not None:
+            self.proc.join(timeout=1.0)
+        self.proc = self.conn = None
+
+    def kill(self, grace_s: float = 0.0) -> None:
+        """Stop the worker: `grace_s` to end by itself, then SIGKILL."""
+        if self.proc is None:
+            return
+        if grace_s:
+            self.proc.join(timeout=grace_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5.0)
+        self.proc = self.conn = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            with contextlib.suppress(OSError, BrokenPipeError):
+                self.conn.send(None)
+            self.proc.join(timeout=10.0)
+        self.kill()
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Where a run measures: in a worker process (`isolate`) that imports `plugins` (module names or .py paths)
+    itself, with `case_timeout` seconds per (case, impl) (None: by default, 0: no limit); or in this process."""
+
+    isolate: bool = True
+    plugins: tuple[str, ...] = ()
+    case_timeout: float | None = None
+
+    def argv(self) -> list[str]:
+        """The same choice as `phasebench` options (the plugins are given with --plugin on their own)."""
+        return [*([] if self.isolate else ["--no-isolate"]),
+                *([] if self.case_timeout is None else ["--case-timeout", f"{self.case_timeout:g}"])]
+
+
+IN_PROCESS = Isolation(isolate=False)
+
+
+@dataclass
+class CaseClock:
+    """How long a (case, impl) may take before it is called hung: `setting` seconds (0: no limit), or by default
+    TIMES_EXPECTED x the longest row of its impl so far (at least FLOOR_S), FIRST_ROW_S for an impl's first."""
+
+    setting: float | None = None
+    durations: dict[str, list[float]] = field(default_factory=dict)
+
+    def limit(self, impl: str) -> float | None:
+        if self.setting is not None:
+            return self.setting or None
+        mine = self.durations.get(impl, [])
+        return FIRST_ROW_S if not mine else max(FLOOR_S, TIMES_EXPECTED * max(mine))
+
+    def record(self, impl: str, seconds: float) -> None:
+        self.durations.setdefault(impl, []).append(seconds)
+
+
+class Executor:
+    """The device work of one run: here, or (isolate) in a Worker whose death or timeout becomes a failed row."""
+
+    def __init__(self, device, timer, *, detect_contention=True, capture=None, isolation: Isolation = IN_PROCESS):
+        self.isolate = isolation.isolate
+        self.clock = CaseClock(isolation.case_timeout)
+        self._init = (open_device, (device, timer, detect_contention, capture))
+        self.worker = Worker(isolation.plugins, self._init) if self.isolate else None
+
+    def __enter__(self):
+        if not self.isolate:
+            fn, args = self._init
+            fn(*args)
+        return self
+
+    def __exit__(self, *exc):
+        if self.isolate:
+            self.worker.close()
+        else:
+            close_device()
+
+    def _call(self, fn, *args, timeout=None, doing="running"):
+        if not self.isolate:
+            return fn(*args)
+        return self.worker.call(fn, *args, timeout=timeout, doing=doing)
+
+    def capture(self, capture) -> None:
+        """Open a profiler's range around what follows; a replaced worker opens it again."""
+        if capture is None:
+            return
+        fn, args = self._init
+        self._init = (fn, (*args[:3], capture))
+        if self.isolate:
+            self.worker.init = self._init
+        self._call(open_capture, capture, timeout=START_S, doing="opening the profiler")
+
+    def describe(self) -> dict:
+        """For run.json: where the cases ran, how many workers were started, the case timeout."""
+        if not self.isolate:
+            return {"isolated": False}
+        return {"isolated": True, "workers_started": self.worker.starts,
+                "case_timeout_s": self.clock.setting if self.clock.setting is not None else "default",
+                "default_timeout": f"{FIRST_ROW_S:g} s for an impl's first row, then {TIMES_EXPECTED:g} x its "
+                                   f"longest row, at least {FLOOR_S:g} s"}
+
+    def ceilings(self, dtypes, refresh: bool = False):
+        return self._call(device_ceilings, tuple(dtypes), refresh, timeout=START_S, doing="measuring the ceilings")
+
+    def metadata(self) -> dict:
+        return self._call(device_metadata, timeout=START_S, doing="reading the device")
+
+    def autotune(self) -> list:
+        with contextlib.suppress(WorkerError):
+            return self._call(autotune, timeout=START_S, doing="reading the autotune winners")
+        return []
+
+    def measure(self, case, impl: str, row: dict) -> dict:
+        started = time.monotonic()
+        try:
+            out = self._call(measure_row, case, impl, row, timeout=self.clock.limit(impl),
+                             doing="measuring this case")
+        except WorkerError as err:
+            out = {**row, "status": "failed", "reason": f"{err}; the worker was replaced"}
+        self.clock.record(impl, time.monotonic() - started)
+        return out
