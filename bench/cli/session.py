@@ -29,7 +29,15 @@ def cmd_selfcheck(args) -> int:
 
     import torch
 
-    from ..session.selfcheck import choose_plan, default_tests_dir, format_summary, run_selfcheck
+    from ..session.selfcheck import (
+        MAX_FILES,
+        OURS,
+        choose_plan,
+        default_tests_dir,
+        format_summary,
+        others_in,
+        run_selfcheck,
+    )
     from ..session.selfcheck_plan import STEPS
 
     check_seconds(args, "budget")
@@ -43,13 +51,23 @@ def cmd_selfcheck(args) -> int:
         raise UsageError(str(err)) from None
     out = Path(args.out)
     check_writable(out)
-    if any(p.name != ".phasebench-write-test" for p in out.iterdir()):
-        raise UsageError(f"out: {out} is not empty (the self-check writes at most 8 files there)")
+    ours = [p.name for p in out.iterdir() if p.name in OURS]
+    if ours:
+        raise UsageError(f"out: {out} holds a self-check's files already ({', '.join(sorted(ours))}); use another "
+                         f"folder")
+    others = others_in(out)
+    if len(others) > MAX_FILES - 3:
+        raise UsageError(f"out: {out} holds {len(others)} other files; the self-check needs 3 of the {MAX_FILES} "
+                         f"files a device call brings back")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="phasebench-selfcheck-"))
     tests_dir = Path(args.tests) if args.tests else default_tests_dir()
-    why = "" if plan.device == "cuda" else (" (dry run asked for)" if args.dry_run else " (no CUDA device here)")
-    print(f"phasebench selfcheck: plan {plan.name}{why}, {plan.total_s:.0f} s; {out} (files), {work} (all results)",
-          flush=True)
+    if plan.device == "cuda":
+        why = f"{torch.cuda.get_device_name(0)} found by torch {torch.__version__}"
+    else:
+        why = "--dry-run asked for" if args.dry_run else f"torch {torch.__version__} sees no CUDA device"
+    print(f"plan: {'gpu' if plan.device == 'cuda' else 'cpu dry run'} ({why}); {plan.name} in {plan.total_s:.0f} s; "
+          f"{out} (files), {work} (all results)" + (f"; {len(others)} file(s) there already count toward the "
+                                                    f"{MAX_FILES}" if others else ""), flush=True)
     summary = run_selfcheck(out, plan, work=work, tests_dir=tests_dir, steps=tuple(args.steps or STEPS),
                             echo=sys.stdout if args.verbose else None)
     print("\n".join(format_summary(summary, out)))
@@ -63,10 +81,11 @@ def cmd_wheels(args) -> int:
     out = Path(args.out)
     check_writable(out)
     try:
-        wheels = make_wheels(out, tuple(args.package) if args.package is not None else TARGET_MISSING,
-                             args.python_version, download=not args.no_download)
+        wheels, how = make_wheels(out, tuple(args.package) if args.package is not None else TARGET_MISSING,
+                                  args.python_version, download=not args.no_download)
     except (ValueError, RuntimeError) as err:
         raise UsageError(str(err).removeprefix("wheels: ")) from None
+    print(f"phasebench's wheel built {how}")
     for wheel in wheels:
         print(f"  {wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB)")
     print(f"commit {(out / 'COMMIT').read_text().strip()}; on the machine, from the repository root:\n"
@@ -77,13 +96,16 @@ def cmd_wheels(args) -> int:
 
 
 def add_session_verbs(verbs) -> None:
+    from ..session.selfcheck_plan import GPU, HOST  # plain data, no torch
+
     check = verbs.add_parser("selfcheck", help="everything a GPU session should measure, in one budgeted command "
                                                "writing at most 8 files (a dry run at host sizes without CUDA)")
     check.add_argument("--out", required=True, help="folder for the (at most 8) files: summary, log, report, tests, "
                                                     "an archive of every result")
     check.add_argument("--dry-run", action="store_true", help="host sizes on the CPU, even where CUDA is")
     check.add_argument("--budget", type=float, metavar="S",
-                       help="total seconds (default 420 on a GPU, 118 for the dry run); every step scaled alike")
+                       help=f"total seconds (default {GPU.total_s:g} on a GPU, {HOST.total_s:g} for the dry run); "
+                            "every step scaled alike")
     check.add_argument("--steps", nargs="+", metavar="STEP",
                        help="only these steps (env tests ceilings suites phases profile ncu report), e.g. to rerun "
                             "what failed")

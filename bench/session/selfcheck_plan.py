@@ -30,14 +30,30 @@ class SelfcheckPlan:
     profile_shapes: tuple[str, ...]
     ncu_shape: str
     ceiling_dtypes: tuple[str, ...]
+    # the least each step needs to do its work at all (start-up and teardown included); the suites step needs
+    # suite_need_s per suite instead
+    minimum_s: dict[str, float]
     reserve_s: float = 15.0  # kept back for the report's packing and the summary
     suite_impls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: every impl available there
 
     def __post_init__(self):
-        unknown = set(self.budgets) - set(STEPS)
+        unknown = (set(self.budgets) | set(self.minimum_s)) - set(STEPS)
         if unknown or sum(self.budgets.values()) + self.reserve_s > self.total_s + 1e-6:
             raise ValueError(f"selfcheck plan {self.name}: steps {sorted(unknown)} unknown, or budgets "
                              f"{sum(self.budgets.values())} s + reserve {self.reserve_s} s over {self.total_s} s")
+
+    @property
+    def suite_need_s(self) -> float:
+        """What one suite's run needs: start-up, one row, and writing its results."""
+        return self.startup_s + 1 + self.teardown_s
+
+    def shortfalls(self) -> list[str]:
+        """Each step, and each suite of the suites step, whose share of this plan is under what it needs."""
+        short = [f"{step}: {self.budgets[step]:.1f} s < {need:g} s" for step, need in self.minimum_s.items()
+                 if self.budgets.get(step, 0) < need]
+        short += [f"suite {suite}: {share * self.budgets['suites']:.1f} s < {self.suite_need_s:g} s"
+                  for suite, share in self.suites.items() if share * self.budgets["suites"] < self.suite_need_s]
+        return short
 
     def with_total(self, total_s: float) -> SelfcheckPlan:
         """The same plan in another total time, every step scaled alike."""
@@ -48,18 +64,22 @@ class SelfcheckPlan:
                                 "budgets": {k: v * scale for k, v in self.budgets.items()}})
 
 
-GPU_SUITE_SHARES = {"prefill": 0.2, "chunked": 0.12, "verify": 0.12, "decode": 0.22, "decode-linear": 0.2,
-                    "prefill-linear": 0.14}
+GPU_SUITE_SHARES = {"prefill": 0.16, "chunked": 0.14, "verify": 0.14, "decode": 0.2, "decode-linear": 0.2,
+                    "prefill-linear": 0.16}
 
-# Seven minutes on one H200: the CUDA tests compile many Triton specialisations, so they get the largest share
-# after the suites; what a step does not use goes to the steps after it.
+# Eight minutes on one H200 (a 15-minute lease, the machine's start and the transfers included): the CUDA tests
+# compile many Triton specialisations, so they get the largest share after the suites; what a step does not use
+# goes to the steps after it. Every share covers its step's start-up and teardown at this budget and at 70% of it.
 GPU = SelfcheckPlan(
-    name="gpu", device="cuda", dtype="bfloat16", total_s=420,
-    budgets={"env": 15, "tests": 130, "ceilings": 20, "suites": 130, "phases": 45, "profile": 25, "ncu": 25,
-             "report": 15},
-    models=("llama-3-8b", "llama-3-70b"), suites=GPU_SUITE_SHARES, sample_time=0.1, startup_s=10, teardown_s=5,
-    # sizes the suites measured too (prefill 2048, decode at 4096 keys for batches 1/16/64), so their rows serve
-    phases_args=("--model", "llama-3-8b", "--prompt", "2048", "--batch", "1", "16", "64", "--context", "4096",
+    name="gpu", device="cuda", dtype="bfloat16", total_s=480,
+    budgets={"env": 12, "tests": 110, "ceilings": 15, "suites": 165, "phases": 45, "profile": 30, "ncu": 30,
+             "report": 12},
+    minimum_s={"env": 8, "tests": 40, "ceilings": 10, "phases": 30, "profile": 20, "ncu": 20, "report": 8},
+    # a run's start-up: the worker's interpreter spawned beside the parent's, the CUDA context, cached ceilings
+    models=("llama-3-8b", "llama-3-70b"), suites=GPU_SUITE_SHARES, sample_time=0.1, startup_s=10, teardown_s=4,
+    # sizes the suites measure too (causal prefill 2048; decode at 4096 keys, context 4095 plus the new token, for
+    # batches 1/16/64; the linear layers at M = 1/16/64 and 2048), so the rows the suites got to serve here
+    phases_args=("--model", "llama-3-8b", "--prompt", "2048", "--batch", "1", "16", "64", "--context", "4095",
                  "--chunk", "512", "--chunk-batch", "16", "--reference-layers", "1"),
     profile_shapes=("model=llama-3-8b,q_len=4096,kv_len=4096", "model=llama-3-8b,batch=16,q_len=1,kv_len=32768"),
     ncu_shape="model=llama-3-8b,batch=16,q_len=1,kv_len=32768",
@@ -69,15 +89,17 @@ GPU = SelfcheckPlan(
     suite_impls={"decode-linear": ("torch", "triton"), "prefill-linear": ("torch", "triton")},
 )
 
-# The dry run on a host without CUDA: the same steps at host sizes, under two minutes on 2 cores.
+# The dry run on a host without CUDA: the same steps at host sizes, under three minutes on 2 cores.
 HOST = SelfcheckPlan(
-    name="host-dry-run", device="cpu", dtype="float32", total_s=118,
-    budgets={"env": 6, "tests": 17, "ceilings": 6, "suites": 50, "phases": 13, "profile": 7, "ncu": 5,
-             "report": 9},
-    models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=4,
-    teardown_s=2.5,
-    phases_args=("--model", TINY_MODEL, "--prompt", "16", "--batch", "1", "2", "--context", "32", "--chunk", "8",
-                 "--chunk-batch", "2", "--reference-layers", "1"),
+    name="host-dry-run", device="cpu", dtype="float32", total_s=175,
+    budgets={"env": 6, "tests": 25, "ceilings": 5, "suites": 85, "phases": 18, "profile": 10, "ncu": 6,
+             "report": 10},
+    minimum_s={"env": 4, "tests": 12, "ceilings": 3, "phases": 10, "profile": 6, "ncu": 4, "report": 5},
+    models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=5,
+    teardown_s=2,
+    # the host suites' sizes: causal prefill 64, decode at 256 keys for batches 1 and 4
+    phases_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "1", "4", "--context", "255", "--chunk", "32",
+                 "--chunk-batch", "4", "--reference-layers", "1", "--reference-batch", "1", "4"),
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,

@@ -9,16 +9,18 @@ import os
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ..sweep.child_process import ChildResult, allowance, run_child
+from .child_process import ChildResult, allowance, run_child
 from .selfcheck_plan import SelfcheckPlan
 
 CLI = (sys.executable, "-m", "phasebench.bench.cli")
 MIN_PASS_S = 5.0  # a pytest pass offered less could not even collect
+NCU_IMPORT_S = 45.0  # `ncu --import` of one report: its start alone has taken tens of seconds on a busy machine
 # what ncu prints where the driver keeps the GPU's counters from this user or this container
 NCU_NO_COUNTERS = ("ERR_NVGPUCTRPERM", "LibraryNotLoaded", "Failed to initialize the profiler")
 
@@ -236,6 +238,7 @@ def step_phases(ctx: StepContext, allowance_s: float) -> StepOutcome:
     reuse = [str(p) for p in suite_dirs(ctx)]
     result = ctx.child([*CLI, "phases", *ctx.plan.phases_args, "--device", ctx.plan.device, "--dtype",
                         ctx.plan.dtype, "--sample-time", str(ctx.plan.sample_time), "--out", str(out),
+                        "--time-budget", f"{allowance_s - ctx.plan.teardown_s:.1f}",
                         *(["--reuse", *reuse] if reuse else [])], allowance_s)
     return outcome_of(result, _csv_records(out, ("prefill", "decode", "chunked", "reference")))
 
@@ -267,6 +270,7 @@ def step_ncu(ctx: StepContext, allowance_s: float) -> StepOutcome:
         return StepOutcome("skipped" if done.status == "ok" else done.status,
                            f"{why}; the program it profiles ran alone: {done.status} {done.reason}".strip())
     report = out / "decode"
+    began = time.monotonic()
     result = ctx.child(ncu_command(ncu, report, target, kernels="split_kv_kernel|reduce_kernel"), allowance_s * 0.85)
     rep = report.with_suffix(".ncu-rep")
     refused = next((m for m in NCU_NO_COUNTERS if m in result.tail), None)
@@ -276,7 +280,8 @@ def step_ncu(ctx: StepContext, allowance_s: float) -> StepOutcome:
         return outcome_of(result) if not result.ok else StepOutcome("failed", "ncu wrote no report")
     with (out / "details.csv").open("w") as csv_file:
         subprocess.run([ncu, "--import", str(rep), "--csv", "--page", "details"], stdout=csv_file,
-                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=max(5.0, allowance_s * 0.15))
+                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       timeout=max(NCU_IMPORT_S, allowance_s - (time.monotonic() - began)))
     return outcome_of(result, ncu_digest(out))
 
 

@@ -37,10 +37,11 @@ def pinned(names) -> list[str]:
     return out
 
 
-def build_command(root: Path, out: Path) -> list[str]:
-    # the build backend installed here, so no index is asked for setuptools
-    return [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(out),
-            str(root)]
+def build_command(root: Path, out: Path, isolated: bool = False) -> list[str]:
+    """pip wheel of the checkout: with the build backend installed here (no index asked for setuptools), or
+    `isolated` in pip's own build environment, which fetches the backend pyproject.toml asks for."""
+    return [sys.executable, "-m", "pip", "wheel", "--no-deps", *([] if isolated else ["--no-build-isolation"]),
+            "--wheel-dir", str(out), str(root)]
 
 
 def download_command(packages, out: Path, python_version: str) -> list[str]:
@@ -61,20 +62,40 @@ def commit_of(root: Path) -> str:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def make_wheels(out: Path, packages=TARGET_MISSING, python_version: str = "3.12", download: bool = True) -> list[Path]:
+def _pip(command: list[str]) -> str | None:
+    """Run pip; None when it succeeded, else its last line of output."""
+    proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+def build_wheel(root: Path, out: Path) -> str:
+    """phasebench's wheel into `out`: with the backend installed here, else (an old setuptools, no `wheel`) in an
+    isolated build; returns which build made it. RuntimeError with both pips' last lines when neither can."""
+    here = _pip(build_command(root, out))
+    if here is None:
+        return "without build isolation (the setuptools installed here)"
+    isolated = _pip(build_command(root, out, isolated=True))
+    if isolated is None:
+        return f"in an isolated build (the one here failed: {here})"
+    raise RuntimeError(f"wheels: pip wheel failed here ({here}) and in an isolated build ({isolated})")
+
+
+def make_wheels(out: Path, packages=TARGET_MISSING, python_version: str = "3.12",
+                download: bool = True) -> tuple[list[Path], str]:
     """Build phasebench's wheel into `out`, download the other packages' wheels for that Python (x86-64 Linux),
-    and write `out/COMMIT`; returns the wheels there. A failing pip raises RuntimeError with its last line."""
+    and write `out/COMMIT`; returns the wheels there and how phasebench's was built. A failing pip raises
+    RuntimeError with its last line."""
     root = checkout_root()
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("phasebench-*.whl"):
         old.unlink()  # one version of each: two stop the install there
-    commands = [build_command(root, out)]
+    how = build_wheel(root, out)
     if download and packages:
-        commands.append(download_command(pinned(packages), out, python_version))
-    for command in commands:
-        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-        if proc.returncode != 0:
-            lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-            raise RuntimeError(f"wheels: {' '.join(command[2:4])} failed: {lines[-1] if lines else proc.returncode}")
+        failed = _pip(download_command(pinned(packages), out, python_version))
+        if failed is not None:
+            raise RuntimeError(f"wheels: pip download failed: {failed}")
     (out / "COMMIT").write_text(commit_of(root) + "\n")
-    return sorted(out.glob("*.whl"))
+    return sorted(out.glob("*.whl")), how

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
 import torch
 from phasebench.bench.sweep import metadata
 
@@ -51,6 +52,25 @@ def test_wheels_builds_phasebench_with_its_commit(tmp_path):
     assert "phasebench/bench/session/selfcheck.py" in names and "phasebench/kernels/attention/triton_decode.py" in names
     assert any(n.startswith("phasebench/analysis/sample/") for n in names)
     assert "--target /tmp/site" in proc.stdout and "selfcheck --out $OUT" in proc.stdout
+    assert "phasebench's wheel built without build isolation" in proc.stdout
+
+
+def test_wheels_fall_back_to_an_isolated_build_and_say_so(tmp_path, monkeypatch):
+    from phasebench.bench.session import wheels
+
+    asked = []
+
+    def pip(command):  # an old setuptools without `wheel` here; pip's own build environment works
+        asked.append(command)
+        return "error: invalid command 'bdist_wheel'" if "--no-build-isolation" in command else None
+
+    monkeypatch.setattr(wheels, "_pip", pip)
+    how = wheels.build_wheel(tmp_path, tmp_path / "whl")
+    assert how == "in an isolated build (the one here failed: error: invalid command 'bdist_wheel')"
+    assert len(asked) == 2 and "--no-build-isolation" not in asked[1]
+    monkeypatch.setattr(wheels, "_pip", lambda command: "no index")
+    with pytest.raises(RuntimeError, match=r"failed here \(no index\) and in an isolated build \(no index\)"):
+        wheels.build_wheel(tmp_path, tmp_path / "whl")
 
 
 def test_ncu_target_runs_one_case_and_reports_its_cost(tmp_path):
