@@ -119,11 +119,22 @@ def _empty(tables: dict, name: str) -> bool:
     return table is None or len(table) == 0
 
 
+def _blank(tables: dict, name: str, column: str) -> str | None:
+    """Why table `name` has nothing to draw in `column`: absent, or every value missing (each scenario lacks a
+    measured op: left out as noisy, skipped by a time budget, or failed); None when it has a value."""
+    if _empty(tables, name):
+        return f"no {name} table"
+    if not np.isfinite(floats(tables[name][column])).any():
+        return (f"every {name} scenario lacks a measured op ({column} blank: its rows were noisy, skipped or "
+                "failed)")
+    return None
+
+
 def ttft_figure(tables: dict, *, figsize=None) -> Figure:
     """Time to first token against prompt length, and prompt tokens/s (prompt / TTFT) beside it."""
     title = _heading(tables, "Prefill: time to first token")
-    if _empty(tables, "prefill"):
-        return no_data(title, "no prefill table")
+    if why := _blank(tables, "prefill", "ttft_ms"):
+        return no_data(title, why)
     table = tables["prefill"].sort_values("prompt")
     prompts = floats(table["prompt"])
     fig, axes = new_figure(1, 2, figsize=figsize)
@@ -145,8 +156,8 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     """TPOT and output tokens/s (batch / TPOT) against batch with the saturation batch marked; tokens/s per
     user against the interactive targets on a second panel."""
     title = _heading(tables, "Decode: the batch sweep")
-    if _empty(tables, "decode"):
-        return no_data(title, "no decode table")
+    if why := _blank(tables, "decode", "tpot_ms"):
+        return no_data(title, why)
     table = tables["decode"].sort_values("batch")
     batches = floats(table["batch"])
     context = table["context"].iloc[0]
@@ -193,8 +204,8 @@ def chunk_figure(tables: dict, *, figsize=(7.0, 5.0)) -> Figure:
     """Chunked prefill: the prompt's TTFT against the mean inter-token latency the decode users see, one point
     per chunk size, with the unchunked TTFT and the decode-only ITL as reference lines."""
     title = _heading(tables, "Chunked prefill: TTFT against the decode users' ITL")
-    if _empty(tables, "chunked"):
-        return no_data(title, "no chunked table")
+    if why := _blank(tables, "chunked", "ttft_ms"):
+        return no_data(title, why)
     table = tables["chunked"].sort_values("chunk")
     first = table.iloc[0]
     fig, axes = new_figure(figsize=figsize)
@@ -228,9 +239,12 @@ def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
     in_layers = items[items["part"] != "head"]
     layers = int(floats(in_layers["count"]).min()) if len(in_layers) else 0  # the ops run once per layer or twice
     bars = [(f"composed\n{layers} layers", per_part)]
-    reference = tables.get("reference")
-    decode = reference[reference["phase"] == "decode"] if reference is not None and len(reference) else None
-    if layers and decode is not None and len(decode):
+    reference = reference_table(tables)
+    decode = reference[(reference["phase"] == "decode") & (reference["reference"] == "phasebench")]
+    batch = items["batch"].iloc[0] if "batch" in items and len(items) else None
+    if batch is not None:  # the reference step of the breakdown's own batch
+        decode = decode[decode["batch"] == batch]
+    if layers and len(decode):
         row = decode.iloc[0]
         scale = float(row["layers"]) / layers
         scaled = {part: ms * (1.0 if part == "head" else scale) for part, ms in per_part.items()}
@@ -281,14 +295,18 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
 
 
 def reference_table(tables: dict) -> pd.DataFrame:
-    """The composition against a real forward pass per phase: reference and composed ms, the gap, error_pct
-    (negative: the composition is faster than the real pass) and what the composition leaves out."""
-    columns = ["phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms", "error_pct",
-               "left_out"]
+    """The composition against real forward passes: per reference implementation, phase and batch the reference
+    and composed ms, the gap, error_pct (negative: the composition is faster than the real pass), whether the
+    reference was timed on a busy machine, and what the composition leaves out."""
+    columns = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms",
+               "error_pct", "noisy", "left_out"]
     reference = tables.get("reference")
     if reference is None or not len(reference):
         return pd.DataFrame(columns=columns)
     table = reference.assign(gap_ms=floats(reference["reference_ms"]) - floats(reference["composed_ms"]))
+    defaults = {"reference": "phasebench", "noisy": False}  # tables written before there was a choice
+    for column, value in defaults.items():
+        table[column] = table[column].fillna(value) if column in table else value
     table["left_out"] = table["left_out"].fillna("").astype(str)
     return table[columns].reset_index(drop=True)
 
@@ -357,8 +375,8 @@ def phases_summary(tables: dict) -> str:
     reference = reference_table(tables)
     if len(reference):
         out += ["", "Composition against a real forward pass (error_pct < 0: the composition is faster):",
-                _text(reference, ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms",
-                                  "error_pct"))]
+                _text(reference, ("reference", "phase", "layers", "batch", "tokens", "reference_ms", "composed_ms",
+                                  "gap_ms", "error_pct", "noisy"))]
         left_out = "; ".join(dict.fromkeys(s for s in reference["left_out"] if s))
         if left_out:
             out.append(f"left out of the composition: {left_out}")

@@ -6,7 +6,16 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, check_seconds, check_writable, load_plugins, resolve_device
+from ..sweep.selection import (
+    UsageError,
+    check_counts,
+    check_seconds,
+    check_writable,
+    isolation_of,
+    load_plugins,
+    resolve_device,
+)
+from . import STARTED
 
 
 def parse_op_impls(items) -> dict[str, str]:
@@ -23,7 +32,9 @@ def parse_op_impls(items) -> dict[str, str]:
 
 
 def cmd_phases(args) -> int:
-    check_seconds(args, "sample_time")
+    check_seconds(args, "sample_time", "case_timeout", "time_budget")
+    check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch")
+    isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     from ..spec.models import model_config
@@ -32,6 +43,16 @@ def cmd_phases(args) -> int:
         model = model_config(args.model)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if args.reference_layers is not None and args.reference_layers > model.layers:
+        raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
+    references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
+    if "transformers" in references:
+        from ..phases.hf_reference import transformers_module
+
+        try:
+            transformers_module()
+        except ImportError as err:
+            raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
     check_writable(out)
     from ...analysis import phase_model as pm
@@ -42,8 +63,11 @@ def cmd_phases(args) -> int:
     cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
                                 batches=tuple(args.batch) if args.batch else None, context=args.context,
                                 chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
-                                reference_layers=args.reference_layers, dtype=args.dtype)
-    cfg.impls, cfg.on_row = impls, Progress()
+                                reference_layers=args.reference_layers, dtype=args.dtype,
+                                reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
+                                references=references)
+    cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
+    cfg.time_budget_s, cfg.started = args.time_budget, STARTED
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
     if args.reuse:

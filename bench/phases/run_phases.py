@@ -11,7 +11,6 @@ import pandas as pd
 import torch
 
 from ...analysis import phase_model as pm
-from ..instruments.roofline import TORCH_DTYPES
 from ..instruments.timing import TimerConfig
 from ..ops.attention.cases import AttentionCase
 from ..ops.elementwise.cases import ElementwiseCase
@@ -19,19 +18,17 @@ from ..ops.linear.cases import LinearCase
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
+from ..sweep.worker import IN_PROCESS, Isolation
+from .reference_check import ReferencePlan, reference_table, timed
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
 # The host sizes keep `phasebench phases` to about two minutes on 2 cores; a GPU takes the real ones.
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
-            reference_layers=2)
+            reference_layers=2, reference_batches=(1, 8))
 # short per-op sampling on the host: about 190 ops to measure in two minutes
 HOST_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.15, min_samples=3, max_samples=200, flush_l2=False, cold=True)
 GPU = dict(prompts=(512, 2048, 8192), batches=(1, 4, 16, 64, 128, 256), context=4096, chunks=(256, 512, 1024, 2048),
-           chunk_batch=32, reference_layers=4)
-REFERENCE_TIMER = {"cpu": TimerConfig(warmup_s=0.05, budget_s=0.5, min_samples=3, max_samples=20, flush_l2=False),
-                   "cuda": TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=5, max_samples=50)}
-LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "host gaps between ops (Python, launches, "
-            "allocation), which the composition never sees", "sampling beyond the greedy pick")
+           chunk_batch=32, reference_layers=4, reference_batches=(1, 16))
 
 
 def ops_timer(device: torch.device, sample_time: float | None = None, warm: bool = False) -> TimerConfig:
@@ -58,13 +55,20 @@ class PhasesConfig:
     chunk_batch: int
     chunk_prompt: int
     reference_layers: int
+    reference_batches: tuple[int, ...]  # decode batches the real forward pass checks (prefill: chunk_prompt)
+    references: tuple[str, ...] = ("phasebench",)  # reference_check.REFERENCES
     impls: dict[str, str] = field(default_factory=lambda: dict(pm.DEFAULT_IMPLS))
     timer: TimerConfig | None = None
     on_row: object = None
+    isolation: Isolation = IN_PROCESS  # where the ops are measured (the reference decoder runs here)
+    time_budget_s: float | None = None  # wall seconds for the whole verb, from `started` (time.monotonic())
+    started: float | None = None
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
-        sizes = {**(GPU if device.type == "cuda" else HOST), **{k: v for k, v in given.items() if v is not None}}
+        base = GPU if device.type == "cuda" else HOST
+        sizes = {**base, "reference_layers": min(base["reference_layers"], model.layers),
+                 **{k: v for k, v in given.items() if v is not None}}
         sizes.setdefault("chunk_prompt", max(sizes["prompts"]))
         sizes.setdefault("dtype", "bfloat16" if device.type == "cuda" else "float32")
         return cls(model, device, Path(out_dir), **sizes)
@@ -74,12 +78,17 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     """Every step the composition will sum, so that each op it needs is measured once."""
     m, out = cfg.model, []
     out += [step_defs.prefill_step(m, p) for p in (*cfg.prompts, cfg.chunk_prompt)]
-    out += [step_defs.decode_step(m, b, c) for b in sorted({*cfg.batches, cfg.chunk_batch})
+    out += [step_defs.decode_step(m, b, c) for b in sorted({*cfg.batches, cfg.chunk_batch, *cfg.reference_batches})
             for c in sorted({cfg.context, *cfg.prompts})]
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
             out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context)
     return out
+
+
+def reference_reserve_s(budget_s: float) -> float:
+    """Of a time budget, what the ops leave for the reference forward pass, the composition and the tables."""
+    return max(3.0, 0.2 * budget_s)
 
 
 def case_of(use: step_defs.OpUse, dtype: str, model: str):
@@ -95,35 +104,16 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
         "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context),
         "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context),
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches),
-        "decode_parts": pm.tpot(measured, cfg.model, cfg.chunk_batch, cfg.context).items,
+        # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
+        # the two side by side)
+        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context).items.assign(
+            batch=max(cfg.reference_batches), context=cfg.context),
     }
 
 
-def check_against_reference(df: pd.DataFrame, cfg: PhasesConfig) -> pd.DataFrame:
-    """Time a plain-PyTorch decoder of `reference_layers` layers (prefill of chunk_prompt, a decode step of
-    chunk_batch at context) and compare with the composition of the same layer count from the rows."""
-    from .reference_decoder import ReferenceDecoder, time_decode_step, time_prefill
-
-    small = dataclasses.replace(cfg.model, layers=cfg.reference_layers)
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
-    decoder = ReferenceDecoder(small, cfg.reference_layers, cfg.device, TORCH_DTYPES[cfg.dtype],
-                               max_tokens=max(cfg.chunk_prompt, cfg.context + 1), max_batch=cfg.chunk_batch)
-    timer = REFERENCE_TIMER["cuda" if cfg.device.type == "cuda" else "cpu"]
-    prefill = time_prefill(decoder, 1, cfg.chunk_prompt, timer)
-    decode = time_decode_step(decoder, cfg.chunk_batch, cfg.context, timer)
-    del decoder
-    rows = []
-    for phase, timing, composed in (
-            ("prefill", prefill, pm.ttft(measured, small, cfg.chunk_prompt)),
-            ("decode", decode, pm.tpot(measured, small, cfg.chunk_batch, cfg.context))):
-        rows.append({"phase": phase, "layers": cfg.reference_layers,
-                     "batch": 1 if phase == "prefill" else cfg.chunk_batch,
-                     "tokens": cfg.chunk_prompt if phase == "prefill" else cfg.context,
-                     "reference_ms": timing.median_ms, "reference_p20_ms": timing.percentile_ms(20),
-                     "reference_p80_ms": timing.percentile_ms(80), "samples": timing.count,
-                     "composed_ms": composed.total_ms, "error_pct": pm.model_error(composed.total_ms, timing.median_ms),
-                     "left_out": "; ".join(LEFT_OUT)})
-    return pd.DataFrame(rows)
+def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
+    return ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
+                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references))
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -136,16 +126,23 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
     impls = {op: [name] for op, name in cfg.impls.items()}
     timer = cfg.timer or ops_timer(cfg.device)
+    plan = reference_plan(cfg)
+    before = timed(plan, cfg.isolation)  # the real forward passes bracket the ops: timed before and after them
+    budget = None if cfg.time_budget_s is None else cfg.time_budget_s - reference_reserve_s(cfg.time_budget_s)
     rows = run(RunConfig(cases, impls, cfg.device, cfg.out_dir / "ops", suite="phases", timer=timer,
-                         on_row=cfg.on_row)) if cases else pd.DataFrame()
+                         on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget,
+                         started=cfg.started)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
+    after = timed(plan, cfg.isolation)
     tables = compose(df, cfg)
-    tables["reference"] = check_against_reference(df, cfg)
+    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    tables["reference"] = reference_table(before, after, measured, plan)
     for name, table in tables.items():
         table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
     (cfg.out_dir / "phases.json").write_text(json.dumps({
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt,
-        "reference_layers": cfg.reference_layers, "measured_cases": len(cases)}, indent=1))
+        "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
+        "references": cfg.references, "measured_cases": len(cases)}, indent=1))
     return tables

@@ -39,8 +39,8 @@ def op_rows(uses, latency, *, config=TINY, dtype="float32", device="cpu", mode="
 def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4, 8, 16), context=48,
             chunks=(8, 16, 32), chunk_batch=4, chunk_prompt=64, reference_layers=2, reference_ms=None,
             dtype="float32", device="cpu") -> dict:
-    """The tables `phasebench phases` writes (bench.phases compose and check_against_reference), from rows;
-    reference_ms maps phase -> the measured pass (default: 1.2 x the composition)."""
+    """The tables `phasebench phases` writes (bench.phases compose, a reference table as reference_check writes
+    it), from rows; reference_ms maps phase -> the measured pass (default: 1.2 x the composition)."""
     measured = pm.Measured(df, model=config.name, dtype=dtype)
     tables = {
         "prefill": pm.prefill_table(measured, config, prompts),

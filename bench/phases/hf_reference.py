@@ -1,0 +1,125 @@
+"""A real model implementation as the phase model's second check: Hugging Face transformers' Llama of a model's dims,
+random weights (nothing downloaded), a static (preallocated) KV cache as a server keeps it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+import torch
+
+from ..spec.models import DecoderConfig
+from .reference_decoder import ROPE_BASE
+
+INSTALL = "pip install 'phasebench[reference]' (transformers)"
+
+
+@contextlib.contextmanager
+def _checkout_off_path():
+    """Take the folders that hold this checkout's `kernels/` off sys.path: from a clone's root, `import kernels`
+    finds phasebench's folder instead of the `kernels` package transformers probes for."""
+    ours = Path(__file__).resolve().parents[2]
+    hidden = [p for p in sys.path if Path(p or ".").resolve() == ours]
+    sys.path[:] = [p for p in sys.path if p not in hidden]
+    shadow = sys.modules.get("kernels")
+    if shadow is not None and Path(getattr(shadow, "__file__", "") or "").resolve().is_relative_to(ours):
+        del sys.modules["kernels"]
+    else:
+        shadow = None
+    try:
+        yield
+    finally:
+        sys.path[:0] = hidden
+        if shadow is not None:
+            sys.modules["kernels"] = shadow
+
+
+def transformers_module():
+    """transformers, or ImportError with one line saying how to install it."""
+    try:
+        with _checkout_off_path():
+            module = importlib.import_module("transformers")
+            importlib.import_module("transformers.models.llama.modeling_llama")
+            return module
+    except ImportError as err:
+        raise ImportError(f"reference: transformers is not installed here ({INSTALL}): {err}") from None
+
+
+def available() -> bool:
+    try:
+        transformers_module()
+    except ImportError:
+        return False
+    return True
+
+
+class HFLlama:
+    """`layers` layers of LlamaForCausalLM with `config`'s dims, fed hidden states (the embedding skipped, as the
+    phasebench decoder does), the lm_head on each sequence's last token and a greedy pick; a StaticCache per
+    shape, written in place at fixed positions, so every timed call does the same work."""
+
+    def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, seed: int = 0):
+        tf = transformers_module()
+        self.version, self.device, self.dtype = tf.__version__, torch.device(device), dtype
+        fields = dict(hidden_size=config.hidden, intermediate_size=config.intermediate, num_hidden_layers=layers,
+                      num_attention_heads=config.q_heads, num_key_value_heads=config.kv_heads,
+                      head_dim=config.head_dim, vocab_size=config.vocab, max_position_embeddings=1 << 20,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+        params = inspect.signature(tf.LlamaConfig.__init__).parameters
+        if "rope_parameters" in params:  # transformers 5
+            fields["rope_parameters"] = {"rope_theta": ROPE_BASE, "rope_type": "default"}
+        else:
+            fields["rope_theta"] = ROPE_BASE
+        self.config = tf.LlamaConfig(**fields)
+        self.config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        with torch.device(self.device):
+            self.model = tf.LlamaForCausalLM(self.config).to(dtype).eval()
+        self._static_cache = tf.StaticCache
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self._caches: dict[tuple[int, int], object] = {}
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.attention = self.config._attn_implementation
+
+    @property
+    def name(self) -> str:
+        return f"transformers {self.version} LlamaForCausalLM ({self.attention}, static cache)"
+
+    def _cache(self, batch: int, tokens: int):
+        """One cache at a time (a cache sizes itself to the batch of its first call)."""
+        if (batch, tokens) not in self._caches:
+            self._caches = {(batch, tokens): self._static_cache(config=self.config, max_cache_len=tokens)}
+        return self._caches[batch, tokens]
+
+    def _input(self, batch: int, tokens: int) -> torch.Tensor:
+        key = (batch, tokens)
+        if key not in self._inputs:
+            gen = torch.Generator(device=self.device).manual_seed(2)
+            x = torch.randn(batch, tokens, self.config.hidden_size, generator=gen, device=self.device)
+            self._inputs = {key: x.to(self.dtype)}
+        return self._inputs[key]
+
+    def _step(self, batch: int, tokens: int, start: int, cache_len: int) -> torch.Tensor:
+        positions = torch.arange(start, start + tokens, device=self.device)
+        cache = self._cache(batch, cache_len)
+        for layer in getattr(cache, "layers", ()):  # transformers 5 writes at the length it counts, not at
+            length = getattr(layer, "cumulative_length", None)  # cache_position: every call starts at `start`
+            if isinstance(length, torch.Tensor):
+                length.fill_(start)
+        out = self.model(inputs_embeds=self._input(batch, tokens), cache_position=positions,
+                         position_ids=positions.expand(batch, -1), use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: cache})
+        return out.logits[:, -1].argmax(-1)
+
+    @torch.inference_mode()
+    def prefill(self, batch: int, prompt_len: int) -> torch.Tensor:
+        """The prompt through every layer into a cache of prompt_len rows; ids [batch]."""
+        return self._step(batch, prompt_len, 0, prompt_len)
+
+    @torch.inference_mode()
+    def decode_step(self, batch: int, context: int) -> torch.Tensor:
+        """One new token per sequence at position `context`, into a cache of context + 1 rows; ids [batch]."""
+        return self._step(batch, 1, context, context + 1)
