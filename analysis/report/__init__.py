@@ -7,7 +7,7 @@ sources (the kinds of paths a report reads), context and sections (the page as a
 from .context import Context, Section
 from .headline_table import Headline, headline
 from .page import figures, write_report
-from .sections import SECTIONS
+from .sections import HEADLINE_BLOCKS, SECTIONS
 from .sources import KINDS, Kind, Sources, comparison_of, read_sources
 from .tables import (
     above_roof_rows,
@@ -23,6 +23,7 @@ from .tables import (
 )
 
 __all__ = [
+    "HEADLINE_BLOCKS",
     "KINDS",
     "SECTIONS",
     "Context",

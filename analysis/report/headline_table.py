@@ -20,7 +20,7 @@ COUNTS = ("ok", "noisy", "above_roof", "failed", "incorrect", "skipped")
 _CASE_KEY = ("model", *CASE_FIELDS, "dtype")
 
 
-@dataclass
+@dataclass(repr=False)
 class Headline:
     """The answer a reader came for. `frame`: one row per performance group, op and phase (COLUMNS);
     `correctness`: the interpreter-mode rows per device, dtype, op and impl; `counts`: per group the rows ok,
@@ -45,7 +45,7 @@ class Headline:
     def _repr_html_(self) -> str:
         return self.html(links=False)
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:  # a terminal, and a notebook's text/plain
         return self.markdown()
 
 

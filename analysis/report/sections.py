@@ -63,7 +63,8 @@ def headline_section(ctx: Context) -> Section:
     lead = headline(ctx.df, ctx.of("phases"), include_profiled=True)  # ctx.df already holds what is shown
     roof = ctx.performance_figures()["roofline"]
     return Section("headline", "Headline", [
-        '<div class="answer"><h2>Headline</h2>', lead.html(), *_comparison_block(ctx),
+        '<div class="answer"><h2>Headline</h2>', lead.html(),
+        *(part for block in HEADLINE_BLOCKS for part in block(ctx)),
         '<p class="note">Per device, mode, timer and dtype, for each operator and phase: the implementation with the '
         "highest share of the measured roof (geometric mean over the cases every implementation measured), that "
         "share and the best case's, the bound of its rows, and how much faster it is than the next on those "
@@ -72,7 +73,7 @@ def headline_section(ctx: Context) -> Section:
     ], css="lead", heading=False)
 
 
-def _comparison_block(ctx: Context) -> list[str]:
+def comparison_block(ctx: Context) -> list[str]:
     """The comparison's counts in the headline, when there is one."""
     if ctx.comparison is None:
         return []
@@ -143,8 +144,10 @@ def comparison_section(ctx: Context) -> Section | None:
     frame.to_csv(ctx.paths["comparison_csv"], index=False)
     tables = comparison_tables(frame)
     counts = {title: len(table) for title, table in tables.items()}
+    hint = no_pair_hint(frame) or ("" if counts["Pairs"] or counts["Status changes"] else
+                                   "No pairs: no case of one side was measured on the other.")
     body = [f"<p><b>{html.escape(comparison_counts(frame))}</b>.</p>",
-            f'<p class="note">{html.escape(comparison_note(frame))} {html.escape(no_pair_hint(frame))}</p>']
+            f'<p class="note">{html.escape(comparison_note(frame))} {html.escape(hint)}</p>']
     if counts["Pairs"]:
         body.append(figure_grid([ctx.figure("comparison", comparison_figure(frame), wide=True)]))
     else:
@@ -198,6 +201,9 @@ def status_section(ctx: Context) -> Section:
 def runs_section(ctx: Context) -> Section:
     return Section("runs", "Runs", [folded("Runs", runs_table(ctx.df))])
 
+
+# Blocks under the headline's own: each a function (ctx) -> list of HTML parts ([] when it has nothing to say).
+HEADLINE_BLOCKS = [comparison_block]
 
 # The page, in order. A new section: a function (ctx) -> Section | None, in its own module, put in its place here.
 SECTIONS = [

@@ -216,7 +216,8 @@ def _flag_above_roof(out: pd.DataFrame) -> None:
     out.loc[blank, "above_roof"] = found[blank]
     lacking = found & (out["reason"] == "")
     out.loc[lacking, "reason"] = [f"{pct:.0f}% of its measured roof, above {ABOVE_ROOF_PCT:g}%: a finding (flagged "
-                                  "on reading a file written before schema 3)" for pct in out.loc[lacking, "pct_roofline"]]
+                                  "on reading a file written before schema 3)"
+                                  for pct in out.loc[lacking, "pct_roofline"]]
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
