@@ -100,6 +100,12 @@ def _incomplete_note(table: pd.DataFrame) -> str:
     return f"\n({count} point(s) left out: ops not measured)" if count else ""
 
 
+def _unmeasured(table: pd.DataFrame, column: str) -> bool:
+    """No point of the table has a figure (every one lacks a measured op, e.g. all of them noisy): nothing to
+    draw on a log axis."""
+    return not np.isfinite(floats(table[column])).any()
+
+
 def _log2_batches(ax, values) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted({int(v) for v in values if np.isfinite(v)})
@@ -124,6 +130,8 @@ def ttft_figure(tables: dict, *, figsize=None) -> Figure:
     title = _heading(tables, "Prefill: time to first token")
     if _empty(tables, "prefill"):
         return no_data(title, "no prefill table")
+    if _unmeasured(tables["prefill"], "ttft_ms"):
+        return no_data(title, "no prompt composed: " + _incomplete_note(tables["prefill"]).strip("\n()"))
     table = tables["prefill"].sort_values("prompt")
     prompts = floats(table["prompt"])
     fig, axes = new_figure(1, 2, figsize=figsize)
@@ -147,6 +155,8 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     title = _heading(tables, "Decode: the batch sweep")
     if _empty(tables, "decode"):
         return no_data(title, "no decode table")
+    if _unmeasured(tables["decode"], "tpot_ms"):
+        return no_data(title, "no batch composed: " + _incomplete_note(tables["decode"]).strip("\n()"))
     table = tables["decode"].sort_values("batch")
     batches = floats(table["batch"])
     context = table["context"].iloc[0]

@@ -170,8 +170,8 @@ def row_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 def phases_headline(tables: dict) -> dict:
     """What a phases folder says in a few numbers: its setting, TTFT per prompt, the decode sweep (TPOT,
-    tokens/s and tokens/s per user per batch), the saturation sentence, the interactive limits per prompt and
-    the composition's error against a real forward pass."""
+    tokens/s and tokens/s per user per batch), the saturation sentence, how many of those points lack an op
+    (left out), the interactive limits per prompt and the composition's error against a real forward pass."""
     meta = tables.get("meta") or {}
     model = meta.get("model") if isinstance(meta.get("model"), dict) else {"name": meta.get("model")}
     found = {"model": model.get("name") or "?", "layers": model.get("layers"), "device": meta.get("device"),
@@ -187,6 +187,9 @@ def phases_headline(tables: dict) -> dict:
         knee = decode.loc[decode["saturated"].map(cell_true), "batch"]
         found["saturation_batch"] = int(knee.iloc[0]) if len(knee) else None
         found["saturation"] = saturation_text(found["saturation_batch"], int(decode["batch"].max()))
+    points = [table for table in (prefill, decode) if table is not None and len(table) and "missing" in table]
+    found["points"] = sum(len(table) for table in points)
+    found["left_out"] = sum(int((pd.to_numeric(table["missing"], errors="coerce") > 0).sum()) for table in points)
     found["interactive"] = _interactive(tables.get("interactive"))
     reference = reference_table(tables)
     found["composition"] = reference[["phase", "layers", "error_pct"]] if len(reference) else None

@@ -124,6 +124,10 @@ def _phases_block(found: dict) -> tuple[str, list]:
         knee = found.get("saturation_batch")
         lead = f"Saturation batch {knee}: " if knee is not None else "No saturation batch: "
         items.append(("p", [lead + found["saturation"] + "."]))
+    if found.get("left_out"):
+        items.append(("p", [f"{found['left_out']} of {found['points']} TTFT and TPOT points left out: an op they "
+                            "need was not measured or only noisily (see the phase tables' missing and "
+                            "noisy_left_out)."]))
     limits = found.get("interactive")
     if limits is not None:
         items.append(("p", [_interactive_sentence(limits)]))

@@ -130,3 +130,17 @@ def test_one_more_kind_and_its_section_are_a_few_lines(tmp_path, rng, helpers, m
     page = paths["html"].read_text(encoding="utf-8")
     assert section_ids(page)[:3] == ["headline", "figures", "notes"] and "<p>stretch 1.37</p>" in page
     assert 'href="#notes"' in page
+
+
+def test_a_phases_folder_with_nothing_composed_still_makes_a_page(tmp_path, rng, helpers):
+    # a busy host: every op of the phases noisy, so no TTFT or TPOT could be composed
+    tables = phase_tables()
+    for name, column in (("prefill", "ttft_ms"), ("decode", "tpot_ms")):
+        tables[name] = tables[name].assign(**{column: float("nan"), "missing": 3})
+    tables["decode"] = tables["decode"].assign(tokens_per_s=float("nan"), tokens_per_s_per_user=float("nan"),
+                                               saturated=False)
+    paths = write_report(conform(helpers.make_rows(rng)), tmp_path, phases=tables)
+    page = paths["html"].read_text(encoding="utf-8")
+    points = len(tables["prefill"]) + len(tables["decode"])
+    assert f"{points} of {points} TTFT and TPOT points left out" in page
+    assert paths["phases_ttft"].stat().st_size > 1000 and "No saturation batch" in page
