@@ -16,13 +16,23 @@ from .phases import (
     ttft_figure,
     write_phase_figures,
 )
-from .report import correctness_table, report_rows, status_table, summary_table, write_report
+from .report import (
+    Headline,
+    correctness_table,
+    headline,
+    read_sources,
+    report_rows,
+    status_table,
+    summary_table,
+    write_report,
+)
 from .roofline_plot import roofline
 from .scaling_plots import decode_scaling, prefill_scaling
 from .speedup import speedup, speedup_table
 
 __all__ = [
     "DataFileError",
+    "Headline",
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
@@ -33,6 +43,7 @@ __all__ = [
     "decode_breakdown_figure",
     "decode_figure",
     "decode_scaling",
+    "headline",
     "layer_tokens_per_second",
     "layer_tokens_per_second_table",
     "linear_crossings",
@@ -44,6 +55,7 @@ __all__ = [
     "phases_summary",
     "write_phase_figures",
     "prefill_scaling",
+    "read_sources",
     "reference_table",
     "regressions",
     "report_rows",

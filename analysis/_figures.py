@@ -69,7 +69,8 @@ def ok_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
     return rows if phase is None else rows[rows["phase"] == phase]
 
 
-def _flag(rows: pd.DataFrame, column: str) -> pd.Series:
+def flag(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A boolean column as plain bools (blank: False); all False where the column is absent."""
     if column not in rows.columns:
         return pd.Series(False, index=rows.index)
     return rows[column].fillna(False).astype(bool)
@@ -85,7 +86,7 @@ def interpreter(rows: pd.DataFrame) -> pd.Series:
 def performance_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
     """The ok rows a performance figure or median may use: not interpreter-mode, not noisy, not above their roof."""
     rows = ok_rows(df, phase)
-    return rows[~interpreter(rows) & ~_flag(rows, "noisy") & ~_flag(rows, "above_roof")]
+    return rows[~interpreter(rows) & ~flag(rows, "noisy") & ~flag(rows, "above_roof")]
 
 
 def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
@@ -94,8 +95,8 @@ def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
     in_interpreter = interpreter(rows)
     counts = {
         "interpreter-mode rows (correctness only)": int(in_interpreter.sum()),
-        "noisy rows (device contended)": int((_flag(rows, "noisy") & ~in_interpreter).sum()),
-        "rows above their roof (findings)": int((_flag(rows, "above_roof") & ~_flag(rows, "noisy")
+        "noisy rows (device contended)": int((flag(rows, "noisy") & ~in_interpreter).sum()),
+        "rows above their roof (findings)": int((flag(rows, "above_roof") & ~flag(rows, "noisy")
                                                  & ~in_interpreter).sum()),
     }
     parts = [f"{count} {what}" for what, count in counts.items() if count]

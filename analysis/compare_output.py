@@ -13,7 +13,8 @@ from ..bench.spec.schema import cell_float, cell_true, key_text
 from ._figures import GROUP_FIELDS, new_figure, no_data
 from .compare import BY, SIDE_FIELDS, VERDICTS
 
-__all__ = ["comparison_figure", "comparison_note", "comparison_tables", "format_comparison", "pair_labels"]
+__all__ = ["comparison_figure", "comparison_note", "comparison_tables", "format_comparison", "no_pair_hint",
+           "pair_labels"]
 
 
 def pair_labels(frame: pd.DataFrame) -> pd.Series:
@@ -133,7 +134,7 @@ def format_comparison(frame: pd.DataFrame) -> str:
             table["status"] = part[f"{side}_status"]
             table["run"] = part[f"{side}_run_id"]
         lines += ["", f"{what} ({len(part)}):", table.to_string(index=False, justify="left")]
-    hint = _no_pair_hint(frame)
+    hint = no_pair_hint(frame)
     if hint:
         lines += ["", hint]
     counts = {verdict: int((pairs["verdict"] == verdict).sum()) for verdict in VERDICTS}
@@ -147,7 +148,7 @@ def format_comparison(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _no_pair_hint(frame: pd.DataFrame) -> str:
+def no_pair_hint(frame: pd.DataFrame) -> str:
     """Why nothing paired, when the unpaired sides differ in a field that is part of the key."""
     base = frame[frame["pairing"] == "base only"]
     new = frame[frame["pairing"] == "new only"]

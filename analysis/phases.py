@@ -100,6 +100,12 @@ def _incomplete_note(table: pd.DataFrame) -> str:
     return f"\n({count} point(s) left out: ops not measured)" if count else ""
 
 
+def _unmeasured(table: pd.DataFrame, column: str) -> bool:
+    """No point of the table has a figure (every one lacks a measured op, e.g. all of them noisy): nothing to
+    draw on a log axis."""
+    return not np.isfinite(floats(table[column])).any()
+
+
 def _log2_batches(ax, values) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted({int(v) for v in values if np.isfinite(v)})
@@ -119,22 +125,13 @@ def _empty(tables: dict, name: str) -> bool:
     return table is None or len(table) == 0
 
 
-def _blank(tables: dict, name: str, column: str) -> str | None:
-    """Why table `name` has nothing to draw in `column`: absent, or every value missing (each scenario lacks a
-    measured op: left out as noisy, skipped by a time budget, or failed); None when it has a value."""
-    if _empty(tables, name):
-        return f"no {name} table"
-    if not np.isfinite(floats(tables[name][column])).any():
-        return (f"every {name} scenario lacks a measured op ({column} blank: its rows were noisy, skipped or "
-                "failed)")
-    return None
-
-
 def ttft_figure(tables: dict, *, figsize=None) -> Figure:
     """Time to first token against prompt length, and prompt tokens/s (prompt / TTFT) beside it."""
     title = _heading(tables, "Prefill: time to first token")
-    if why := _blank(tables, "prefill", "ttft_ms"):
-        return no_data(title, why)
+    if _empty(tables, "prefill"):
+        return no_data(title, "no prefill table")
+    if _unmeasured(tables["prefill"], "ttft_ms"):
+        return no_data(title, "no prompt composed: " + _incomplete_note(tables["prefill"]).strip("\n()"))
     table = tables["prefill"].sort_values("prompt")
     prompts = floats(table["prompt"])
     fig, axes = new_figure(1, 2, figsize=figsize)
@@ -156,8 +153,10 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     """TPOT and output tokens/s (batch / TPOT) against batch with the saturation batch marked; tokens/s per
     user against the interactive targets on a second panel."""
     title = _heading(tables, "Decode: the batch sweep")
-    if why := _blank(tables, "decode", "tpot_ms"):
-        return no_data(title, why)
+    if _empty(tables, "decode"):
+        return no_data(title, "no decode table")
+    if _unmeasured(tables["decode"], "tpot_ms"):
+        return no_data(title, "no batch composed: " + _incomplete_note(tables["decode"]).strip("\n()"))
     table = tables["decode"].sort_values("batch")
     batches = floats(table["batch"])
     context = table["context"].iloc[0]
@@ -204,8 +203,10 @@ def chunk_figure(tables: dict, *, figsize=(7.0, 5.0)) -> Figure:
     """Chunked prefill: the prompt's TTFT against the mean inter-token latency the decode users see, one point
     per chunk size, with the unchunked TTFT and the decode-only ITL as reference lines."""
     title = _heading(tables, "Chunked prefill: TTFT against the decode users' ITL")
-    if why := _blank(tables, "chunked", "ttft_ms"):
-        return no_data(title, why)
+    if _empty(tables, "chunked"):
+        return no_data(title, "no chunked table")
+    if _unmeasured(tables["chunked"], "ttft_ms"):
+        return no_data(title, "no chunk size composed: " + _incomplete_note(tables["chunked"]).strip("\n()"))
     table = tables["chunked"].sort_values("chunk")
     first = table.iloc[0]
     fig, axes = new_figure(figsize=figsize)

@@ -32,6 +32,7 @@ def roofline(
     datasheet: dict | None = None,
     title: str = "Roofline",
     figsize=None,
+    legend: str = "right",
 ) -> Figure:
     """Log-log roofline of the ok rows of every operator: one point per row, colour = impl,
     marker = operator and phase (attention and linear rows have markers of their own), one
@@ -43,22 +44,31 @@ def roofline(
     are dashed. `datasheet` is either {"peak_gbps": float, "peak_tflops": {dtype: float}}
     (applies to every device, the layout of run.json ceilings.datasheet) or a dict of those
     keyed by device name; without it the loader's datasheet_gbps/datasheet_tflops columns
-    are used, and nothing is drawn where they are missing. Points carry gid "series".
+    are used, and nothing is drawn where they are missing. Points carry gid "series". `legend` "below" puts
+    the legend under each panel in columns (a narrower figure whose plot keeps its width), "right" beside it.
     """
+    if legend not in ("right", "below"):
+        raise ValueError(f"legend: expected 'right' or 'below', got {legend!r}")
     rows = performance_rows(df)
     if rows.empty:
         return no_performance(title, df)
     panels = groups(rows)
-    fig, axes = new_figure(len(panels), 1, figsize=figsize or (9.5, 6.0 * len(panels)))
+    below = legend == "below"
+    width, height = (8.0, 6.6) if below else (9.5, 6.0)
+    fig, axes = new_figure(len(panels), 1, figsize=figsize or (width, height * len(panels)))
     colors = impl_colors(rows["impl"].unique())
+    ceilings = []
     for ax, (label, group) in zip(axes[:, 0], panels, strict=True):
-        _panel(ax, group, colors, datasheet)
+        ceilings += _panel(ax, group, colors, datasheet, below)
         ax.set_title(label, fontsize="medium")
+    if ceilings:  # legend "below": every panel's ceilings, one per line, under the figure
+        fig.legend(handles=ceilings, loc="outside lower center", fontsize="small", frameon=False)
     fig.suptitle(title + left_out_note(df))
     return fig
 
 
-def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None) -> None:
+def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: bool = False) -> list:
+    """Draw one group's points and roofs; with `below`, return the ceilings' legend handles for the figure."""
     ax.set_xscale("log")
     ax.set_yscale("log")
     rows = rows.assign(_op=_ops(rows))
@@ -101,10 +111,15 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None) -> None
         for op in ops
         for phase in ordered_phases(rows.loc[rows["_op"] == op, "phase"].unique())
     ]
+    if below:  # impls and markers in columns under the panel; the ceilings go under the figure
+        ax.legend(handles=impl_handles + phase_handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3,
+                  fontsize="small", frameon=False)
+        return ceiling_handles
     ax.legend(
         handles=impl_handles + phase_handles + ceiling_handles,
         loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False,
     )
+    return []
 
 
 def _ops(rows: pd.DataFrame) -> pd.Series:

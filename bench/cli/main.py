@@ -252,12 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=cmd_profile)
 
     report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
-    report.add_argument("results", nargs="*", help="run folders, results files or pytest-benchmark JSON; a "
-                                                   "`phasebench phases` folder adds a Phases section "
+    report.add_argument("results", nargs="*", help="run folders, results files, pytest-benchmark JSON and "
+                                                   "`phasebench phases` folders, in any mix "
                                                    "(default: every folder under ./results/)")
     report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
     report.add_argument("--include-profiled", action="store_true",
                         help="keep rows measured under a profiler (`phasebench profile`); left out by default")
+    report.add_argument("--compare", action="store_true",
+                        help="compare the two result sets given even when they share no measurement (by default "
+                             "two result sets get a comparison section only when they share one)")
     report.set_defaults(func=cmd_report)
 
     phases = verbs.add_parser("phases", help="TTFT, TPOT and tokens/s of a model composed from measured kernels, "

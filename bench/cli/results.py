@@ -88,37 +88,29 @@ def cmd_phases(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ...analysis import load, load_phases, report_rows, write_report
-    from ...analysis.report import summary_table
+    from ...analysis import report_rows, write_report
+    from ...analysis.report import comparison_of, headline, read_sources
 
-    sources = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
-    if not sources:
+    given = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
+    if not given:
         raise UsageError("results: none given and no ./results/ folders; run `phasebench run` first")
-    try:
-        df = load(*sources)
-        # a `phasebench phases` folder: its rows (under ops/) load as above, its tables make the Phases section
-        phase_dirs = [Path(p) for p in sources if (Path(p) / "phases.json").is_file()]
-        phases = load_phases(phase_dirs[-1]) if phase_dirs else None
+    try:  # each path is of one kind (analysis.report.sources.KINDS): run folders, results files, phases folders...
+        sources = read_sources(*given)
+        comparison, why_not = comparison_of(sources, force=args.compare)
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
-    comparison = None
-    runs = [p for p in (args.results or []) if not (Path(p) / "phases.json").is_file()]
-    if len(runs) == 2:  # two result sets: the report compares them as `phasebench compare` does
-        from ...analysis.compare import compare
-
-        try:
-            comparison = compare(runs[0], runs[1])
-        except ValueError as err:
-            print(f"phasebench report: no comparison: {str(err).splitlines()[0]}", file=sys.stderr)
+    if why_not:
+        print(f"phasebench report: no comparison: {why_not}", file=sys.stderr)
     out = Path(args.out)
     check_writable(out)
-    paths = write_report(df, out, include_profiled=args.include_profiled, phases=phases, comparison=comparison)
+    df = sources.rows
+    paths = write_report(df, out, include_profiled=args.include_profiled, found=sources.found,
+                         comparison=comparison)
     shown = report_rows(df, include_profiled=args.include_profiled)
-    print(summary_table(shown).to_string())
+    print(headline(shown, sources.of("phases"), include_profiled=True).markdown())
     left_out = f" ({len(df) - len(shown)} profiled rows left out)" if len(shown) < len(df) else ""
-    if phase_dirs:
-        others = f"; {len(phase_dirs) - 1} other phases folder(s) not shown" if len(phase_dirs) > 1 else ""
-        print(f"\nphases: {phase_dirs[-1]}{others}")
+    for kind, given_paths in sources.paths.items():
+        print(f"{kind}: {', '.join(map(str, given_paths))}")
     print(f"\n{len(shown)} rows from {shown['run_id'].nunique()} run(s){left_out}; report: {paths['html']}")
     return 0
 

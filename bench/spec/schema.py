@@ -208,17 +208,30 @@ def coerce_columns(
     return out
 
 
+def _flag_above_roof(out: pd.DataFrame) -> None:
+    """Rows that leave above_roof blank (files written before schema 3) get it from the rule the runner applies:
+    compiled and past ABOVE_ROOF_PCT of the measured roof; the reason says the flag was set on reading."""
+    blank = out["above_roof"].isna()
+    found = blank & (out["mode"] == "compiled") & (out["pct_roofline"] > ABOVE_ROOF_PCT).fillna(False)
+    out.loc[blank, "above_roof"] = found[blank]
+    lacking = found & (out["reason"] == "")
+    out.loc[lacking, "reason"] = [f"{pct:.0f}% of its measured roof, above {ABOVE_ROOF_PCT:g}%: a finding (flagged "
+                                  "on reading a file written before schema 3)"
+                                  for pct in out.loc[lacking, "pct_roofline"]]
+
+
 def conform(df: pd.DataFrame) -> pd.DataFrame:
     """Result rows with every schema and loader column, typed, defaults filled, in schema order (extras last).
 
     Rows of schema 1 (no op, seqlens, kv_tokens, noisy, noise_reason, profiled) read as dense
-    attention rows that were neither noisy nor profiled.
+    attention rows that were neither noisy nor profiled; rows of schemas 1 and 2 get above_roof by its rule.
     """
     out = df.copy()
     for name in RESULT_COLUMNS + RUN_COLUMNS:
         if name not in out.columns:
             out[name] = "" if name in STRING_COLUMNS else np.nan
     out = coerce_columns(out)
+    _flag_above_roof(out)
     for name, value in DEFAULTS.items():
         if name in STRING_COLUMNS:
             out.loc[out[name] == "", name] = value

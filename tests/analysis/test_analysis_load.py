@@ -225,6 +225,21 @@ def test_schema_2_files_read_as_rows_within_their_roof(tmp_path, rows, helpers, 
     assert str(frame["above_roof"].dtype) == "boolean" and not frame["above_roof"].any()
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_schema_2_rows_above_their_roof_are_flagged_on_reading(tmp_path, rng, helpers, fmt):
+    rows = helpers.make_rows(rng, not_ok=False, interpreter_impls=("triton",))
+    high = rows.index[rows["impl"] != "naive"][::3]
+    rows.loc[high, "pct_roofline"] = rng.uniform(106, 400, size=len(high))
+    rows.loc[rows.index[rows["impl"] == "naive"][0], "pct_roofline"] = 105.0  # at the limit: not above it
+    folder = helpers.write_run(tmp_path / "v2", rows.drop(columns=["above_roof"]), formats=(fmt,), schema=2)
+    frame = load(folder)
+    expected = (frame["mode"] == "compiled") & (frame["pct_roofline"] > 105)
+    assert expected.any() and (frame["mode"][frame["pct_roofline"] > 105] == "interpreter").any()
+    assert (frame["above_roof"] == expected).all()
+    assert frame.loc[expected, "reason"].str.contains("above 105%: a finding").all()
+    assert (frame.loc[~expected, "reason"] == "").all()
+
+
 def test_committed_schema_1_samples_read_as_dense_attention():
     samples = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir())
     samples = [p for p in samples

@@ -83,6 +83,7 @@ def test_notebook_runs_top_to_bottom(path: Path):
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     client.execute()
-    images = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
-              if "image/png" in o.get("data", {})]
+    shown = [o["data"] for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if "data" in o]
+    images = [data for data in shown if "image/png" in data]
     assert len(images) >= NOTEBOOK_IMAGES[path.name]
+    assert 'class="hl-block"' in shown[0].get("text/html", "")  # it opens with the report's headline

@@ -1,0 +1,126 @@
+"""What a report section is given (Context: the rows, the sources by kind, where files go) and what it returns
+(Section), with the helpers that write a figure or a folded table into the page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+FOLD_OVER = 12  # a table of more rows starts folded
+WIDE_INCHES = 10.0  # a figure at least this wide takes the page's whole width
+LONG_TEXT = 40  # a text cell longer than this wraps instead of widening its column
+
+
+@dataclass
+class Section:
+    """One part of the page: its id (the anchor the navigation and links use), its title and its HTML.
+    `css` adds classes to the <section>; `heading` False leaves the title out of the page (the nav keeps it)."""
+
+    id: str
+    title: str
+    body: list[str]
+    css: str = ""
+    heading: bool = True
+
+
+@dataclass
+class Context:
+    """What every section may read: `df` the rows shown (profiled ones left out unless asked), `found` what the
+    sources of each kind hold (analysis.report.sources: {kind: [what its read returned, ...]}), `comparison` a
+    frame of analysis.compare or None, `out` the folder, and `paths` every file written so far by name."""
+
+    df: pd.DataFrame
+    out: Path
+    found: dict[str, list] = field(default_factory=dict)
+    comparison: pd.DataFrame | None = None
+    datasheet: dict | None = None
+    baseline: str = "naive"
+    dpi: int = 110
+    left_out: int = 0
+    paths: dict[str, Path] = field(default_factory=dict)
+    _figures: dict | None = None
+
+    def of(self, kind: str) -> list:
+        return list(self.found.get(kind, []))
+
+    def performance_figures(self) -> dict:
+        """The figures of the rows (report.figures), drawn once for every section that shows one."""
+        if self._figures is None:
+            from .page import figures
+
+            self._figures = figures(self.df, datasheet=self.datasheet, baseline=self.baseline)
+        return self._figures
+
+    def figure(self, name: str, fig, caption: str = "", *, wide: bool | None = None) -> str:
+        """Write `fig` as NAME.png (kept in `paths`) and return it as an embedded <figure> with its caption;
+        a figure of WIDE_INCHES or more spans the page's width in a grid of figures."""
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=self.dpi)
+        png = buffer.getvalue()
+        self.paths[name] = self.out / f"{name}.png"
+        self.paths[name].write_bytes(png)
+        wide = fig.get_size_inches()[0] >= WIDE_INCHES if wide is None else wide
+        heading = name.replace("_", " ")
+        text = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+        encoded = base64.b64encode(png).decode("ascii")
+        css = ' class="wide"' if wide else ""
+        return (f'<figure id="{name}"{css}>'
+                f'<img alt="{html.escape(heading)}" src="data:image/png;base64,{encoded}">{text}</figure>')
+
+
+def figure_grid(parts: list[str]) -> str:
+    return '<div class="figures">' + "".join(parts) + "</div>" if parts else ""
+
+
+def folded(title: str, table: pd.DataFrame, *, anchor: str | None = None, note: str = "",
+           fold_over: int = FOLD_OVER) -> str:
+    """A table under a <details> whose summary line gives the title and the row count; open when it holds
+    fold_over rows or fewer; a line saying "none" for an empty one. Wide tables scroll inside their box."""
+    rows = len(table)
+    ident = f' id="{anchor}"' if anchor else ""
+    if not rows:
+        return f'<p{ident} class="empty"><b>{html.escape(title)}</b>: none.</p>'
+    opened = " open" if rows <= fold_over else ""
+    text = f'<p class="note">{html.escape(note)}</p>' if note else ""
+    count = f"{rows} row{'s' if rows != 1 else ''}"
+    return (f"<details{ident}{opened}><summary>{html.escape(title)} ({count})</summary>{text}"
+            f"{table_html(table)}</details>")
+
+
+def table_html(table: pd.DataFrame) -> str:
+    """A frame as an HTML table in a box that scrolls sideways: numbers right-aligned and rounded, long text
+    wrapping, every cell escaped."""
+    if table.empty:
+        return '<p class="note">(none)</p>'
+    head = "".join(f"<th>{html.escape(str(name))}</th>" for name in table.columns)
+    body = []
+    for row in table.itertuples(index=False):
+        body.append("<tr>" + "".join(_cell(value) for value in row) + "</tr>")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def _cell(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and not np.isfinite(value)):
+        return '<td class="num">–</td>'
+    if isinstance(value, (bool, np.bool_)):
+        return f"<td>{'yes' if value else 'no'}</td>"
+    if isinstance(value, (int, np.integer)):
+        return f'<td class="num">{int(value)}</td>'
+    if isinstance(value, (float, np.floating)):
+        return f'<td class="num">{format_number(float(value))}</td>'
+    text = str(value)
+    return f'<td class="long">{html.escape(text)}</td>' if len(text) > LONG_TEXT else f"<td>{html.escape(text)}</td>"
+
+
+def format_number(value: float) -> str:
+    if not np.isfinite(value):
+        return "–"
+    if float(value).is_integer() and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"

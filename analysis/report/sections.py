@@ -1,0 +1,220 @@
+"""The report's sections in page order (SECTIONS): the headline beside the roofline, the figures, then the
+tables. A section is a function of the Context that returns a Section, or None when it has nothing to say."""
+
+from __future__ import annotations
+
+import html
+
+from .._figures import op_rows
+from ..compare import VERDICTS
+from ..linear_plots import linear_crossings
+from ..phases import PHASE_FIGURES, reference_table
+from .context import Context, Section, figure_grid, folded
+from .headline_table import headline
+from .tables import (
+    above_roof_rows,
+    correctness_table,
+    noisy_rows,
+    not_ok_rows,
+    problems_table,
+    runs_table,
+    status_table,
+    summary_table,
+)
+
+CAPTIONS = {
+    "roofline": "Each point is one ok row; solid roofs are the ceilings measured on the machine, dashed ones the "
+                "datasheet figures; circles mark the ridge points.",
+    "phase_comparison": "Latency and percentage of the measured roofline per implementation, prefill against "
+                        "decode; a bar is the median.",
+    "tokens_per_second": "Prompt tokens/s (batch·q_len / latency) against generated tokens/s (batch / latency) "
+                         "for the same model preset: the prefill/decode gap.",
+    "prefill_scaling": "Prefill latency and TFLOP/s as the sequence grows.",
+    "decode_scaling": "Decode bandwidth as the KV cache grows, against the measured peak.",
+    "speedup": "Speedup over the baseline implementation on identical cases of one device, mode and timer.",
+    "linear_sweep": "Each projection's achieved TFLOP/s, GB/s and latency against M under the measured roofs as "
+                    "functions of M; the dash-dot line is the M where the intensity reaches the measured ridge, "
+                    "the dotted one on the latency panel the time to read the weights once at the measured GB/s.",
+    "layer_tokens_per_second": "M / (qkv + o + gate_up + down latency): tokens per second through one decoder "
+                               "layer's projections, at the M values where all four were measured.",
+    "phases_ttft": "Time to first token of one prompt (layers x the layer at M = prompt tokens, then the head) and "
+                   "prompt tokens/s = prompt / TTFT.",
+    "phases_decode": "Time per output token and output tokens/s = batch / TPOT against the decode batch; the dashed "
+                     "line is the batch where throughput stops growing. Right: tokens/s each user sees, against "
+                     "3 and 10 tok/s.",
+    "phases_chunk": "Chunked prefill (Sarathi-Serve): one point per chunk size, the prompt's TTFT against the mean "
+                    "inter-token latency of the decode users it shares steps with; the lines are the unchunked "
+                    "TTFT and the decode-only step.",
+    "phases_breakdown": "Where a decode step's time goes, by part; on the reference decoder's layer count, the "
+                        "hatched top is what its measured step takes beyond the composition (launch gaps and the "
+                        "rest), drawn only when positive.",
+}
+LEFT_OUT = ("Interpreter-mode rows (correctness only), noisy rows (timed while the device was contended) and rows "
+            "above their roof (findings) are left out of every figure; each figure's title counts them.")
+
+
+def _phase_suffix(index: int) -> str:
+    """File-stem suffix of the index-th phases folder's figures: none for the first."""
+    return "" if index == 0 else f"_{index + 1}"
+
+
+def headline_section(ctx: Context) -> Section:
+    """The answer first: the headline blocks, and the roofline beside them (below them on a narrow page)."""
+    lead = headline(ctx.df, ctx.of("phases"), include_profiled=True)  # ctx.df already holds what is shown
+    roof = ctx.performance_figures()["roofline"]
+    return Section("headline", "Headline", [
+        '<div class="answer"><h2>Headline</h2>', lead.html(),
+        *(part for block in HEADLINE_BLOCKS for part in block(ctx)),
+        '<p class="note">Per device, mode, timer and dtype, for each operator and phase: the implementation with the '
+        "highest share of the measured roof (geometric mean over the cases every implementation measured), that "
+        "share and the best case's, the bound of its rows, and how much faster it is than the next on those "
+        "cases.</p></div>",
+        ctx.figure("roofline", roof, CAPTIONS["roofline"], wide=False),
+    ], css="lead", heading=False)
+
+
+def comparison_block(ctx: Context) -> list[str]:
+    """The comparison's counts in the headline, when there is one."""
+    if ctx.comparison is None:
+        return []
+    return ['<div class="hl-block"><h3>Comparison: new against base</h3>',
+            f'<p>{html.escape(comparison_counts(ctx.comparison))} → <a href="#comparison">comparison</a></p></div>']
+
+
+def figures_section(ctx: Context) -> Section | None:
+    """The phase figures of each phases folder, then every other figure of the rows."""
+    parts = []
+    for index, tables in enumerate(ctx.of("phases")):
+        for name, draw in PHASE_FIGURES.items():
+            parts.append(ctx.figure(name + _phase_suffix(index), draw(tables), CAPTIONS[name]))
+    for name, fig in ctx.performance_figures().items():
+        if name != "roofline":
+            parts.append(ctx.figure(name, fig, CAPTIONS.get(name, "")))
+    if not parts:
+        return None
+    return Section("figures", "Figures", [f'<p class="note">{html.escape(LEFT_OUT)}</p>', figure_grid(parts)])
+
+
+def phases_section(ctx: Context) -> Section | None:
+    """Each phases folder's tables: what the composition of the measured ops gives for a whole model."""
+    found = ctx.of("phases")
+    if not found:
+        return None
+    body = ['<p class="note">Each step is the sum of count x median latency of the measured cases it runs '
+            "(<code>phasebench phases</code>); the last table checks the sum against a real forward pass "
+            "(error_pct = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
+            "leaves out).</p>"]
+    for tables in found:
+        meta = tables.get("meta") or {}
+        model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
+        setting = ", ".join(str(meta[key]) for key in ("device", "dtype") if meta.get(key))
+        body.append(f"<h3>{html.escape(str(model.get('name', '?')))} ({model.get('layers', '?')} layers)"
+                    f"{', ' + html.escape(setting) if setting else ''}</h3>")
+        for name, title in (("prefill", "Prefill: TTFT per prompt"), ("decode", "Decode: the batch sweep"),
+                            ("chunked", "Chunked prefill"), ("interactive", "Interactive limits")):
+            if tables.get(name) is not None:
+                body.append(folded(title, tables[name]))
+        body.append(folded("The composition against a real forward pass", reference_table(tables)))
+    return Section("phases", "Phases: the whole model composed from the measured ops", body)
+
+
+def linear_section(ctx: Context) -> Section | None:
+    """The crossings table, only for rows with linear ones."""
+    if op_rows(ctx.df, "linear").empty:
+        return None
+    note = ("Per projection and implementation: the measured ridge (peak TFLOP/s · 1000 / peak GB/s, FLOP/B), the M "
+            "at which this N, K reaches it (crossing_m, from 2·M·N·K / (elem·(M·K + N·K + M·N))), the M range "
+            "measured and whether its ends are memory- and compute-bound. The achieved figures at the smallest and "
+            "largest M, and the latency against the weight-streaming floor (elem·N·K bytes at the measured GB/s; "
+            "floor_pct = 100 · floor / latency), are over the rows that are not noisy; interpreter-mode rows take "
+            "no part.")
+    return Section("linear", "Linear layers: where decode turns compute-bound",
+                   [folded("Crossings", linear_crossings(ctx.df), note=note)])
+
+
+def comparison_section(ctx: Context) -> Section | None:
+    """New against base (analysis.compare), only when a comparison was made: its figure, the pairs, the status
+    changes, and the rows on one side only as counts with their lists folded."""
+    if ctx.comparison is None:
+        return None
+    from ..compare_output import comparison_figure, comparison_note, comparison_tables, no_pair_hint
+
+    frame = ctx.comparison
+    ctx.paths["comparison_csv"] = ctx.out / "comparison.csv"
+    frame.to_csv(ctx.paths["comparison_csv"], index=False)
+    tables = comparison_tables(frame)
+    counts = {title: len(table) for title, table in tables.items()}
+    hint = no_pair_hint(frame) or ("" if counts["Pairs"] or counts["Status changes"] else
+                                   "No pairs: no case of one side was measured on the other.")
+    body = [f"<p><b>{html.escape(comparison_counts(frame))}</b>.</p>",
+            f'<p class="note">{html.escape(comparison_note(frame))} {html.escape(hint)}</p>']
+    if counts["Pairs"]:
+        body.append(figure_grid([ctx.figure("comparison", comparison_figure(frame), wide=True)]))
+    else:
+        ctx.figure("comparison", comparison_figure(frame))  # the file, for `compare --out`; not worth a place here
+    for title, table in tables.items():
+        body.append(folded(title, table, fold_over=0 if title.startswith("Only in") else 12))
+    return Section("comparison", "Comparison: new against base", body)
+
+
+def comparison_counts(frame) -> str:
+    """'3 pairs (1 slower, 0 faster, 2 within noise), 0 status changes, 9 only in base, 48 only in new'."""
+    pairs = frame[frame["pairing"] == "pair"]
+    verdicts = ", ".join(f"{int((pairs['verdict'] == verdict).sum())} {verdict}" for verdict in VERDICTS)
+    return (f"{len(pairs)} pairs ({verdicts}), " + ", ".join(
+        f"{int((frame['pairing'] == kind).sum())} {words}" for kind, words in
+        (("status change", "status changes"), ("base only", "only in base"), ("new only", "only in new"))))
+
+
+def summary_section(ctx: Context) -> Section:
+    summary = summary_table(ctx.df)
+    ctx.paths["summary"] = ctx.out / "summary.csv"
+    summary.to_csv(ctx.paths["summary"], index=False)
+    note = ("Per group of ok rows (interpreter-mode rows are in the correctness table): how many, how many were "
+            "noisy, and over the ones neither noisy nor above their roof, best and median % of the measured roofline, "
+            "median TFLOP/s and GB/s.")
+    return Section("summary", "Summary: by device, mode, timer, operator, phase and implementation",
+                   [folded("Summary", summary, note=note)])
+
+
+def flagged_section(ctx: Context) -> Section:
+    """Every row the headline counts as noisy, above its roof or not ok, listed."""
+    return Section("flagged", "Rows to look at", [
+        folded("Noisy rows: timed while the device was contended", noisy_rows(ctx.df), anchor="noisy-rows"),
+        folded("Rows above their measured roof: findings, never results", above_roof_rows(ctx.df),
+               anchor="above-roof-rows"),
+        folded("Rows that are not ok, by reason", problems_table(ctx.df), anchor="not-ok-rows"),
+        folded("Rows that are not ok, one by one", not_ok_rows(ctx.df), fold_over=0),
+    ])
+
+
+def correctness_section(ctx: Context) -> Section:
+    return Section("correctness", "Correctness: the interpreter-mode rows", [
+        '<p class="note">Triton in its interpreter proves correctness; its timings are not performance.</p>',
+        folded("Interpreter-mode rows", correctness_table(ctx.df))])
+
+
+def status_section(ctx: Context) -> Section:
+    return Section("status", "Status", [folded("Rows by status", status_table(ctx.df))])
+
+
+def runs_section(ctx: Context) -> Section:
+    return Section("runs", "Runs", [folded("Runs", runs_table(ctx.df))])
+
+
+# Blocks under the headline's own: each a function (ctx) -> list of HTML parts ([] when it has nothing to say).
+HEADLINE_BLOCKS = [comparison_block]
+
+# The page, in order. A new section: a function (ctx) -> Section | None, in its own module, put in its place here.
+SECTIONS = [
+    headline_section,
+    figures_section,
+    phases_section,
+    linear_section,
+    comparison_section,
+    summary_section,
+    flagged_section,
+    correctness_section,
+    status_section,
+    runs_section,
+]
