@@ -3,6 +3,8 @@
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .compare import compare, regressions, with_samples
 from .compare_output import comparison_figure
+from .interference import interference_summary, load_interference
+from .interference_plots import stretch_figure, user_rate_figure, write_interference_figures
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
 from .phase_plots import phase_comparison, tokens_per_second
@@ -33,11 +35,13 @@ __all__ = [
     "decode_breakdown_figure",
     "decode_figure",
     "decode_scaling",
+    "interference_summary",
     "layer_tokens_per_second",
     "layer_tokens_per_second_table",
     "linear_crossings",
     "linear_sweep",
     "load",
+    "load_interference",
     "load_phases",
     "load_profile",
     "phase_comparison",
@@ -51,9 +55,12 @@ __all__ = [
     "speedup",
     "speedup_table",
     "status_table",
+    "stretch_figure",
     "summary_table",
     "tokens_per_second",
     "ttft_figure",
+    "user_rate_figure",
+    "write_interference_figures",
     "write_report",
     "with_samples",
 ]

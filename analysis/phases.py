@@ -12,7 +12,8 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ._figures import SERIES_GID, floats, new_figure, no_data
 from .load import DataFileError
-from .phase_model import SATURATION_MARGIN
+from .phase_model import SATURATION_MARGIN, USER_TARGETS
+from .remedies import remedy_lines
 
 # What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {
@@ -23,9 +24,11 @@ TABLES = {
     "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
     "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
     "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "error_pct", "left_out"),
+    "colocated": ("option", "prompt", "decode_batch", "context", "itl_ms", "tokens_per_s_per_user", "ttft_ms",
+                  "source"),
 }
+OPTIONAL = ("colocated",)  # folders written before it lack it
 META = "phases.json"
-USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",
                "head": "head (lm_head + pick)"}
 GAP_LABEL = "launch gaps and the rest"
@@ -44,7 +47,8 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
         raise FileNotFoundError(f"{folder}: no such folder (expected the --out folder of `phasebench phases`)")
     tables: dict = {"meta": _read_meta(folder / META)}
     for name, columns in TABLES.items():
-        tables[name] = _read_table(folder / f"{name}.csv", columns)
+        if name not in OPTIONAL or (folder / f"{name}.csv").is_file():
+            tables[name] = _read_table(folder / f"{name}.csv", columns)
     if "saturated" in tables["decode"]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(_as_bool)
     return tables
@@ -345,6 +349,7 @@ def phases_summary(tables: dict) -> str:
                     f"{_number(first['decode_only_ms'])} ms):",
                 _text(chunked, ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct",
                                 "chunking_cost_pct"))]
+    out += remedy_lines(tables)
     if not _empty(tables, "interactive"):
         limits = tables["interactive"]
         wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",

@@ -23,6 +23,7 @@ from ..sweep.selection import (
     resolve_device,
     resolve_impls,
 )
+from .interference import add_interference_verb
 from .results import cmd_compare, cmd_phases, cmd_report
 from .session import add_session_verbs
 from .sweeps import cmd_merge, cmd_run_ray, shard_of_run
@@ -267,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
+    phases.add_argument("--interference", nargs="+", metavar="DIR",
+                        help="`phasebench interference` folders: their measured stretches replace the co-located "
+                             "estimate and give the protected one")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
     phases.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")
@@ -297,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     ceil.add_argument("--json", action="store_true", help="print one JSON object")
     ceil.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     ceil.set_defaults(func=cmd_ceilings)
+    add_interference_verb(verbs)
     add_session_verbs(verbs)
     return parser
 

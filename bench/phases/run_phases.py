@@ -61,6 +61,7 @@ class PhasesConfig:
     impls: dict[str, str] = field(default_factory=lambda: dict(pm.DEFAULT_IMPLS))
     timer: TimerConfig | None = None
     on_row: object = None
+    interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -94,6 +95,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
         "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context),
         "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context),
+        "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
+                                        cfg.interference),
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches),
         "decode_parts": pm.tpot(measured, cfg.model, cfg.chunk_batch, cfg.context).items,
     }
