@@ -112,7 +112,9 @@ def _log2_batches(ax, values) -> None:
 
 
 def _plain_log(ax) -> None:
-    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1)."""
+    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1); linear while nothing is positive."""
+    if not any((np.asarray(line.get_ydata(), float) > 0).any() for line in ax.get_lines()):
+        return  # every point missing (noisy rows left out): matplotlib refuses to log-scale nothing
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labels some minor ticks on a short range

@@ -22,6 +22,7 @@ from ._figures import (
     ordered_phases,
     performance_rows,
 )
+from .interference_plots import interference_section
 from .linear_plots import layer_tokens_per_second, linear_crossings, linear_sweep
 from .phase_plots import phase_comparison, tokens_per_second
 from .phases import PHASE_FIGURES, reference_table
@@ -227,6 +228,7 @@ def write_report(
     include_profiled: bool = False,
     phases: dict | None = None,
     comparison: pd.DataFrame | None = None,
+    interference: pd.DataFrame | None = None,
 ) -> dict[str, Path]:
     """Write every figure as NAME.png, summary.csv and a self-contained report.html into
     out_dir (created if needed). Returns {figure name | "summary" | "html": path}.
@@ -235,7 +237,8 @@ def write_report(
     include_profiled; they then form groups of their own. `phases` (load_phases of a
     `phasebench phases` folder) adds a Phases section: its tables and phases_ttft.png,
     phases_decode.png, phases_chunk.png and phases_breakdown.png. `comparison` (a frame of
-    analysis.compare.compare) adds a Comparison section, comparison.png and comparison.csv."""
+    analysis.compare.compare) adds a Comparison section, comparison.png and comparison.csv. `interference`
+    (load_interference rows) adds an Interference section (analysis.interference_plots)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     left_out = 0 if include_profiled else int(profiled(df).sum())
@@ -254,7 +257,8 @@ def write_report(
     summary.to_csv(paths["summary"], index=False)
 
     paths["html"] = out / "report.html"
-    page = _html(df, title, summary, embedded, left_out, _phases_section(phases, phase_pngs), compared)
+    measured = interference_section(interference, out, dpi=dpi, paths=paths)
+    page = _html(df, title, summary, embedded, left_out, _phases_section(phases, phase_pngs) + measured, compared)
     paths["html"].write_text(page, encoding="utf-8")
     return paths
 

@@ -68,21 +68,28 @@ def cmd_phases(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ...analysis import load, load_phases, report_rows, write_report
+    import pandas as pd
+
+    from ...analysis import load, load_interference, load_phases, report_rows, write_report
     from ...analysis.report import summary_table
+    from ..spec.schema import conform
 
     sources = args.results or sorted(p for p in Path("results").glob("*") if p.is_dir())
     if not sources:
         raise UsageError("results: none given and no ./results/ folders; run `phasebench run` first")
+    # `phasebench interference` folders hold no result rows: they make the Interference section
+    measured = [p for p in sources if (Path(p) / "interference.csv").is_file()]
+    sources = [p for p in sources if p not in measured]
     try:
-        df = load(*sources)
+        df = load(*sources) if sources or not measured else conform(pd.DataFrame())
+        interference = load_interference(*measured) if measured else None
         # a `phasebench phases` folder: its rows (under ops/) load as above, its tables make the Phases section
         phase_dirs = [Path(p) for p in sources if (Path(p) / "phases.json").is_file()]
         phases = load_phases(phase_dirs[-1]) if phase_dirs else None
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
     comparison = None
-    runs = [p for p in (args.results or []) if not (Path(p) / "phases.json").is_file()]
+    runs = [p for p in (args.results or []) if p not in measured and not (Path(p) / "phases.json").is_file()]
     if len(runs) == 2:  # two result sets: the report compares them as `phasebench compare` does
         from ...analysis.compare import compare
 
@@ -92,13 +99,16 @@ def cmd_report(args) -> int:
             print(f"phasebench report: no comparison: {str(err).splitlines()[0]}", file=sys.stderr)
     out = Path(args.out)
     check_writable(out)
-    paths = write_report(df, out, include_profiled=args.include_profiled, phases=phases, comparison=comparison)
+    paths = write_report(df, out, include_profiled=args.include_profiled, phases=phases, comparison=comparison,
+                         interference=interference)
     shown = report_rows(df, include_profiled=args.include_profiled)
     print(summary_table(shown).to_string())
     left_out = f" ({len(df) - len(shown)} profiled rows left out)" if len(shown) < len(df) else ""
     if phase_dirs:
         others = f"; {len(phase_dirs) - 1} other phases folder(s) not shown" if len(phase_dirs) > 1 else ""
         print(f"\nphases: {phase_dirs[-1]}{others}")
+    if measured:
+        print(f"interference: {', '.join(map(str, measured))}")
     print(f"\n{len(shown)} rows from {shown['run_id'].nunique()} run(s){left_out}; report: {paths['html']}")
     return 0
 

@@ -151,23 +151,31 @@ def _serve(conn, stop, latest, spec: PrefillSpec) -> None:
             _, prompt, placement, seconds, min_iterations = command
             if device.type == "cpu":
                 place_host(placement, every)
+            begun = [time.monotonic()]
+
+            def on_start():
+                begun[0] = time.monotonic()  # the loop runs from here: iterations follow each other with no gap
+                conn.send(("started",))
+
             if command[0] == "alone":
                 spans = loop_prefill(decoder, prompt, for_seconds(seconds, min_iterations), sync)
             else:
-                spans = loop_prefill(decoder, prompt, lambda _: not stop.is_set(), sync,
-                                     on_start=lambda: conn.send(("started",)), on_done=done)
-            conn.send(("spans", spans))
+                spans = loop_prefill(decoder, prompt, lambda _: not stop.is_set(), sync, on_start=on_start,
+                                     on_done=done)
+            conn.send(("spans", spans, begun[0]))
         except BaseException as err:
             conn.send(("error", one_line(err)))
 
 
 class ProcessCoRunner:
     """The prefill in a process of its own (spawned: a fresh interpreter with its own threads, or its own CUDA
-    context), driven through a pipe; its iterations are timed there, on the clock every process shares."""
+    context), driven through a pipe; its iterations are timed there, on the clock every process shares. As with any
+    spawned process, a script that makes one needs the `if __name__ == "__main__":` guard."""
 
     mechanism = "process"
 
     def __init__(self, spec: PrefillSpec):
+        """Start the process; it builds its decoder while the caller goes on (wait_ready() waits for it)."""
         context = multiprocessing.get_context("spawn")  # a fork would inherit OpenMP's pool and a CUDA context
         self._conn, child = context.Pipe()
         self._stop = context.Event()
@@ -176,6 +184,9 @@ class ProcessCoRunner:
                                         name="phasebench-prefill")
         self._process.start()
         child.close()
+        self.pid: int | None = None
+
+    def wait_ready(self) -> None:
         _, self.pid = self._reply("ready", READY_TIMEOUT_S)
 
     def _reply(self, kind: str, timeout: float) -> tuple:
@@ -210,15 +221,17 @@ class ProcessCoRunner:
         """The start of the latest iteration that has finished (-inf: none yet)."""
         return self._latest.value
 
-    def stop(self) -> list[Span]:
+    def stop(self) -> tuple[list[Span], float]:
+        """The loop's iterations, and when it began (just before the first one)."""
         self._stop.set()
-        return self._reply("spans", REPLY_TIMEOUT_S)[1]
+        _, spans, begun = self._reply("spans", REPLY_TIMEOUT_S)
+        return spans, begun
 
     def close(self) -> None:
         if self._process.is_alive():
             try:
                 self._conn.send(("close",))
-                self._process.join(10)
+                self._process.join(5)
             except OSError:
                 pass
         if self._process.is_alive():
@@ -239,10 +252,13 @@ class StreamCoRunner:
     def __init__(self, spec: PrefillSpec):
         self.device = torch.device(spec.device)
         self.decoder = build_decoder(spec)
+
+    def wait_ready(self) -> None:
+        """Built in __init__ already."""
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._latest = -math.inf
+        self._latest = self._begun = -math.inf
         self._result: list[Span] | BaseException = []
 
     def stream(self, priority: int | None) -> torch.cuda.Stream:
@@ -260,11 +276,15 @@ class StreamCoRunner:
         def done(span):
             self._latest = span[0]
 
+        def on_start():
+            self._begun = time.monotonic()
+            started.set()
+
         try:
             torch.cuda.set_device(self.device)
             with torch.cuda.stream(stream):  # the current stream is per thread
                 self._result = loop_prefill(self.decoder, prompt, lambda _: not self._stop.is_set(),
-                                            stream.synchronize, on_start=started.set, on_done=done)
+                                            stream.synchronize, on_start=on_start, on_done=done)
         except BaseException as err:
             self._result = err
         finally:
@@ -282,13 +302,13 @@ class StreamCoRunner:
     def latest_done_start(self) -> float:
         return self._latest
 
-    def stop(self) -> list[Span]:
+    def stop(self) -> tuple[list[Span], float]:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if isinstance(self._result, BaseException):
             raise CoRunnerError(f"prefill stream: {one_line(self._result)}")
-        return self._result
+        return self._result, self._begun
 
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():

@@ -169,19 +169,31 @@ class Session:
         self.every = allowed_cpus()
         self.probe = ContentionProbe(self.device, cpus=set(self.every))
         small = dataclasses.replace(cfg.model, layers=cfg.layers)
-        self.decoder = ReferenceDecoder(small, cfg.layers, self.device, TORCH_DTYPES[cfg.dtype],
-                                        max_tokens=cfg.context + 1, max_batch=max(cfg.batches), seed=cfg.seed)
-        for batch in cfg.batches:  # the cache filled, the kernels loaded
-            self.decoder.decode_step(batch, cfg.context)
         spec = PrefillSpec(small, cfg.layers, str(self.device), cfg.dtype, max(cfg.prompts), seed=cfg.seed + 1)
         self.runners: dict[str, object] = {}
         self.broken: dict[str, str] = {}  # a co-runner that could not start, and why
-        for kind in dict.fromkeys(m.runner for m in modes if m.runner):
-            try:
-                self.runners[kind] = (ProcessCoRunner if kind == "process" else StreamCoRunner)(spec)
-            except (CoRunnerError, RuntimeError) as err:
-                self.broken[kind] = one_line(err)
+        for kind in dict.fromkeys(m.runner for m in modes if m.runner):  # a process builds while we do
+            self._start(kind, lambda kind=kind: (ProcessCoRunner if kind == "process" else StreamCoRunner)(spec))
+        try:
+            self.decoder = ReferenceDecoder(small, cfg.layers, self.device, TORCH_DTYPES[cfg.dtype],
+                                            max_tokens=cfg.context + 1, max_batch=max(cfg.batches), seed=cfg.seed)
+            for batch in cfg.batches:  # the cache filled, the kernels loaded
+                self.decoder.decode_step(batch, cfg.context)
+        except BaseException:
+            self.close()
+            raise
+        for kind, runner in list(self.runners.items()):
+            self._start(kind, lambda runner=runner: runner.wait_ready() or runner)
         self._streams: dict[int, torch.cuda.Stream] = {}
+
+    def _start(self, kind: str, make) -> None:
+        try:
+            self.runners[kind] = make()
+        except (CoRunnerError, RuntimeError) as err:
+            self.broken[kind] = one_line(err)
+            gone = self.runners.pop(kind, None)
+            if gone is not None:
+                gone.close()
 
     def _decode_stream(self, placement: Placement):
         if self.device.type != "cuda":
@@ -217,7 +229,7 @@ class Session:
         companions = (runner.pid,) if runner is not None and runner.pid else ()
         if runner is not None:
             runner.start(prompt, mode.prefill)
-        spans = []
+        spans, begun = [], None
         try:
             with self.probe.watch(companions) as watch:
                 start = time.monotonic()
@@ -228,12 +240,12 @@ class Session:
                 end = time.monotonic()
         finally:
             if runner is not None:
-                spans = runner.stop()
+                spans, begun = runner.stop()
         found = Window(tuple(samples), noisy=watch.noisy, reason=watch.reason,
                        others_cores=watch.stats.get("other_cores"))
         if runner is not None:
             found.prefill_ms = [(b - a) * 1e3 for a, b in spans if a >= start and b <= end]
-            found.covered = bool(spans) and spans[0][0] <= start and spans[-1][1] >= end
+            found.covered = bool(spans) and begun <= start and spans[-1][1] >= end
         return found
 
     def close(self) -> None:

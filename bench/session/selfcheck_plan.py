@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STEPS = ("env", "tests", "ceilings", "suites", "phases", "profile", "ncu", "report")
+STEPS = ("env", "tests", "ceilings", "suites", "interference", "phases", "profile", "ncu", "report")
 ATTENTION_SUITES = ("prefill", "chunked", "verify", "decode")
 LINEAR_SUITES = ("decode-linear", "prefill-linear")
 # a small decoder for the dry run: every step runs its real path, at sizes a 2-core host does in seconds
@@ -32,6 +32,7 @@ class SelfcheckPlan:
     ceiling_dtypes: tuple[str, ...]
     reserve_s: float = 15.0  # kept back for the report's packing and the summary
     suite_impls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: every impl available there
+    interference_args: tuple[str, ...] = ()  # `phasebench interference` beside --device, --dtype and --out
 
     def __post_init__(self):
         unknown = set(self.budgets) - set(STEPS)
@@ -55,8 +56,8 @@ GPU_SUITE_SHARES = {"prefill": 0.2, "chunked": 0.12, "verify": 0.12, "decode": 0
 # after the suites; what a step does not use goes to the steps after it.
 GPU = SelfcheckPlan(
     name="gpu", device="cuda", dtype="bfloat16", total_s=420,
-    budgets={"env": 15, "tests": 130, "ceilings": 20, "suites": 130, "phases": 45, "profile": 25, "ncu": 25,
-             "report": 15},
+    budgets={"env": 15, "tests": 120, "ceilings": 20, "suites": 115, "interference": 25, "phases": 45, "profile": 25,
+             "ncu": 25, "report": 15},
     models=("llama-3-8b", "llama-3-70b"), suites=GPU_SUITE_SHARES, sample_time=0.1, startup_s=10, teardown_s=5,
     # sizes the suites measured too (prefill 2048, decode at 4096 keys for batches 1/16/64), so their rows serve
     phases_args=("--model", "llama-3-8b", "--prompt", "2048", "--batch", "1", "16", "64", "--context", "4096",
@@ -67,13 +68,17 @@ GPU = SelfcheckPlan(
     # the naive GEMM multiplies elementwise in bounded slices: seconds per call at M = 128 on 70b's lm_head and
     # minutes at M = 16k, so the linear suites compare the vendor BLAS with Triton (naive linear is in the tests)
     suite_impls={"decode-linear": ("torch", "triton"), "prefill-linear": ("torch", "triton")},
+    # the phases step's chunk batch, prompt and context among them, so its co-located estimate is measured; 8 layers
+    # keep three copies of the weights small, one round of short windows keeps it to seconds
+    interference_args=("--model", "llama-3-8b", "--prompt", "2048", "8192", "--batch", "16", "64", "--context",
+                       "4096", "--layers", "8", "--window", "0.3", "--rounds", "1"),
 )
 
 # The dry run on a host without CUDA: the same steps at host sizes, under two minutes on 2 cores.
 HOST = SelfcheckPlan(
     name="host-dry-run", device="cpu", dtype="float32", total_s=118,
-    budgets={"env": 6, "tests": 17, "ceilings": 6, "suites": 50, "phases": 13, "profile": 7, "ncu": 5,
-             "report": 9},
+    budgets={"env": 6, "tests": 17, "ceilings": 6, "suites": 38, "interference": 12, "phases": 13, "profile": 7,
+             "ncu": 5, "report": 9},
     models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=4,
     teardown_s=2.5,
     phases_args=("--model", TINY_MODEL, "--prompt", "16", "--batch", "1", "2", "--context", "32", "--chunk", "8",
@@ -81,4 +86,6 @@ HOST = SelfcheckPlan(
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,
+    interference_args=("--model", TINY_MODEL, "--prompt", "16", "64", "--batch", "1", "2", "--context", "32",
+                       "--layers", "1", "--window", "0.1", "--rounds", "1"),
 )
