@@ -36,7 +36,7 @@ def cmd_interference(args) -> int:
     print(interference_summary(rows))
     figures = write_interference_figures(rows, cfg.out_dir)
     print(f"\nrows: {cfg.out_dir}/interference.csv, run.json; figures: {', '.join(p.name for p in figures)}")
-    return 0
+    return 130 if rows.attrs.get("interrupted") else 0
 
 
 def add_interference_verb(verbs) -> None:

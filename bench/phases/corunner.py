@@ -95,17 +95,16 @@ def build_decoder(spec: PrefillSpec):
     decoder = ReferenceDecoder(spec.model, spec.layers, spec.device, TORCH_DTYPES[spec.dtype],
                                max_tokens=spec.max_prompt, max_batch=1, seed=spec.seed)
     decoder.prefill(1, min(spec.max_prompt, 16))  # fills the cache, allocates, loads the kernels
+    if decoder.device.type == "cuda":
+        torch.cuda.synchronize(decoder.device)  # done on the default stream before another stream reads it
     return decoder
 
 
 def loop_prefill(decoder, prompt: int, keep_going: Callable[[list[Span]], bool], sync: Callable[[], None],
-                 on_start: Callable[[], None] | None = None, on_done: Callable[[Span], None] | None = None
-                 ) -> list[Span]:
+                 on_done: Callable[[Span], None] | None = None) -> list[Span]:
     """Prefill one prompt of `prompt` tokens again and again, each iteration finished (`sync`) before the next,
-    while keep_going(spans so far) holds (at least once); on_start runs just before the first iteration."""
+    while keep_going(spans so far) holds (at least once); on_done gets each iteration's span."""
     spans: list[Span] = []
-    if on_start is not None:
-        on_start()
     while True:
         start = time.monotonic()
         decoder.prefill(1, prompt)
@@ -151,18 +150,14 @@ def _serve(conn, stop, latest, spec: PrefillSpec) -> None:
             _, prompt, placement, seconds, min_iterations = command
             if device.type == "cpu":
                 place_host(placement, every)
-            begun = [time.monotonic()]
-
-            def on_start():
-                begun[0] = time.monotonic()  # the loop runs from here: iterations follow each other with no gap
-                conn.send(("started",))
-
             if command[0] == "alone":
                 spans = loop_prefill(decoder, prompt, for_seconds(seconds, min_iterations), sync)
+                conn.send(("spans", spans, spans[0][0]))
             else:
-                spans = loop_prefill(decoder, prompt, lambda _: not stop.is_set(), sync, on_start=on_start,
-                                     on_done=done)
-            conn.send(("spans", spans, begun[0]))
+                begun = time.monotonic()  # the loop runs from here: its iterations follow each other with no gap
+                conn.send(("started",))
+                spans = loop_prefill(decoder, prompt, lambda _: not stop.is_set(), sync, on_done=done)
+                conn.send(("spans", spans, begun))
         except BaseException as err:
             conn.send(("error", one_line(err)))
 
@@ -276,15 +271,13 @@ class StreamCoRunner:
         def done(span):
             self._latest = span[0]
 
-        def on_start():
-            self._begun = time.monotonic()
-            started.set()
-
         try:
             torch.cuda.set_device(self.device)
             with torch.cuda.stream(stream):  # the current stream is per thread
+                self._begun = time.monotonic()
+                started.set()
                 self._result = loop_prefill(self.decoder, prompt, lambda _: not self._stop.is_set(),
-                                            stream.synchronize, on_start=on_start, on_done=done)
+                                            stream.synchronize, on_done=done)
         except BaseException as err:
             self._result = err
         finally:

@@ -179,6 +179,8 @@ class Session:
                                             max_tokens=cfg.context + 1, max_batch=max(cfg.batches), seed=cfg.seed)
             for batch in cfg.batches:  # the cache filled, the kernels loaded
                 self.decoder.decode_step(batch, cfg.context)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # written on the default stream, read on the decode streams
         except BaseException:
             self.close()
             raise
@@ -269,7 +271,7 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     windows: dict[tuple, list[Window]] = defaultdict(list)
     alone_prefill: dict[tuple, list[float]] = defaultdict(list)
     errors: dict[tuple, str] = {}
-    session = Session(cfg, modes)
+    session, interrupted = Session(cfg, modes), False
     try:
         for kind, why in session.broken.items():
             say(f"the {kind} co-runner did not start: {why}")
@@ -288,8 +290,14 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
                         except (CoRunnerError, RuntimeError) as err:  # out of memory, a co-runner that died
                             errors.setdefault((batch, prompt, mode.key), one_line(err))
                     say(progress_line(round_, cfg.rounds, batch, prompt, modes, windows))
+    except KeyboardInterrupt:  # stopped (a budget's SIGINT): the windows measured so far make the rows
+        interrupted = True
+        say("interrupted: the rows hold the windows measured so far")
     finally:
         session.close()
+    for key in ((b, p, m.key) for b in cfg.batches for p in cfg.prompts for m in modes):
+        if interrupted and not windows.get(key):
+            errors.setdefault(key, "not measured: interrupted")
     rows = [row for batch in cfg.batches for prompt in cfg.prompts
             for row in mode_rows(cfg, modes, skipped, batch, prompt, windows, alone_prefill, errors)]
     stamp = now()
@@ -298,12 +306,13 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     meta = run_metadata(cfg.device)
     meta.update(schema=INTERFERENCE_SCHEMA, kind="interference", run_id=run_id, model=dataclasses.asdict(cfg.model),
                 layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts, batches=cfg.batches, context=cfg.context,
-                window_s=cfg.window_s, rounds=cfg.rounds, noise=NOISE_RULE,
+                window_s=cfg.window_s, rounds=cfg.rounds, noise=NOISE_RULE, interrupted=interrupted,
                 modes=[{"mode": m.name, "mechanism": m.mechanism, "decode": m.decode.describe(),
                         "prefill": m.prefill.describe() if m.runner else ""} for m in modes],
                 skipped={f"{n}/{m}": why for (n, m), why in skipped.items()},
                 state_before=before, state_after=snapshot(cfg.device))
     (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
+    table.attrs["interrupted"] = interrupted
     return table
 
 
@@ -350,7 +359,9 @@ def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: 
         prefill = _median([p for w in found for p in w.prefill_ms]) if mode.runner else prefill_alone
         noisy = [w for w in found if w.noisy]
         others = [w.others_cores for w in found if w.others_cores is not None]
-        reasons = [why] if why and mode.runner else []  # a failed round: the rows hold the rounds that ran
+        reasons = []
+        if len(found) < cfg.rounds:  # a round failed or was interrupted: the row holds those that ran
+            reasons = [f"{len(found)} of {cfg.rounds} rounds", *([why] if why else [])]
         if mode.runner and not any(w.prefill_ms for w in found):
             reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW}x the window")
         rows.append({**row, "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),

@@ -86,6 +86,6 @@ HOST = SelfcheckPlan(
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,
-    interference_args=("--model", TINY_MODEL, "--prompt", "16", "64", "--batch", "1", "2", "--context", "32",
-                       "--layers", "1", "--window", "0.1", "--rounds", "1"),
+    interference_args=("--model", TINY_MODEL, "--prompt", "16", "64", "--batch", "2", "--context", "32", "--layers",
+                       "1", "--window", "0.1", "--rounds", "1"),
 )

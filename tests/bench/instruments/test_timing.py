@@ -177,6 +177,7 @@ def test_a_call_timed_on_its_own_stream_waits_for_that_stream_only():
     torch.manual_seed(11)
     x = torch.randn(257, 129, device=device)
     mine, other = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    torch.cuda.synchronize()  # x is written before either stream reads it
     with torch.cuda.stream(other):
         torch.cuda._sleep(2_000_000_000)  # about a second of a spinning kernel
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5, flush_l2=False)

@@ -88,6 +88,20 @@ def test_rows_and_run_json_round_trip_through_the_loader(host_run):
     assert meta["versions"]["torch"] == torch.__version__
 
 
+def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
+    def stop_after_the_first(line):
+        if line.startswith("round 1/2 prompt 8 batch 1:"):
+            raise KeyboardInterrupt  # as the self-check's SIGINT at the end of a step's allowance
+
+    cfg = InterferenceConfig(model=TINY, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,), batches=(1, 2),
+                             context=5, layers=1, window_s=0.05, rounds=2, on_line=stop_after_the_first)
+    rows = run_interference(cfg).set_index(["batch", "mode"])
+    assert rows.attrs["interrupted"] and json.loads((tmp_path / "run.json").read_text())["interrupted"]
+    assert (rows.loc[1, "status"] == "ok").all() and (rows.loc[1, "reason"] == "1 of 2 rounds").all()
+    assert (rows.loc[2, "status"] == "failed").all() and (rows.loc[2, "reason"] == "not measured: interrupted").all()
+    assert len(load_interference(tmp_path)) == 2 * len(MODES)
+
+
 def test_cores_split_into_disjoint_sets():
     assert split_cpus({0, 1}) == ({0}, {1}) and split_cpus({3}) is None
     decode, prefill = split_cpus(range(16))

@@ -132,6 +132,10 @@ def test_dry_run_ran_every_step(dry_run):
         assert found["status"].get("ok", 0) + found["budget_skips"] == found["rows"], (suite, found)
     assert summary["suites"]["prefill"]["status"].get("ok", 0) >= 1
     assert {row["phase"] for row in summary["phases"]["reference"]} == {"prefill", "decode"}
+    measured = summary["interference"]["interference"]  # the decode step alone, beside a prefill, protected
+    assert {r["mode"] for r in measured} == {"alone", "colocated", "protected"}
+    assert {(r["batch"], r["prompt"]) for r in measured} == {(2, 16), (2, 64)}
+    assert {r["option"] for r in summary["phases"]["colocated"]} == {"separated", "co-located", "protected"}
     assert summary["profile"]["summary"] and summary["files"][selfcheck.ARCHIVE] > 0
     for step in STEPS:
         assert f"== {step} (allowance" in (out / selfcheck.LOG).read_text()
@@ -144,6 +148,7 @@ def test_dry_run_archive_holds_every_result_and_loads(dry_run, tmp_path):
         names = set(tar.getnames())
         tar.extractall(tmp_path, filter="data")
     for name in ("env.json", "ceilings.json", "tests.xml", "phases/phases.json", "profile/summary.csv",
+                 "interference/interference.csv", "interference/run.json", "interference/interference_users.png",
                  "profile/trace.json", "ncu/case.json", *(f"suites/{s}/results.parquet" for s in SUITES)):
         assert f"selfcheck/{name}" in names, name
     import phasebench.analysis as pa
