@@ -64,9 +64,9 @@ def _meta(path: Path) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as error:
         raise DataFileError(f"{path}: not valid JSON ({' '.join(str(error).split())})") from None
-    schema = meta.get("schema") if isinstance(meta, dict) else None
+    schema = meta.get("interference_schema") if isinstance(meta, dict) else None
     if not isinstance(schema, int) or isinstance(schema, bool):
-        raise DataFileError(f"{path}: 'schema' must be an integer, got {schema!r}")
+        raise DataFileError(f"{path}: 'interference_schema' must be an integer, got {schema!r}")
     if schema > INTERFERENCE_SCHEMA:
         raise DataFileError(f"{path}: schema {schema} is newer than this phasebench reads ({INTERFERENCE_SCHEMA})")
     return meta

@@ -304,9 +304,10 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     table = conform_interference(pd.DataFrame([{"run_id": run_id, "time": stamp, **row} for row in rows]))
     table.to_csv(cfg.out_dir / CSV_NAME, index=False)
     meta = run_metadata(cfg.device)
-    meta.update(schema=INTERFERENCE_SCHEMA, kind="interference", run_id=run_id, model=dataclasses.asdict(cfg.model),
-                layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts, batches=cfg.batches, context=cfg.context,
-                window_s=cfg.window_s, rounds=cfg.rounds, noise=NOISE_RULE, interrupted=interrupted,
+    meta.update(interference_schema=INTERFERENCE_SCHEMA, kind="interference", run_id=run_id,
+                model=dataclasses.asdict(cfg.model), layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts,
+                batches=cfg.batches, context=cfg.context, window_s=cfg.window_s, rounds=cfg.rounds,
+                noise=NOISE_RULE, interrupted=interrupted,
                 modes=[{"mode": m.name, "mechanism": m.mechanism, "decode": m.decode.describe(),
                         "prefill": m.prefill.describe() if m.runner else ""} for m in modes],
                 skipped={f"{n}/{m}": why for (n, m), why in skipped.items()},

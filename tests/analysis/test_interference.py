@@ -53,8 +53,8 @@ def designed_rows(noisy=(), failed=()) -> pd.DataFrame:
 def write_folder(folder, rows, schema=1):
     folder.mkdir(parents=True, exist_ok=True)
     rows.to_csv(folder / "interference.csv", index=False)
-    (folder / "run.json").write_text(json.dumps({"schema": schema, "kind": "interference", "git_commit": "abc",
-                                                 "versions": {"torch": "9.9"}}))
+    meta = {"interference_schema": schema, "kind": "interference", "git_commit": "abc", "versions": {"torch": "9.9"}}
+    (folder / "run.json").write_text(json.dumps(meta))
     return folder
 
 
@@ -78,7 +78,7 @@ def test_rows_round_trip_through_the_loader(tmp_path):
     (lambda d: (d / "interference.csv").write_text(
         (d / "interference.csv").read_text().replace(",protected,", ",shielded,")), DataFileError,
      "'shielded', not one of alone, colocated, protected"),
-    (lambda d: (d / "run.json").write_text('{"schema": 7}'), DataFileError, "schema 7 is newer"),
+    (lambda d: (d / "run.json").write_text('{"interference_schema": 7}'), DataFileError, "schema 7 is newer"),
     (lambda d: (d / "run.json").write_text("{oops"), DataFileError, "not valid JSON"),
 ])
 def test_a_broken_folder_gets_one_line_naming_the_file(tmp_path, damage, error, says):
