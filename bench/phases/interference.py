@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -42,7 +43,8 @@ HOST_MODEL = "name=interference-host,hidden=512,intermediate=1536,layers=2,q_hea
 HOST = dict(prompts=(128, 512), batches=(1, 8), context=256, window_s=1.0, rounds=2)
 GPU = dict(prompts=(2048, 8192), batches=(16, 64), context=4096, window_s=1.0, rounds=3)
 WARMUP_S = 0.05
-MAX_STRETCH_WINDOW = 10  # a co-located window grows, up to this many times its length, until a whole prefill lies in it
+# a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone
+MAX_STRETCH_WINDOW = 10
 ALONE_PREFILLS = 2  # prefill iterations timed alone per prompt and round, at least (and for half a window)
 FIT_HEADROOM = 0.85
 NOISE_RULE = ("a window is noisy when processes other than this one and its co-runner used a quarter of a core or "
@@ -213,9 +215,10 @@ class Session:
         spans = self.runners[kind].alone(prompt, placement, self.cfg.window_s / 2, ALONE_PREFILLS)
         return [(end - start) * 1e3 for start, end in spans]
 
-    def window(self, mode: Mode, batch: int, prompt: int) -> Window:
+    def window(self, mode: Mode, batch: int, prompt: int, prefill_alone_s: float = 0.0) -> Window:
         """The decode step sampled for window_s (longer, when co-located, until a whole prefill iteration lies in
-        the window) with the mode's co-runner looping the prefill from before the first sample to after the last."""
+        the window: up to MAX_STRETCH_WINDOW windows or prefills alone) with the mode's co-runner looping the
+        prefill from before the first sample to after the last."""
         cfg, runner = self.cfg, self.runners.get(mode.runner) if mode.runner else None
         if mode.runner and runner is None:
             raise CoRunnerError(self.broken.get(mode.runner, f"no {mode.runner} co-runner"))
@@ -237,7 +240,7 @@ class Session:
                 start = time.monotonic()
                 samples = list(time_call(call, self.device, timer, stream=stream).samples_ms)
                 while (runner is not None and runner.latest_done_start() < start
-                       and time.monotonic() - start < MAX_STRETCH_WINDOW * cfg.window_s):
+                       and time.monotonic() - start < MAX_STRETCH_WINDOW * max(cfg.window_s, prefill_alone_s)):
                     samples += time_call(call, self.device, more, stream=stream).samples_ms
                 end = time.monotonic()
         finally:
@@ -286,7 +289,9 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
                     turn = round_ % len(modes)
                     for mode in modes[turn:] + modes[:turn]:
                         try:
-                            windows[(batch, prompt, mode.key)].append(session.window(mode, batch, prompt))
+                            alone_s = _median(alone_prefill.get((prompt, mode.runner), [])) / 1e3
+                            windows[(batch, prompt, mode.key)].append(
+                                session.window(mode, batch, prompt, alone_s if math.isfinite(alone_s) else 0.0))
                         except (CoRunnerError, RuntimeError) as err:  # out of memory, a co-runner that died
                             errors.setdefault((batch, prompt, mode.key), one_line(err))
                     say(progress_line(round_, cfg.rounds, batch, prompt, modes, windows))
@@ -364,7 +369,7 @@ def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: 
         if len(found) < cfg.rounds:  # a round failed or was interrupted: the row holds those that ran
             reasons = [f"{len(found)} of {cfg.rounds} rounds", *([why] if why else [])]
         if mode.runner and not any(w.prefill_ms for w in found):
-            reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW}x the window")
+            reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW} windows or prefills alone")
         rows.append({**row, "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
                      "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
                      "stretch": t.median_ms / alone_t.median_ms,

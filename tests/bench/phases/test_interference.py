@@ -3,6 +3,8 @@ rows round-trip through the loader; the co-runners, the modes and bad input on t
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 
@@ -16,22 +18,27 @@ from phasebench.bench.phases.interference import InterferenceConfig, plan_modes,
 from phasebench.bench.spec.interference import INTERFERENCE_COLUMNS, MODES
 from phasebench.bench.spec.models import DecoderConfig
 
-TINY = DecoderConfig(hidden=256, intermediate=768, layers=2, q_heads=4, kv_heads=2, head_dim=64, vocab=1000,
-                     name="interference-test")
+TINY = "name=interference-test,hidden=256,intermediate=768,layers=2,q_heads=4,kv_heads=2,head_dim=64,vocab=1000"
+SMALL_MODEL = DecoderConfig(hidden=64, intermediate=96, layers=2, q_heads=2, kv_heads=1, head_dim=32, vocab=50,
+                            name="interference-small")
 CPU = torch.device("cpu")
-LARGE, SMALL = 192, 16  # prompt tokens: a prefill of tens of ms, and one of a few
+LARGE, SMALL = 128, 16  # prompt tokens: a prefill of tens of ms, and one of a few
+BUSY = 1.0  # CPUs (of 2) other processes used in a window, beyond which no stretch of ours can be told apart
 
 
 @pytest.fixture(scope="module")
 def host_run(tmp_path_factory):
-    """One run on the host: a small and a large prompt beside one decode batch, three rounds of short windows (the
-    modes' order turned each round, so a burst of other work on this shared host lands on every mode alike)."""
+    """`phasebench interference` on the host: a small and a large prompt beside two decode batches, two rounds
+    of short windows (the modes' order turned each round, so a burst of other work on this shared host lands on
+    every mode alike); its printed output and the rows it wrote."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("disjoint cores need 2 CPUs")
-    out = tmp_path_factory.mktemp("interference")
-    cfg = InterferenceConfig(model=TINY, device=CPU, out_dir=out, dtype="float32", prompts=(SMALL, LARGE),
-                             batches=(3,), context=97, layers=2, window_s=0.15, rounds=3)
-    return cfg, run_interference(cfg)
+    out, printed, progress = tmp_path_factory.mktemp("interference"), io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
+        status = main(["interference", "--model", TINY, "--prompt", str(SMALL), str(LARGE), "--batch", "1", "3",
+                       "--context", "97", "--window", "0.1", "--rounds", "2", "--device", "cpu", "--out", str(out)])
+    assert status == 0, progress.getvalue()[-2000:]
+    return out, printed.getvalue(), progress.getvalue(), load_interference(out)
 
 
 def _row(rows, batch, prompt, mode):
@@ -41,13 +48,13 @@ def _row(rows, batch, prompt, mode):
 
 
 def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
-    cfg, rows = host_run
+    out, _, _, rows = host_run
     assert list(rows.columns[:len(INTERFERENCE_COLUMNS)]) == list(INTERFERENCE_COLUMNS)
-    assert len(rows) == len(cfg.batches) * len(cfg.prompts) * len(MODES)
+    assert len(rows) == 2 * 2 * len(MODES) and (rows["layers"] == 2).all() and (rows["rounds"] == 2).all()
     assert (rows["status"] == "ok").all(), rows[["mode", "reason"]]
     assert set(zip(rows["mode"], rows["mechanism"], strict=True)) == {
         ("alone", "alone"), ("colocated", "process"), ("protected", "disjoint cores")}
-    assert (rows["samples"] >= 3 * cfg.rounds).all() and (rows["decode_ms"] > 0).all()
+    assert (rows["samples"] >= 3 * 2).all() and (rows["decode_ms"] > 0).all()
     assert (rows["decode_p10_ms"] <= rows["decode_ms"]).all() and (rows["decode_ms"] <= rows["decode_p90_ms"]).all()
     alone = rows[rows["mode"] == "alone"]
     assert (alone["stretch"] == 1).all() and (alone["prefill_slowdown"] == 1).all()
@@ -61,31 +68,54 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     assert set(protected["decode_cpus"]).isdisjoint(set(protected["prefill_cpus"]))
 
 
+def _judgeable(rows, *modes) -> list[int]:
+    """The batches whose LARGE-prompt rows of these modes were sampled while other processes left us a core: beyond
+    that, a two-thread step waits at every barrier for a thread the scheduler gave away, co-runner or not, and the
+    stretch is the scheduler's (a load average of 8 on this 2-core host read 0.94). None: the test skips, saying so."""
+    found = {b: max(_row(rows, b, LARGE, m)["others_cores"] for m in ("alone", *modes)) for b in (1, 3)}
+    quiet = [b for b, others in found.items() if not others >= BUSY]
+    if not quiet:
+        pytest.skip(f"other processes used {min(found.values()):.2f} of the 2 CPUs in every window: nothing to judge")
+    return quiet
+
+
 def test_a_large_prefill_beside_the_decode_stretches_it(host_run):
     # both sides use every core: the decode's threads share them with the prefill's, about half the CPU each
-    _, rows = host_run
-    colocated = _row(rows, 3, LARGE, "colocated")
-    assert colocated["stretch"] > 1.3, colocated[["stretch", "noise_reason"]].to_dict()
+    rows = host_run[-1]
+    for batch in _judgeable(rows, "colocated"):
+        colocated = _row(rows, batch, LARGE, "colocated")
+        assert colocated["stretch"] > 1.3, colocated[["stretch", "others_cores", "noise_reason"]].to_dict()
 
 
 def test_disjoint_cores_protect_the_decode(host_run):
     # a broken pinning would leave the two sides oversubscribing the same cores: the stretch of colocated
-    _, rows = host_run
-    colocated, protected = _row(rows, 3, LARGE, "colocated"), _row(rows, 3, LARGE, "protected")
-    assert protected["stretch"] < 0.8 * colocated["stretch"], (protected["stretch"], colocated["stretch"])
+    rows = host_run[-1]
+    for batch in _judgeable(rows, "colocated", "protected"):
+        colocated, protected = _row(rows, batch, LARGE, "colocated"), _row(rows, batch, LARGE, "protected")
+        assert protected["stretch"] < 0.8 * colocated["stretch"], (protected["stretch"], colocated["stretch"])
 
 
-def test_rows_and_run_json_round_trip_through_the_loader(host_run):
-    cfg, rows = host_run
-    loaded = load_interference(cfg.out_dir)
-    assert len(loaded) == len(rows)
-    for column in ("batch", "prompt", "mode", "mechanism", "decode_ms", "stretch", "prefill_ms", "noisy"):
-        assert loaded[column].tolist() == rows[column].tolist(), column
-    meta = json.loads((cfg.out_dir / "run.json").read_text())
+def test_what_was_printed_is_what_loads_back(host_run):
+    out, printed, progress, rows = host_run
+    assert f"round 2/2 prompt {LARGE} batch 3: alone" in progress
+    table = [line.split() for line in printed.splitlines() if line.split()[:1] in (["1"], ["3"])]
+    # batch prompt mode mechanism (one or two words) decode_ms decode_p90_ms stretch ..., to 3 significant digits
+    shown = {}
+    for r in table:
+        at = 5 if r[3] == "disjoint" else 4
+        shown[(int(r[0]), int(r[1]), r[2])] = float(r[at]), float(r[at + 2])
+    assert len(shown) == len(rows) == 12
+    for row in rows.itertuples():
+        decode_ms, stretch = shown[(row.batch, row.prompt, row.mode)]
+        assert decode_ms == pytest.approx(row.decode_ms, rel=1e-2) and stretch == pytest.approx(row.stretch, rel=1e-2)
+    assert f"  batch 3, prompt {LARGE}, 10 tok/s: kept by" in printed
+    assert sorted(f.name for f in out.iterdir()) == ["interference.csv", "interference_stretch.png",
+                                                     "interference_users.png", "run.json"]
+    meta = json.loads((out / "run.json").read_text())
     assert meta["kind"] == "interference" and meta["run_id"] == rows["run_id"].iloc[0]
     assert [m["mechanism"] for m in meta["modes"]] == ["alone", "process", "disjoint cores"]
     assert meta["state_before"]["host"] and meta["noise"].startswith("a window is noisy")
-    assert meta["versions"]["torch"] == torch.__version__
+    assert meta["versions"]["torch"] == torch.__version__ and not meta["interrupted"]
 
 
 def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
@@ -93,7 +123,8 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
         if line.startswith("round 1/2 prompt 8 batch 1:"):
             raise KeyboardInterrupt  # as the self-check's SIGINT at the end of a step's allowance
 
-    cfg = InterferenceConfig(model=TINY, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,), batches=(1, 2),
+    cfg = InterferenceConfig(model=SMALL_MODEL, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,),
+                             batches=(1, 2),
                              context=5, layers=1, window_s=0.05, rounds=2, on_line=stop_after_the_first)
     rows = run_interference(cfg).set_index(["batch", "mode"])
     assert rows.attrs["interrupted"] and json.loads((tmp_path / "run.json").read_text())["interrupted"]
@@ -135,7 +166,7 @@ def test_pinning_moves_every_thread_of_the_process():
 
 
 def test_a_co_runner_that_fails_says_why_in_one_line():
-    bad = PrefillSpec(TINY, layers=TINY.layers + 1, device="cpu", dtype="float32", max_prompt=8)
+    bad = PrefillSpec(SMALL_MODEL, layers=SMALL_MODEL.layers + 1, device="cpu", dtype="float32", max_prompt=8)
     runner = ProcessCoRunner(bad)
     with pytest.raises(CoRunnerError, match=r"prefill process: ValueError: layers: must be an int in 1\.\.2") as err:
         runner.wait_ready()
@@ -183,7 +214,7 @@ def test_on_a_gpu_a_second_stream_and_a_second_process_stretch_the_decode(tmp_pa
 
 @pytest.mark.cuda
 def test_the_stream_co_runner_loops_on_its_own_stream():
-    spec = PrefillSpec(TINY, layers=1, device="cuda", dtype="bfloat16", max_prompt=256)
+    spec = PrefillSpec(SMALL_MODEL, layers=1, device="cuda", dtype="bfloat16", max_prompt=256)
     runner = corunner.StreamCoRunner(spec)
     alone = runner.alone(256, Placement(priority=corunner.LOWEST_PRIORITY), 0.05, 3)
     assert len(alone) >= 3 and all(b > a for a, b in alone)
