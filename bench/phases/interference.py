@@ -49,8 +49,8 @@ ALONE_PREFILLS = 2  # prefill iterations timed alone per prompt and round, at le
 FIT_HEADROOM = 0.85
 NOISE_RULE = ("a window is noisy when processes other than this one and its co-runner used a quarter of a core or "
               "more of the CPUs while the decode was sampled (/proc/stat busy ticks less our CPU time and the "
-              "co-runner's, by pid), or another compute process was on the GPU, or its clocks throttled; in the "
-              "co-located modes our threads' run-queue wait is the co-runner's doing and does not count")
+              "co-runner's, by pid), or another compute process than ours was on the GPU, or its clocks throttled; "
+              "our threads' run-queue wait does not count (beside the co-runner it is its doing)")
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,8 @@ class Session:
         spec = PrefillSpec(small, cfg.layers, str(self.device), cfg.dtype, max(cfg.prompts), seed=cfg.seed + 1)
         self.runners: dict[str, object] = {}
         self.broken: dict[str, str] = {}  # a co-runner that could not start, and why
-        for kind in dict.fromkeys(m.runner for m in modes if m.runner):  # a process builds while we do
+        kinds = sorted({m.runner for m in modes if m.runner}, key=lambda k: k != "process")  # a process builds
+        for kind in kinds:  # while we do, so it is spawned first
             self._start(kind, lambda kind=kind: (ProcessCoRunner if kind == "process" else StreamCoRunner)(spec))
         try:
             self.decoder = ReferenceDecoder(small, cfg.layers, self.device, TORCH_DTYPES[cfg.dtype],
@@ -231,7 +232,8 @@ class Session:
         timer = TimerConfig(warmup_s=WARMUP_S, budget_s=cfg.window_s, min_samples=3, max_samples=1_000_000,
                             flush_l2=False)
         more = dataclasses.replace(timer, warmup_s=0.0, budget_s=cfg.window_s / 2)
-        companions = (runner.pid,) if runner is not None and runner.pid else ()
+        # our co-runners, idle or not: a GPU lists an idle process's context too
+        companions = tuple(r.pid for r in self.runners.values() if r.pid)
         if runner is not None:
             runner.start(prompt, mode.prefill)
         spans, begun = [], None
