@@ -177,6 +177,7 @@ class Session:
         kinds = sorted({m.runner for m in modes if m.runner}, key=lambda k: k != "process")  # a process builds
         for kind in kinds:  # while we do, so it is spawned first
             self._start(kind, lambda kind=kind: (ProcessCoRunner if kind == "process" else StreamCoRunner)(spec))
+        self._streams: dict[int, torch.cuda.Stream] = {}
         try:
             self.decoder = ReferenceDecoder(small, cfg.layers, self.device, TORCH_DTYPES[cfg.dtype],
                                             max_tokens=cfg.context + 1, max_batch=max(cfg.batches), seed=cfg.seed)
@@ -184,12 +185,11 @@ class Session:
                 self.decoder.decode_step(batch, cfg.context)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # written on the default stream, read on the decode streams
-        except BaseException:
+            for kind, runner in list(self.runners.items()):
+                self._start(kind, lambda runner=runner: runner.wait_ready() or runner)
+        except BaseException:  # out of memory, an interrupt: no co-runner outlives us
             self.close()
             raise
-        for kind, runner in list(self.runners.items()):
-            self._start(kind, lambda runner=runner: runner.wait_ready() or runner)
-        self._streams: dict[int, torch.cuda.Stream] = {}
 
     def _start(self, kind: str, make) -> None:
         try:
@@ -276,8 +276,9 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     windows: dict[tuple, list[Window]] = defaultdict(list)
     alone_prefill: dict[tuple, list[float]] = defaultdict(list)
     errors: dict[tuple, str] = {}
-    session, interrupted = Session(cfg, modes), False
+    session, interrupted = None, False
     try:
+        session = Session(cfg, modes)
         for kind, why in session.broken.items():
             say(f"the {kind} co-runner did not start: {why}")
         for round_ in range(cfg.rounds):
@@ -301,7 +302,8 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
         interrupted = True
         say("interrupted: the rows hold the windows measured so far")
     finally:
-        session.close()
+        if session is not None:
+            session.close()
     for key in ((b, p, m.key) for b in cfg.batches for p in cfg.prompts for m in modes):
         if interrupted and not windows.get(key):
             errors.setdefault(key, "not measured: interrupted")
