@@ -77,8 +77,8 @@ GPU = SelfcheckPlan(
 # The dry run on a host without CUDA: the same steps at host sizes, under two minutes on 2 cores.
 HOST = SelfcheckPlan(
     name="host-dry-run", device="cpu", dtype="float32", total_s=118,
-    budgets={"env": 6, "tests": 14, "ceilings": 6, "suites": 46, "interference": 10, "phases": 13, "profile": 7,
-             "ncu": 5, "report": 6},
+    budgets={"env": 6, "tests": 14, "ceilings": 6, "suites": 43, "interference": 10, "phases": 13, "profile": 7,
+             "ncu": 5, "report": 9},
     models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=4,
     teardown_s=2.5,
     phases_args=("--model", TINY_MODEL, "--prompt", "16", "--batch", "1", "2", "--context", "32", "--chunk", "8",
