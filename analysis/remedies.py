@@ -54,15 +54,16 @@ def remedy_lines(tables: dict, targets=USER_TARGETS) -> list[str]:
                f"{int(first['context'])} (decode-only ITL {first['decode_only_ms']:.4g} ms): chunking, protection or "
                "separation?", shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
     for target in targets:
-        meets = table[f"meets_{target:g}"]
-        kept = table[meets.fillna(False).astype(bool) & (table["remedy"] != "none")]
-        lost = table[(meets == False) & (table["remedy"] != "none")]  # noqa: E712 (NA stays out)
-        unknown = table[meets.isna()]
-        bare = table[table["remedy"] == "none"]
-        bare_says = "keeps" if bare[f"meets_{target:g}"].fillna(False).astype(bool).any() else "misses"
-        line = (f"{target:g} tok/s per user: kept by {_names(kept)}; not by {_names(lost)}; co-located with no remedy "
-                f"{bare_says} it")
-        if len(unknown):
-            line += f"; not measured: {', '.join(unknown['option'])}"
+        meets = [None if pd.isna(m) else bool(m) for m in table[f"meets_{target:g}"]]
+        remedy = (table["remedy"] != "none").to_numpy()
+        kept = table[np.array([m is True for m in meets], dtype=bool) & remedy]
+        lost = table[np.array([m is False for m in meets], dtype=bool) & remedy]
+        line = f"{target:g} tok/s per user: kept by {_names(kept)}; not by {_names(lost)}"
+        bare = [m for m, r in zip(meets, remedy, strict=True) if not r and m is not None]
+        if bare:
+            line += f"; co-located with no remedy {'keeps' if any(bare) else 'misses'} it"
+        unknown = [o for o, m in zip(table["option"], meets, strict=True) if m is None]
+        if unknown:
+            line += f"; not measured: {', '.join(unknown)}"
         out.append(line)
     return out

@@ -50,3 +50,12 @@ def test_an_unmeasured_protection_is_said_so():
 
 def test_nothing_without_the_colocated_table():
     assert remedy_lines({"chunked": designed()["chunked"]}) == []
+
+
+def test_a_composition_with_nothing_measured_says_so_for_every_option():
+    tables = designed()
+    tables["colocated"]["itl_ms"] = np.nan
+    tables["chunked"]["itl_ms"] = np.nan
+    three = next(line for line in remedy_lines(tables) if line.startswith("3 tok/s"))
+    assert three == ("3 tok/s per user: kept by none; not by none; not measured: separated, co-located, protected, "
+                     "chunked C=125, chunked C=500")
