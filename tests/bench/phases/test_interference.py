@@ -68,11 +68,12 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     assert set(protected["decode_cpus"]).isdisjoint(set(protected["prefill_cpus"]))
 
 
-def _judgeable(rows, *modes) -> list[int]:
-    """The batches whose LARGE-prompt rows of these modes were sampled while other processes left us a core: beyond
-    that, a two-thread step waits at every barrier for a thread the scheduler gave away, co-runner or not, and the
-    stretch is the scheduler's (a load average of 8 on this 2-core host read 0.94). None: the test skips, saying so."""
-    found = {b: max(_row(rows, b, LARGE, m)["others_cores"] for m in ("alone", *modes)) for b in (1, 3)}
+def _judgeable(rows) -> list[int]:
+    """The batches whose LARGE-prompt alone and co-located rows were sampled while other processes left us a core:
+    beyond that, a two-thread step waits at every barrier for a thread the scheduler gave away, co-runner or not,
+    and the stretch is the scheduler's (a load average of 8 on this 2-core host read 0.94). None: the test skips,
+    saying so."""
+    found = {b: max(_row(rows, b, LARGE, m)["others_cores"] for m in ("alone", "colocated")) for b in (1, 3)}
     quiet = [b for b, others in found.items() if not others >= BUSY]
     if not quiet:
         pytest.skip(f"other processes used {min(found.values()):.2f} of the 2 CPUs in every window: nothing to judge")
@@ -82,15 +83,17 @@ def _judgeable(rows, *modes) -> list[int]:
 def test_a_large_prefill_beside_the_decode_stretches_it(host_run):
     # both sides use every core: the decode's threads share them with the prefill's, about half the CPU each
     rows = host_run[-1]
-    for batch in _judgeable(rows, "colocated"):
+    for batch in _judgeable(rows):
         colocated = _row(rows, batch, LARGE, "colocated")
         assert colocated["stretch"] > 1.3, colocated[["stretch", "others_cores", "noise_reason"]].to_dict()
 
 
 def test_disjoint_cores_protect_the_decode(host_run):
-    # a broken pinning would leave the two sides oversubscribing the same cores: the stretch of colocated
+    # broken placements would leave the two sides oversubscribing the same cores: the stretch of colocated. Judged
+    # under any load: a one-thread step on a core of its own stays well under two threads sharing theirs with the
+    # prefill's (under load averages of 5 to 8, protected read 0.03-0.42 of colocated in 16 of 16 rows)
     rows = host_run[-1]
-    for batch in _judgeable(rows, "colocated", "protected"):
+    for batch in (1, 3):
         colocated, protected = _row(rows, batch, LARGE, "colocated"), _row(rows, batch, LARGE, "protected")
         assert protected["stretch"] < 0.8 * colocated["stretch"], (protected["stretch"], colocated["stretch"])
 
