@@ -91,7 +91,7 @@ def test_a_large_prefill_beside_the_decode_stretches_it(host_run):
 def test_disjoint_cores_protect_the_decode(host_run):
     # broken placements would leave the two sides oversubscribing the same cores: the stretch of colocated. Judged
     # under any load: a one-thread step on a core of its own stays well under two threads sharing theirs with the
-    # prefill's (under load averages of 5 to 8, protected read 0.03-0.42 of colocated in 16 of 16 rows)
+    # prefill's (under load averages of 5 to 8, protected read 0.02-0.42 of colocated in 16 of 16 rows)
     rows = host_run[-1]
     for batch in (1, 3):
         colocated, protected = _row(rows, batch, LARGE, "colocated"), _row(rows, batch, LARGE, "protected")
