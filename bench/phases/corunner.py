@@ -223,15 +223,17 @@ class ProcessCoRunner:
         return spans, begun
 
     def close(self) -> None:
+        """Ask the process to end, and end it (SIGTERM, then SIGKILL) if it has not within a second or two."""
         if self._process.is_alive():
             try:
                 self._conn.send(("close",))
-                self._process.join(5)
+                self._process.join(2)
             except OSError:
                 pass
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        for end in (self._process.terminate, self._process.kill):
+            if self._process.is_alive():
+                end()
+                self._process.join(2)
 
 
 # ---- a second CUDA stream of this process ----------------------------------------------------------------------

@@ -272,7 +272,13 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     say = cfg.on_line or (lambda line: None)
     modes, skipped = plan_modes(cfg.device, allowed_cpus())
-    run_id, before = new_run_id(), snapshot(cfg.device)
+    meta = run_metadata(cfg.device)  # before measuring: a budget's interrupt leaves time only for writing
+    meta.update(interference_schema=INTERFERENCE_SCHEMA, kind="interference", run_id=new_run_id(),
+                model=dataclasses.asdict(cfg.model), layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts,
+                batches=cfg.batches, context=cfg.context, window_s=cfg.window_s, rounds=cfg.rounds,
+                noise=NOISE_RULE, modes=[{"mode": m.name, "mechanism": m.mechanism, "decode": m.decode.describe(),
+                                          "prefill": m.prefill.describe() if m.runner else ""} for m in modes],
+                skipped={f"{n}/{m}": why for (n, m), why in skipped.items()}, state_before=snapshot(cfg.device))
     windows: dict[tuple, list[Window]] = defaultdict(list)
     alone_prefill: dict[tuple, list[float]] = defaultdict(list)
     errors: dict[tuple, str] = {}
@@ -301,27 +307,24 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     except KeyboardInterrupt:  # stopped (a budget's SIGINT): the windows measured so far make the rows
         interrupted = True
         say("interrupted: the rows hold the windows measured so far")
+    except BaseException:
+        if session is not None:
+            session.close()
+        raise
+    try:  # written before the co-runners are closed, which takes seconds
+        for key in ((b, p, m.key) for b in cfg.batches for p in cfg.prompts for m in modes):
+            if interrupted and not windows.get(key):
+                errors.setdefault(key, "not measured: interrupted")
+        rows = [row for batch in cfg.batches for prompt in cfg.prompts
+                for row in mode_rows(cfg, modes, skipped, batch, prompt, windows, alone_prefill, errors)]
+        stamp = now()
+        table = conform_interference(pd.DataFrame([{"run_id": meta["run_id"], "time": stamp, **r} for r in rows]))
+        table.to_csv(cfg.out_dir / CSV_NAME, index=False)
+        meta.update(interrupted=interrupted, state_after=snapshot(cfg.device))
+        (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
     finally:
         if session is not None:
             session.close()
-    for key in ((b, p, m.key) for b in cfg.batches for p in cfg.prompts for m in modes):
-        if interrupted and not windows.get(key):
-            errors.setdefault(key, "not measured: interrupted")
-    rows = [row for batch in cfg.batches for prompt in cfg.prompts
-            for row in mode_rows(cfg, modes, skipped, batch, prompt, windows, alone_prefill, errors)]
-    stamp = now()
-    table = conform_interference(pd.DataFrame([{"run_id": run_id, "time": stamp, **row} for row in rows]))
-    table.to_csv(cfg.out_dir / CSV_NAME, index=False)
-    meta = run_metadata(cfg.device)
-    meta.update(interference_schema=INTERFERENCE_SCHEMA, kind="interference", run_id=run_id,
-                model=dataclasses.asdict(cfg.model), layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts,
-                batches=cfg.batches, context=cfg.context, window_s=cfg.window_s, rounds=cfg.rounds,
-                noise=NOISE_RULE, interrupted=interrupted,
-                modes=[{"mode": m.name, "mechanism": m.mechanism, "decode": m.decode.describe(),
-                        "prefill": m.prefill.describe() if m.runner else ""} for m in modes],
-                skipped={f"{n}/{m}": why for (n, m), why in skipped.items()},
-                state_before=before, state_after=snapshot(cfg.device))
-    (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
     table.attrs["interrupted"] = interrupted
     return table
 

@@ -77,8 +77,8 @@ GPU = SelfcheckPlan(
 # The dry run on a host without CUDA: the same steps at host sizes, under two minutes on 2 cores.
 HOST = SelfcheckPlan(
     name="host-dry-run", device="cpu", dtype="float32", total_s=118,
-    budgets={"env": 6, "tests": 14, "ceilings": 6, "suites": 43, "interference": 10, "phases": 13, "profile": 7,
-             "ncu": 5, "report": 9},
+    budgets={"env": 6, "tests": 15, "ceilings": 6, "suites": 47, "interference": 8, "phases": 13, "profile": 7,
+             "ncu": 5, "report": 6},
     models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=4,
     teardown_s=2.5,
     phases_args=("--model", TINY_MODEL, "--prompt", "16", "--batch", "1", "2", "--context", "32", "--chunk", "8",
@@ -86,6 +86,6 @@ HOST = SelfcheckPlan(
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,
-    interference_args=("--model", TINY_MODEL, "--prompt", "16", "64", "--batch", "2", "--context", "32", "--layers",
-                       "1", "--window", "0.1", "--rounds", "1"),
+    interference_args=("--model", TINY_MODEL, "--prompt", "16", "--batch", "2", "--context", "32", "--layers", "1",
+                       "--window", "0.1", "--rounds", "1"),
 )
