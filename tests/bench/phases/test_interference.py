@@ -14,11 +14,13 @@ from phasebench.analysis import load_interference
 from phasebench.bench.cli.main import main
 from phasebench.bench.phases import corunner
 from phasebench.bench.phases.corunner import CoRunnerError, Placement, PrefillSpec, ProcessCoRunner, split_cpus
-from phasebench.bench.phases.interference import InterferenceConfig, plan_modes, run_interference
+from phasebench.bench.phases.interference import HOST_MODEL, InterferenceConfig, plan_modes, run_interference
 from phasebench.bench.spec.interference import INTERFERENCE_COLUMNS, MODES
 from phasebench.bench.spec.models import DecoderConfig
 
-TINY = "name=interference-test,hidden=256,intermediate=768,layers=2,q_heads=4,kv_heads=2,head_dim=64,vocab=1000"
+# the host preset (hidden 512, 2 layers): big enough that both sides' ops use both cores (a hidden-256 decoder's
+# single-thread-sized ops left the two on a core each, stretch 1.28 on a quiet host)
+TINY = HOST_MODEL
 SMALL_MODEL = DecoderConfig(hidden=64, intermediate=96, layers=2, q_heads=2, kv_heads=1, head_dim=32, vocab=50,
                             name="interference-small")
 CPU = torch.device("cpu")
