@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
     report.add_argument("results", nargs="*", help="run folders, results files or pytest-benchmark JSON; a "
-                                                   "`phasebench phases` folder adds a Phases section "
+                                                   "`phasebench phases` folder adds a Phases section, a `phasebench "
+                                                   "interference` folder an Interference section "
                                                    "(default: every folder under ./results/)")
     report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
     report.add_argument("--include-profiled", action="store_true",
