@@ -3,6 +3,8 @@
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .compare import compare, regressions, with_samples
 from .compare_output import comparison_figure
+from .interference import interference_summary, load_interference
+from .interference_plots import stretch_figure, user_rate_figure, write_interference_figures
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
 from .phase_plots import phase_comparison, tokens_per_second
@@ -10,12 +12,12 @@ from .phases import (
     chunk_figure,
     decode_breakdown_figure,
     decode_figure,
-    load_phases,
     phases_summary,
     reference_table,
     ttft_figure,
     write_phase_figures,
 )
+from .phases_folder import load_phases
 from .report import (
     Headline,
     correctness_table,
@@ -44,11 +46,13 @@ __all__ = [
     "decode_figure",
     "decode_scaling",
     "headline",
+    "interference_summary",
     "layer_tokens_per_second",
     "layer_tokens_per_second_table",
     "linear_crossings",
     "linear_sweep",
     "load",
+    "load_interference",
     "load_phases",
     "load_profile",
     "phase_comparison",
@@ -63,9 +67,12 @@ __all__ = [
     "speedup",
     "speedup_table",
     "status_table",
+    "stretch_figure",
     "summary_table",
     "tokens_per_second",
     "ttft_figure",
+    "user_rate_figure",
+    "write_interference_figures",
     "write_report",
     "with_samples",
 ]

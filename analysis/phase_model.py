@@ -16,6 +16,7 @@ from ..bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
+USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 
 
 @dataclass
@@ -168,13 +169,13 @@ def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, 
 
 
 def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batches, *, ttft_s: float = 3.0,
-                       user_tokens_per_s=(3.0, 10.0)) -> pd.DataFrame:
+                       user_tokens_per_s=None) -> pd.DataFrame:
     """Per prompt length and per-user rate target: the largest measured batch whose TTFT (the prompt alone)
     is within `ttft_s` and whose decode at context = prompt gives each user at least the target tokens/s."""
     rows = []
     for prompt in prompts:
         first = ttft(measured, config, prompt).total_ms
-        for target in user_tokens_per_s:
+        for target in user_tokens_per_s or USER_TARGETS:
             ok = [b for b in batches
                   if first <= 1e3 * ttft_s and 1e3 / tpot(measured, config, b, prompt).total_ms >= target]
             rows.append({"prompt": prompt, "ttft_ms": first, "ttft_target_s": ttft_s,
@@ -185,3 +186,53 @@ def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batch
 def model_error(composed_ms: float, measured_ms: float) -> float:
     """Relative error of the composition against the measured forward pass, in percent."""
     return 100 * (composed_ms - measured_ms) / measured_ms
+
+
+COLOCATED_COLUMNS = ("option", "prompt", "decode_batch", "context", "decode_only_ms", "itl_ms", "stretch",
+                     "tokens_per_s_per_user", "ttft_ms", "source")
+
+
+def measured_stretch(interference: pd.DataFrame | None, *, model: str, dtype: str, batch: int, prompt: int,
+                     context: int, mode: str) -> dict | None:
+    """The worst ok, quiet `mode` row of `phasebench interference` rows for this decode and prompt (over its
+    mechanisms): stretch, prefill_slowdown and a label; None where none was measured."""
+    if interference is None or not len(interference):
+        return None
+    rows = interference[(interference["status"] == "ok") & (interference["mode"] == mode)
+                        & (interference["model"] == model) & (interference["dtype"] == dtype)
+                        & (interference["batch"] == batch) & (interference["prompt"] == prompt)
+                        & (interference["context"] == context) & ~interference["noisy"].fillna(False).astype(bool)]
+    if rows.empty:
+        return None
+    worst = rows.loc[rows["stretch"].astype(float).idxmax()]
+    return {"stretch": float(worst["stretch"]), "prefill_slowdown": float(worst["prefill_slowdown"]),
+            "source": f"measured: {mode}/{worst['mechanism']} on {worst['device']}"}
+
+
+def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, decode_batch: int, context: int,
+                    interference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The prompt beside a running decode batch without chunking, next to the chunked table: separated (the
+    prefill on another device: the decode-only step), co-located and protected. Co-located is measured where
+    `phasebench interference` rows of this model, dtype, batch, prompt and context are given, else composed as a
+    fair share: while both run, each decode step yields up to its own length to the prefill (ITL = TPOT +
+    min(TPOT, TTFT)) and the prefill gets half the device (TTFT doubles). Protected is measured or unknown."""
+    first = ttft(measured, config, prompt).total_ms
+    step = tpot(measured, config, decode_batch, context).total_ms
+    found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context)
+    options = [("separated", step, first, "composed: the prefill on another device")]
+    colocated = measured_stretch(interference, mode="colocated", **found)
+    if colocated is None:
+        options.append(("co-located", step + min(step, first), 2 * first, "fair share (composed)"))
+    else:
+        options.append(("co-located", step * colocated["stretch"], first * colocated["prefill_slowdown"],
+                        colocated["source"]))
+    protected = measured_stretch(interference, mode="protected", **found)
+    if protected is None:
+        options.append(("protected", np.nan, np.nan, "not measured (phasebench interference)"))
+    else:
+        options.append(("protected", step * protected["stretch"], first * protected["prefill_slowdown"],
+                        protected["source"]))
+    rows = [{"option": name, "prompt": prompt, "decode_batch": decode_batch, "context": context,
+             "decode_only_ms": step, "itl_ms": itl, "stretch": itl / step, "tokens_per_s_per_user": 1e3 / itl,
+             "ttft_ms": when, "source": source} for name, itl, when, source in options]
+    return pd.DataFrame(rows, columns=list(COLOCATED_COLUMNS))

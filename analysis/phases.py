@@ -1,8 +1,7 @@
-"""A `phasebench phases` folder: loading its tables, the TTFT / decode / chunking / breakdown figures, the summary."""
+"""A `phasebench phases` folder's TTFT / decode / chunking / breakdown figures and its summary."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,77 +10,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ._figures import SERIES_GID, floats, new_figure, no_data
-from .load import DataFileError
-from .phase_model import SATURATION_MARGIN
+from .phase_model import SATURATION_MARGIN, USER_TARGETS
+from .phases_folder import as_bool
+from .remedies import remedy_lines
 
-# What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
-TABLES = {
-    "prefill": ("prompt", "ttft_ms", "prompt_tokens_per_s", "missing"),
-    "decode": ("batch", "context", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "missing", "saturated"),
-    "chunked": ("chunk", "prompt", "decode_batch", "context", "steps", "ttft_ms", "itl_ms", "itl_max_ms",
-                "decode_only_ms", "itl_increase_pct", "unchunked_ttft_ms", "chunking_cost_pct", "missing"),
-    "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
-    "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
-    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "error_pct", "left_out"),
-}
-META = "phases.json"
-USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",
                "head": "head (lm_head + pick)"}
 GAP_LABEL = "launch gaps and the rest"
 PART_COLORS = {"weights": "#1f77b4", "attention": "#d62728", "elementwise": "#2ca02c", "head": "#9467bd",
                "gap": "#bbbbbb"}
-
-
-def load_phases(path) -> dict[str, pd.DataFrame]:
-    """The tables of a `phasebench phases --out DIR` folder (or its phases.json) by name, phases.json under "meta".
-
-    A missing folder or file raises FileNotFoundError, a malformed one DataFileError; one line, led by the path."""
-    folder = Path(path)
-    if folder.name == META and folder.is_file():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder (expected the --out folder of `phasebench phases`)")
-    tables: dict = {"meta": _read_meta(folder / META)}
-    for name, columns in TABLES.items():
-        tables[name] = _read_table(folder / f"{name}.csv", columns)
-    if "saturated" in tables["decode"]:
-        tables["decode"]["saturated"] = tables["decode"]["saturated"].map(_as_bool)
-    return tables
-
-
-def _read_meta(path: Path) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it beside the tables)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise DataFileError(f"{path}: not valid JSON ({' '.join(str(error).split())})") from None
-    if not isinstance(meta, dict):
-        raise DataFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    return meta
-
-
-def _read_table(path: Path, columns) -> pd.DataFrame:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it)")
-    try:
-        table = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise DataFileError(f"{path}: file is empty") from None
-    except Exception as error:  # the CSV parser raises many types
-        raise DataFileError(f"{path}: cannot be read as CSV ({type(error).__name__}: "
-                            f"{' '.join(str(error).split())})") from None
-    lacking = [name for name in columns if name not in table.columns]
-    if lacking:
-        raise DataFileError(f"{path}: missing column(s) {', '.join(lacking)}")
-    return table
-
-
-def _as_bool(value) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1")
-    return bool(value) if pd.notna(value) else False
 
 
 # ---------------------------------------------------------------- figures
@@ -114,7 +51,9 @@ def _log2_batches(ax, values) -> None:
 
 
 def _plain_log(ax) -> None:
-    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1)."""
+    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1); linear while nothing is positive."""
+    if not any((np.asarray(line.get_ydata(), float) > 0).any() for line in ax.get_lines()):
+        return  # every point missing (noisy rows left out): matplotlib refuses to log-scale nothing
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labels some minor ticks on a short range
@@ -168,7 +107,7 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     twin.plot(batches, floats(table["tokens_per_s"]), marker="s", color="#ff7f0e", gid=SERIES_GID,
               label="output tokens/s")
     twin.set_ylabel("output tokens/s (batch / TPOT)", color="#ff7f0e")
-    saturated = table[table["saturated"].map(_as_bool)]
+    saturated = table[table["saturated"].map(as_bool)]
     if len(saturated):
         knee = float(saturated["batch"].iloc[0])
         ax.axvline(knee, color="0.35", linestyle="--", linewidth=1, gid="saturation")
@@ -349,8 +288,8 @@ def phases_summary(tables: dict) -> str:
                                                                         "noisy_left_out"))]
     if not _empty(tables, "decode"):
         decode = tables["decode"].sort_values("batch")
-        marked = decode.assign(saturated=["<- saturates" if _as_bool(s) else "" for s in decode["saturated"]])
-        knee = decode.loc[decode["saturated"].map(_as_bool), "batch"]
+        marked = decode.assign(saturated=["<- saturates" if as_bool(s) else "" for s in decode["saturated"]])
+        knee = decode.loc[decode["saturated"].map(as_bool), "batch"]
         state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
                 _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated",
@@ -364,6 +303,7 @@ def phases_summary(tables: dict) -> str:
                     f"{_number(first['decode_only_ms'])} ms):",
                 _text(chunked, ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct",
                                 "chunking_cost_pct"))]
+    out += remedy_lines(tables)
     if not _empty(tables, "interactive"):
         limits = tables["interactive"]
         wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",

@@ -4,7 +4,7 @@ spec/         the torch-free spec shared with analysis: result schema, model pre
 instruments/  timers, the correctness gate, measured ceilings, host and GPU conditions, contention, device memory
 ops/          one package per operator: case type, cost, inputs, reference, baseline, memory charge, its record
 sweep/        the one measuring path, the runner and its store, suites, selection, shards, Ray, child processes
-phases/       the phase model's measuring side: `phasebench phases` and the reference decoder
+phases/       the phase model's measuring side: `phasebench phases`, the reference decoder, `phasebench interference`
 session/      the GPU session: self-check, wheels, Hopper builds, the ncu target, cross-checks
 cli/          the `phasebench` command line, the one place that wires bench, kernels, profiles and analysis
 

@@ -11,6 +11,7 @@ from ..linear_plots import linear_crossings
 from ..phases import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
+from .interference_section import interference_section
 from .tables import (
     above_roof_rows,
     correctness_table,
@@ -210,6 +211,7 @@ SECTIONS = [
     headline_section,
     figures_section,
     phases_section,
+    interference_section,
     linear_section,
     comparison_section,
     summary_section,

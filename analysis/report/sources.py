@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...bench.spec.schema import conform
+from ..interference import load_interference
 from ..load import load
-from ..phases import META as PHASES_META
-from ..phases import load_phases
+from ..phases_folder import META as PHASES_META
+from ..phases_folder import load_phases
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,14 @@ def _is_phases(path: Path) -> bool:
     return (path / PHASES_META).is_file() or (path.name == PHASES_META and path.is_file())
 
 
+def _is_interference(path: Path) -> bool:
+    return (path / "interference.csv").is_file() or (path.name == "interference.csv" and path.is_file())
+
+
 # One more kind is one more line here (and a section that reads `sources.of(kind)`), before "results".
 KINDS: list[Kind] = [
     Kind("phases", _is_phases, read=load_phases),
+    Kind("interference", _is_interference, read=load_interference, rows=False),  # its rows are its own section's
     Kind("results", lambda path: True, comparable=True),  # run folders, results files, pytest-benchmark JSON
 ]
 
@@ -76,7 +83,7 @@ def read_sources(*paths) -> Sources:
             found.setdefault(kind.name, []).append(kind.read(path))
         if kind.rows:
             with_rows.append(path.parent if path.is_file() and kind.read is not None else path)
-    rows = load(*with_rows) if with_rows else pd.DataFrame(columns=["status"])
+    rows = load(*with_rows) if with_rows else conform(pd.DataFrame())  # e.g. only interference folders
     return Sources(rows=rows, found=found, paths=sorted_paths)
 
 

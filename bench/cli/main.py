@@ -26,6 +26,7 @@ from ..sweep.selection import (
     resolve_impls,
 )
 from . import STARTED
+from .interference import add_interference_verb
 from .results import cmd_compare, cmd_phases, cmd_report
 from .session import add_session_verbs
 from .sweeps import cmd_merge, cmd_run_ray, shard_of_run
@@ -252,8 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=cmd_profile)
 
     report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
-    report.add_argument("results", nargs="*", help="run folders, results files, pytest-benchmark JSON and "
-                                                   "`phasebench phases` folders, in any mix "
+    report.add_argument("results", nargs="*", help="run folders, results files, pytest-benchmark JSON, "
+                                                   "`phasebench phases` and `phasebench interference` folders, in "
+                                                   "any mix "
                                                    "(default: every folder under ./results/)")
     report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
     report.add_argument("--include-profiled", action="store_true",
@@ -288,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the scenarios that need them left blank), time kept for the reference and tables")
     add_isolation_arguments(phases)
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
+    phases.add_argument("--interference", nargs="+", metavar="DIR",
+                        help="`phasebench interference` folders: their measured stretches replace the co-located "
+                             "estimate and give the protected one")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
     phases.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")
@@ -318,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     ceil.add_argument("--json", action="store_true", help="print one JSON object")
     ceil.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     ceil.set_defaults(func=cmd_ceilings)
+    add_interference_verb(verbs)
     add_session_verbs(verbs)
     return parser
 

@@ -70,13 +70,17 @@ def cmd_phases(args) -> int:
     cfg.time_budget_s, cfg.started = args.time_budget, STARTED
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
-    if args.reuse:
-        from ...analysis import load
+    try:
+        if args.reuse:
+            from ...analysis import load
 
-        try:
             reuse = load(*args.reuse)
-        except (ValueError, FileNotFoundError) as err:
-            raise UsageError(str(err).splitlines()[0]) from None
+        if args.interference:
+            from ...analysis.interference import load_interference
+
+            cfg.interference = load_interference(*args.interference)
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageError(str(err).splitlines()[0]) from None
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}) -> {out}", file=sys.stderr)
     tables = run_phases(cfg, reuse)
     from ...analysis.phases import phases_summary, write_phase_figures

@@ -107,8 +107,8 @@ def add_session_verbs(verbs) -> None:
                        help=f"total seconds (default {GPU.total_s:g} on a GPU, {HOST.total_s:g} for the dry run); "
                             "every step scaled alike")
     check.add_argument("--steps", nargs="+", metavar="STEP",
-                       help="only these steps (env tests ceilings suites phases profile ncu report), e.g. to rerun "
-                            "what failed")
+                       help="only these steps (env tests ceilings suites interference phases profile ncu report), e.g. "
+                            "to rerun what failed")
     check.add_argument("--tests", metavar="DIR", help="the tests folder (default: ./tests of a checkout)")
     check.add_argument("--work", metavar="DIR", help="where the steps write (default: a new temporary folder)")
     check.add_argument("--verbose", action="store_true", help="echo every step's output (always in the log)")

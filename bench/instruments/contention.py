@@ -54,6 +54,8 @@ class HostReading:
     procs_running: int | None = None  # runnable tasks on the whole host, this reader included
     own_running: int | None = None  # of which our threads
     torch_threads: int = 1
+    companion_cpu_s: float = 0.0  # CPU time of the co-runner processes we started on purpose (interference)
+    companions: int = 0  # how many there are
 
 
 def _allowed_cpus() -> set[int]:
@@ -104,17 +106,43 @@ def _own_threads() -> tuple[float | None, int | None]:
     return (wait_ns / 1e9 if readable else None), running
 
 
-def read_host() -> HostReading:
-    cpus = _allowed_cpus()
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of every live thread of process `pid` (schedstat, ns), else its utime + stime (ticks); 0 when
+    it is gone."""
+    total, readable = 0, False
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+                readable = True
+            except (OSError, ValueError, IndexError):
+                continue
+    if readable:
+        return total / 1e9
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def read_host(cpus: set[int] | None = None, companions: tuple[int, ...] = ()) -> HostReading:
+    """A look at the host over `cpus` (default: those this thread may run on); the CPU time of `companions` (pids
+    of co-runners started on purpose) is kept apart, so that it never counts as others'."""
+    cpus = _allowed_cpus() if cpus is None else cpus
     wait_s, own_running = _own_threads()
     busy, steal, running = _proc_stat(cpus)
     return HostReading(wall_s=time.perf_counter(), cpus=len(cpus), busy_ticks=busy, steal_ticks=steal,
                        own_cpu_s=time.process_time(), wait_s=wait_s, procs_running=running,
-                       own_running=own_running, torch_threads=torch.get_num_threads())
+                       own_running=own_running, torch_threads=torch.get_num_threads(),
+                       companion_cpu_s=sum(process_cpu_s(pid) for pid in companions), companions=len(companions))
 
 
-def running_others(limit: int = 3) -> list[str]:
-    """User processes other than this one that are runnable now, as 'name (pid N)'."""
+def running_others(limit: int = 3, exclude: tuple[int, ...] = ()) -> list[str]:
+    """User processes other than this one (and `exclude`) that are runnable now, as 'name (pid N)'."""
     found = []
     me = os.getpid()
     with contextlib.suppress(OSError):
@@ -126,7 +154,8 @@ def running_others(limit: int = 3) -> list[str]:
                 continue
             close = stat.rindex(")")
             fields = stat[close + 2:].split()
-            if int(pid) != me and fields[0] == "R" and fields[1] != "2":  # ppid 2: kernel threads
+            ours = int(pid) == me or int(pid) in exclude
+            if not ours and fields[0] == "R" and fields[1] != "2":  # ppid 2: kernel threads
                 name = " ".join(stat[stat.index("(") + 1:close].split())  # a name may hold any character
                 found.append(f"{name} (pid {pid})")
             if len(found) >= limit:
@@ -143,11 +172,16 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
 
     shares_memory: the device measured is the host itself, so other processes busy on its other cores slow a
     case through the shared caches and memory bandwidth even when our threads never wait for a CPU (a
-    single-threaded case, Triton's interpreter): their CPU share alone flags the window."""
+    single-threaded case, Triton's interpreter): their CPU share alone flags the window.
+    With companions (co-runners started on purpose), their CPU time counts as ours and our threads' waiting is
+    their doing: only the CPU that other processes used flags the window."""
     hz = hz or os.sysconf("SC_CLK_TCK")
     wall = max(after.wall_s - before.wall_s, 1e-9)
-    own = after.own_cpu_s - before.own_cpu_s
+    companion = max(0.0, after.companion_cpu_s - before.companion_cpu_s)
+    own = after.own_cpu_s - before.own_cpu_s + companion
     stats: dict = {"window_s": round(wall, 4), "cpus": after.cpus, "own_cores": round(own / wall, 3)}
+    if after.companions:
+        stats["companion_cores"] = round(companion / wall, 3)
     other_cores = other_low = None
     if before.busy_ticks is not None and after.busy_ticks is not None:
         other = max(0.0, (after.busy_ticks - before.busy_ticks) / hz - own)
@@ -164,7 +198,9 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
     if runnable:
         stats["others_runnable"] = max(runnable)
     others_busy = other_low is not None and other_low >= OTHER_CORES_LIMIT
-    if wait is not None:
+    if after.companions:
+        contended = others_busy
+    elif wait is not None:
         contended = wait >= WAIT_LIMIT or (shares_memory and others_busy)
     elif other_cores is not None:  # no schedstat: others were busy and the CPUs had no room left
         contended = others_busy and own / wall + other_cores >= after.cpus - SATURATION_SLACK
@@ -177,7 +213,7 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
         steal = stats["steal_cores"]
         stolen = f" ({steal:.2f} of it taken by the hypervisor)" if steal >= other_cores / 2 else ""
         parts.append(f"other processes used {other_cores:.2f} of {after.cpus} CPUs while sampling{stolen}")
-    if wait is not None and wait >= WAIT_LIMIT:
+    if wait is not None and wait >= WAIT_LIMIT and not after.companions:
         parts.append(f"our threads waited {wait:.2f} s per s for a CPU")
     elif others_busy and shares_memory:
         parts.append("sharing the caches and memory bandwidth")
@@ -188,8 +224,21 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
     return f"{HOST_CAUSE}: " + ", ".join(parts), stats
 
 
-def judge_gpu(before: GpuReading | None, after: GpuReading | None) -> tuple[list[str], dict]:
-    """GPU reasons (other compute processes, throttling) and the figures, from readings around a window."""
+def without_companions(pids: tuple[int, ...], companions: tuple[int, ...]) -> tuple[int, ...]:
+    """Other compute processes less our co-runners: by pid, or where none of them is listed (nvidia-smi in a
+    container may list host pids), as many of the highest pids as there are co-runners (they started after us)."""
+    if not companions:
+        return tuple(pids)
+    listed = [p for p in pids if p not in companions]
+    if len(listed) < len(pids):
+        return tuple(listed)
+    return tuple(sorted(pids)[:max(0, len(pids) - len(companions))])
+
+
+def judge_gpu(before: GpuReading | None, after: GpuReading | None,
+              companions: tuple[int, ...] = ()) -> tuple[list[str], dict]:
+    """GPU reasons (other compute processes, throttling) and the figures, from readings around a window; the
+    co-runner processes in `companions` are not others."""
     stats: dict = {}
     reasons: list[str] = []
     readings = [r for r in (before, after) if r is not None]
@@ -197,7 +246,7 @@ def judge_gpu(before: GpuReading | None, after: GpuReading | None) -> tuple[list
         return reasons, stats
     last = readings[-1]
     stats.update(gpu_source=last.source, sm_mhz=last.sm_mhz, max_sm_mhz=last.max_sm_mhz)
-    pids = sorted({p for r in readings if r.other_pids for p in r.other_pids})
+    pids = sorted({p for r in readings if r.other_pids for p in without_companions(r.other_pids, companions)})
     stats["gpu_other_pids"] = pids
     if pids:
         shown = ", ".join(map(str, pids[:4])) + (" ..." if len(pids) > 4 else "")
@@ -228,8 +277,9 @@ class Watch:
 class ContentionProbe:
     """Watches each case's sampling window on the host, and on the GPU for a CUDA device. Never raises."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, cpus: set[int] | None = None):
         self.device = torch.device(device)
+        self.cpus = cpus  # the CPUs to watch (default: those the calling thread may run on at each reading)
         self._last_gpu: GpuReading | None = None
         self._gpu_readable = self.device.type == "cuda"  # cleared after the first reading that finds nothing
 
@@ -248,25 +298,27 @@ class ContentionProbe:
         return self._last_gpu
 
     @contextlib.contextmanager
-    def watch(self) -> Iterator[Watch]:
+    def watch(self, companions: tuple[int, ...] = ()) -> Iterator[Watch]:
+        """The verdict on the block; `companions`: pids of co-runners started on purpose, whose use of the CPUs
+        and the GPU is not contention."""
         result = Watch()
         gpu_before = self._gpu(fresh_only=False)
-        before = read_host()
+        before = read_host(self.cpus, companions)
         try:
             yield result
         finally:
             try:
-                after = read_host()  # time_call has synchronised the device
-                self._judge(result, before, after, gpu_before, self._gpu(fresh_only=True))
+                after = read_host(self.cpus, companions)  # time_call has synchronised the device
+                self._judge(result, before, after, gpu_before, self._gpu(fresh_only=True), companions)
             except Exception as err:  # a probe failure must not fail the case it watches
                 result.stats["probe_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
 
     def _judge(self, result: Watch, before: HostReading, after: HostReading,
-               gpu_before: GpuReading | None, gpu_after: GpuReading | None) -> None:
+               gpu_before: GpuReading | None, gpu_after: GpuReading | None, companions: tuple[int, ...] = ()) -> None:
         host_reason, stats = judge_host(before, after, shares_memory=self.device.type == "cpu")
-        gpu_reasons, gpu_stats = judge_gpu(gpu_before, gpu_after)
+        gpu_reasons, gpu_stats = judge_gpu(gpu_before, gpu_after, companions)
         if host_reason:
-            names = running_others()
+            names = running_others(exclude=companions)
             if names:
                 host_reason += f" (running: {', '.join(names)})"
         reasons = [host_reason] * bool(host_reason) + gpu_reasons

@@ -128,15 +128,25 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
-              cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None) -> Timing:
+              cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
+              stream: torch.cuda.Stream | None = None) -> Timing:
     """CUDA events around each call; an L2 flush (outside the events) before each one.
 
     range_name: NVTX range (with payload) around the samples only, after warm-up and graph capture,
     closed once the last sample has finished on the GPU; each flush sits in a nested 'l2flush' range.
     With several calls each is taken in turn (each captured in a graph of its own with cuda_graph); the last
     output kept is the last call's, or the graph's output after its last replay.
+    stream: run, record and wait on that stream only (a call timed beside work on other streams); by default the
+    current stream, and waits synchronise the whole device.
     """
-    sync = torch.cuda.synchronize
+    if stream is not None:
+        with torch.cuda.stream(stream):
+            return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize)
+    return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize)
+
+
+def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | None, payload,
+               sync: Callable[[], None]) -> Timing:
     calls = _calls(fn)
     per_call, _ = _warm_up(calls, cfg, sync)
     runs, static = calls, [None] * len(calls)
@@ -176,9 +186,10 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
 
 def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
-              evict: Callable[[], None] | None = None) -> Timing:
+              evict: Callable[[], None] | None = None, stream=None) -> Timing:
     """Time `fn` (or several equivalent calls in turn) on the device its tensors live on; range_name (if given) is
-    the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2)."""
+    the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2);
+    `stream`: a CUDA stream to time on alone (see time_cuda)."""
     if device.type == "cuda":
-        return time_cuda(fn, device, cfg, range_name, payload)
+        return time_cuda(fn, device, cfg, range_name, payload, stream)
     return time_cpu(fn, cfg, range_name, payload, evict)

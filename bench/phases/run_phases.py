@@ -63,6 +63,7 @@ class PhasesConfig:
     isolation: Isolation = IN_PROCESS  # where the ops are measured (the reference decoder runs here)
     time_budget_s: float | None = None  # wall seconds for the whole verb, from `started` (time.monotonic())
     started: float | None = None
+    interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -103,6 +104,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
         "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context),
         "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context),
+        "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
+                                        cfg.interference),
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)

@@ -152,6 +152,10 @@ def format_summary(summary: dict, out: Path) -> list[str]:
                 continue
             lines.append(f"  {best['impl']:<8} {best['phase']:<16} best {best['best_pct_roofline']:.1f}% of roofline, "
                          f"median {best['median_tflops']:.4g} TFLOP/s, {best['median_gbps']:.4g} GB/s")
+    for row in (summary.get("interference") or {}).get("interference", []):
+        if row.get("mode") != "alone" and row.get("status") == "ok":
+            lines.append(f"interference: batch {row['batch']} prompt {row['prompt']} {row['mode']} "
+                         f"({row['mechanism']}): decode x{row['stretch']:.2f}, prefill x{row['prefill_slowdown']:.2f}")
     ncu = summary.get("ncu") or {}
     if ncu.get("gbps"):
         lines.append(f"ncu: Triton decode kernels {ncu['kernel_us_per_call']:.1f} us per call, {ncu['gbps']:.0f} GB/s "

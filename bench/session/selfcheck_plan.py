@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STEPS = ("env", "tests", "ceilings", "suites", "phases", "profile", "ncu", "report")
+STEPS = ("env", "tests", "ceilings", "suites", "interference", "phases", "profile", "ncu", "report")
 ATTENTION_SUITES = ("prefill", "chunked", "verify", "decode")
 LINEAR_SUITES = ("decode-linear", "prefill-linear")
 # a small decoder for the dry run: every step runs its real path, at sizes a 2-core host does in seconds
@@ -35,6 +35,7 @@ class SelfcheckPlan:
     minimum_s: dict[str, float]
     reserve_s: float = 15.0  # kept back for the report's packing and the summary
     suite_impls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: every impl available there
+    interference_args: tuple[str, ...] = ()  # `phasebench interference` beside --device, --dtype and --out
 
     def __post_init__(self):
         unknown = (set(self.budgets) | set(self.minimum_s)) - set(STEPS)
@@ -72,9 +73,10 @@ GPU_SUITE_SHARES = {"prefill": 0.16, "chunked": 0.14, "verify": 0.14, "decode": 
 # goes to the steps after it. Every share covers its step's start-up and teardown at this budget and at 70% of it.
 GPU = SelfcheckPlan(
     name="gpu", device="cuda", dtype="bfloat16", total_s=480,
-    budgets={"env": 12, "tests": 110, "ceilings": 15, "suites": 165, "phases": 45, "profile": 30, "ncu": 30,
-             "report": 12},
-    minimum_s={"env": 8, "tests": 40, "ceilings": 10, "phases": 30, "profile": 20, "ncu": 20, "report": 8},
+    budgets={"env": 12, "tests": 110, "ceilings": 15, "suites": 165, "interference": 25, "phases": 45,
+             "profile": 30, "ncu": 30, "report": 12},
+    minimum_s={"env": 8, "tests": 40, "ceilings": 10, "interference": 15, "phases": 30, "profile": 20, "ncu": 20,
+               "report": 8},
     # a run's start-up: the worker's interpreter spawned beside the parent's, the CUDA context, cached ceilings
     models=("llama-3-8b", "llama-3-70b"), suites=GPU_SUITE_SHARES, sample_time=0.1, startup_s=10, teardown_s=4,
     # sizes the suites measure too (causal prefill 2048; decode at 4096 keys, context 4095 plus the new token, for
@@ -87,14 +89,19 @@ GPU = SelfcheckPlan(
     # the naive GEMM multiplies elementwise in bounded slices: seconds per call at M = 128 on 70b's lm_head and
     # minutes at M = 16k, so the linear suites compare the vendor BLAS with Triton (naive linear is in the tests)
     suite_impls={"decode-linear": ("torch", "triton"), "prefill-linear": ("torch", "triton")},
+    # the phases step's chunk batch, prompt and context among them, so its co-located estimate is measured; 8 layers
+    # keep three copies of the weights small, one round of short windows keeps it to seconds
+    interference_args=("--model", "llama-3-8b", "--prompt", "2048", "8192", "--batch", "16", "64", "--context",
+                       "4095", "--layers", "8", "--window", "0.3", "--rounds", "1"),
 )
 
 # The dry run on a host without CUDA: the same steps at host sizes, under three minutes on 2 cores.
 HOST = SelfcheckPlan(
-    name="host-dry-run", device="cpu", dtype="float32", total_s=175,
-    budgets={"env": 6, "tests": 25, "ceilings": 5, "suites": 85, "phases": 18, "profile": 10, "ncu": 6,
-             "report": 10},
-    minimum_s={"env": 4, "tests": 12, "ceilings": 3, "phases": 10, "profile": 6, "ncu": 4, "report": 5},
+    name="host-dry-run", device="cpu", dtype="float32", total_s=190,
+    budgets={"env": 6, "tests": 25, "ceilings": 5, "suites": 90, "interference": 9, "phases": 18, "profile": 10,
+             "ncu": 6, "report": 10},
+    minimum_s={"env": 4, "tests": 12, "ceilings": 3, "interference": 6, "phases": 10, "profile": 6, "ncu": 4,
+               "report": 5},
     models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=5,
     teardown_s=2,
     # the host suites' sizes: causal prefill 64, decode at 256 keys for batches 1 and 4
@@ -103,4 +110,7 @@ HOST = SelfcheckPlan(
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,
+    # the phases step's chunk prompt, chunk batch and context, so its co-located estimate is measured
+    interference_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "4", "--context", "255", "--layers", "1",
+                       "--window", "0.1", "--rounds", "1"),
 )

@@ -233,14 +233,29 @@ def _csv_records(folder: Path, names) -> dict:
             for name in names if (folder / f"{name}.csv").is_file()}
 
 
+def interference_dir(ctx: StepContext) -> Path | None:
+    found = ctx.work / "interference"
+    return found if (found / "interference.csv").is_file() else None
+
+
+def step_interference(ctx: StepContext, allowance_s: float) -> StepOutcome:
+    """A decode step alone, beside a prefill (a second stream and a second process) and protected from it."""
+    out = ctx.work / "interference"
+    result = ctx.child([*CLI, "interference", *ctx.plan.interference_args, "--device", ctx.plan.device, "--dtype",
+                        ctx.plan.dtype, "--out", str(out)], allowance_s)
+    return outcome_of(result, _csv_records(out, ("interference",)))
+
+
 def step_phases(ctx: StepContext, allowance_s: float) -> StepOutcome:
     out = ctx.work / "phases"
     reuse = [str(p) for p in suite_dirs(ctx)]
+    measured = interference_dir(ctx)
     result = ctx.child([*CLI, "phases", *ctx.plan.phases_args, "--device", ctx.plan.device, "--dtype",
                         ctx.plan.dtype, "--sample-time", str(ctx.plan.sample_time), "--out", str(out),
                         "--time-budget", f"{allowance_s - ctx.plan.teardown_s:.1f}",
-                        *(["--reuse", *reuse] if reuse else [])], allowance_s)
-    return outcome_of(result, _csv_records(out, ("prefill", "decode", "chunked", "reference")))
+                        *(["--reuse", *reuse] if reuse else []),
+                        *(["--interference", str(measured)] if measured else [])], allowance_s)
+    return outcome_of(result, _csv_records(out, ("prefill", "decode", "chunked", "colocated", "reference")))
 
 
 def step_profile(ctx: StepContext, allowance_s: float) -> StepOutcome:
@@ -306,6 +321,8 @@ def step_report(ctx: StepContext, allowance_s: float) -> StepOutcome:
     sources = [str(p) for p in suite_dirs(ctx)]
     if (ctx.work / "phases" / "phases.json").is_file():
         sources.append(str(ctx.work / "phases"))
+    if interference_dir(ctx) is not None:
+        sources.append(str(interference_dir(ctx)))
     if not sources:
         return StepOutcome("skipped", "no results to report")
     result = ctx.child([*CLI, "report", *sources, "--out", str(ctx.work / "report")], allowance_s)
@@ -313,5 +330,6 @@ def step_report(ctx: StepContext, allowance_s: float) -> StepOutcome:
 
 
 STEP_FUNCTIONS = {"env": step_env, "tests": step_tests, "ceilings": step_ceilings, "suites": step_suites,
-                  "phases": step_phases, "profile": step_profile, "ncu": step_ncu, "report": step_report}
+                  "interference": step_interference, "phases": step_phases, "profile": step_profile, "ncu": step_ncu,
+                  "report": step_report}
 

@@ -38,7 +38,7 @@ def op_rows(uses, latency, *, config=TINY, dtype="float32", device="cpu", mode="
 
 def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4, 8, 16), context=48,
             chunks=(8, 16, 32), chunk_batch=4, chunk_prompt=64, reference_layers=2, reference_ms=None,
-            dtype="float32", device="cpu") -> dict:
+            dtype="float32", device="cpu", interference=None) -> dict:
     """The tables `phasebench phases` writes (bench.phases compose, a reference table as reference_check writes
     it), from rows; reference_ms maps phase -> the measured pass (default: 1.2 x the composition)."""
     measured = pm.Measured(df, model=config.name, dtype=dtype)
@@ -46,6 +46,7 @@ def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4
         "prefill": pm.prefill_table(measured, config, prompts),
         "decode": pm.batch_sweep(measured, config, batches, context),
         "chunked": pm.chunk_table(measured, config, chunk_prompt, chunks, chunk_batch, context),
+        "colocated": pm.colocated_table(measured, config, chunk_prompt, chunk_batch, context, interference),
         "interactive": pm.interactive_limits(measured, config, prompts, batches),
         "decode_parts": pm.tpot(measured, config, chunk_batch, context).items,
     }

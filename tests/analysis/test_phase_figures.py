@@ -160,11 +160,22 @@ def test_summary_names_every_table(tables):
     assert [(r[0], r[-2], r[-1]) for r in reference] == [("phasebench", "-16.67", "False")] * 2
 
 
+def test_summary_says_which_remedy_keeps_the_users_above_the_targets(tables):
+    lines = phases_summary(tables).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("The 64-token prompt beside 4 decode users"))
+    options = [line.split()[0] for line in lines[start + 2:start + 8]]
+    assert options == ["separated", "co-located", "protected", "chunked", "chunked", "chunked"]
+    assert [line.split(" tok/s")[0] for line in lines[start + 8:start + 10]] == ["3", "10"]
+    assert lines[start + 8].endswith("not measured: protected")  # no `phasebench interference` rows given
+
+
 def test_load_phases_reads_back_what_was_written(tables, tmp_path):
     back = load_phases(write_phases(tmp_path / "ph", tables))
     assert set(back) == set(tables)
     assert back["meta"] == {**tables["meta"], "model": dataclasses.asdict(TINY)}
-    for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "reference"):
+    (tmp_path / "ph" / "colocated.csv").unlink()  # a folder written before the co-located estimate
+    assert "colocated" not in load_phases(tmp_path / "ph") and "colocated" in back
+    for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "reference", "colocated"):
         pd.testing.assert_frame_equal(back[name], tables[name].reset_index(drop=True), check_dtype=False)
     assert back["decode"]["saturated"].dtype == bool
     assert load_phases(tmp_path / "ph" / "phases.json")["meta"]["chunk_batch"] == 4

@@ -209,3 +209,40 @@ def test_rows_of_two_groups_are_refused(column, other):
 def test_model_error_is_relative_to_the_measured_pass():
     assert pm.model_error(90.0, 120.0) == pytest.approx(-25.0)
     assert pm.model_error(150.0, 120.0) == pytest.approx(25.0)
+
+
+def interference_rows(rows) -> pd.DataFrame:
+    """`phasebench interference` rows: (mode, mechanism, stretch, prefill_slowdown, noisy, context) per row."""
+    base = {"model": "tiny", "dtype": "float32", "batch": 3, "prompt": 12, "device": "cpu", "status": "ok"}
+    return pd.DataFrame([{**base, "mode": mode, "mechanism": mech, "stretch": s, "prefill_slowdown": slow,
+                          "noisy": noisy, "context": context}
+                         for mode, mech, s, slow, noisy, context in rows])
+
+
+def test_colocated_estimate_is_a_fair_share_until_measured():
+    prompt, batch, context = 12, 3, 9
+    m = measured([step_defs.prefill_step(TINY, prompt), step_defs.decode_step(TINY, batch, context)])
+    first, step = hand_ttft(prompt), hand_tpot(batch, context)
+    table = pm.colocated_table(m, TINY, prompt, batch, context).set_index("option")
+    assert list(table.index) == ["separated", "co-located", "protected"]
+    assert table.loc["separated", "itl_ms"] == step and table.loc["separated", "ttft_ms"] == first
+    # each decode step yields up to its own length to the prefill, which gets half the device
+    assert table.loc["co-located", "itl_ms"] == step + min(step, first)
+    assert table.loc["co-located", "ttft_ms"] == 2 * first
+    assert table.loc["co-located", "source"] == "fair share (composed)"
+    assert math.isnan(table.loc["protected", "itl_ms"]) and "not measured" in table.loc["protected", "source"]
+    assert table["tokens_per_s_per_user"].iloc[:2].tolist() == pytest.approx([1e3 / step, 1e3 / (step + min(step,
+                                                                                                            first))])
+    assert (table["decode_only_ms"] == step).all() and (table["context"] == context).all()
+
+    measured_rows = interference_rows([
+        ("alone", "alone", 1.0, 1.0, False, context), ("colocated", "stream", 1.5, 1.25, False, context),
+        ("colocated", "process", 2.5, 1.5, False, context),  # the worst mechanism is taken
+        ("colocated", "process", 9.0, 9.0, True, context),  # noisy: left out
+        ("protected", "priority stream", 1.25, 2.0, False, context),
+        ("protected", "priority stream", 0.5, 1.0, False, context + 1)])  # another context: left out
+    table = pm.colocated_table(m, TINY, prompt, batch, context, measured_rows).set_index("option")
+    assert table.loc["co-located", "itl_ms"] == 2.5 * step and table.loc["co-located", "ttft_ms"] == 1.5 * first
+    assert table.loc["co-located", "source"] == "measured: colocated/process on cpu"
+    assert table.loc["protected", "itl_ms"] == 1.25 * step and table.loc["protected", "ttft_ms"] == 2 * first
+    assert table.loc["protected", "stretch"] == 1.25 and table.loc["separated", "stretch"] == 1

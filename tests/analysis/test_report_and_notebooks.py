@@ -12,7 +12,8 @@ from phasebench.bench.cli.main import main
 from ..conftest import REPO, run_cli
 
 NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
-SAMPLES = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir())
+# the sample run folders (result rows); a `phasebench interference` sample holds rows of its own (load_interference)
+SAMPLES = sorted(p for p in (REPO / "analysis" / "sample").iterdir() if p.is_dir() and any(p.rglob("results.csv")))
 
 
 def test_report_on_a_fresh_quick_run(quick_run, tmp_path):
@@ -61,11 +62,20 @@ def test_committed_samples_load():
     assert (df.status == "ok").sum() > 0 and {"prefill", "decode"} <= set(df.phase)
 
 
+def test_committed_interference_sample_loads():
+    from phasebench.analysis import load_interference
+
+    rows = load_interference(REPO / "analysis" / "sample" / "cpu-interference")
+    assert set(rows["mode"]) == {"alone", "colocated", "protected"} and (rows["status"] == "ok").all()
+    assert rows["batch"].nunique() >= 2 and rows["prompt"].nunique() >= 2
+
+
 # The figures each notebook draws, at least.
 NOTEBOOK_IMAGES = {
     "roofline.ipynb": 6,  # roofline, phases, tokens/s, two scaling figures, speedup
     "linear.ipynb": 4,  # linear sweep, layer tokens/s, roofline, speedup
     "phases.ipynb": 4,  # TTFT, decode sweep, chunked prefill, decode breakdown
+    "interference.ipynb": 2,  # the stretch, what each user sees
 }
 NO_TORCH = 'import sys\nassert not [m for m in sys.modules if m.split(".")[0] in ("torch", "triton")]'
 
@@ -86,4 +96,5 @@ def test_notebook_runs_top_to_bottom(path: Path):
     shown = [o["data"] for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", []) if "data" in o]
     images = [data for data in shown if "image/png" in data]
     assert len(images) >= NOTEBOOK_IMAGES[path.name]
-    assert 'class="hl-block"' in shown[0].get("text/html", "")  # it opens with the report's headline
+    if path.name != "interference.ipynb":  # that one opens with its own answer, interference_summary (no rows)
+        assert 'class="hl-block"' in shown[0].get("text/html", "")  # it opens with the report's headline

@@ -17,8 +17,10 @@ from phasebench.bench.instruments.contention import (
     HostReading,
     judge_gpu,
     judge_host,
+    process_cpu_s,
     snapshot,
     summary_warning,
+    without_companions,
 )
 from phasebench.bench.instruments.gpu_reading import GpuReading, parse_smi_gpu, parse_smi_pids
 from phasebench.bench.instruments.timing import TimerConfig, time_call
@@ -283,3 +285,42 @@ def test_cuda_window_reads_the_gpu_where_it_can():
         assert gpu["max_sm_mhz"] and gpu["max_sm_mhz"] > 0
         assert os.getpid() not in (gpu["other_pids"] or [])
         assert watch.stats["gpu_source"] == gpu["source"]
+
+
+# ---- a co-runner started on purpose (phasebench interference) is not contention --------------------------------
+
+
+def with_companion(r: HostReading, companion_s: float) -> HostReading:
+    return HostReading(**{**r.__dict__, "companion_cpu_s": companion_s, "companions": 1})
+
+
+def test_a_co_runner_counts_as_ours_and_our_waiting_is_its_doing():
+    # 1 s: we used 0.9 CPU-s and our co-runner 1.0, the CPUs were busy 190 ticks, our threads waited 0.8 s
+    before, after = reading(0.0, 0, 0.0, wait=0.0), reading(1.0, 190, 0.9, wait=0.8)
+    alone, _ = judge_host(before, after, hz=HZ)
+    assert alone.startswith("busy host: other processes used 1.00 of 2 CPUs")  # without it: the co-runner is "other"
+    reason, stats = judge_host(with_companion(before, 5.0), with_companion(after, 6.0), hz=HZ)
+    assert reason == "" and stats["companion_cores"] == pytest.approx(1.0) and stats["other_cores"] == 0
+    # a third process on top of the two: flagged by its CPU share, never by our waiting
+    busy, stats = judge_host(with_companion(before, 5.0), with_companion(reading(1.0, 240, 0.9, wait=0.8), 6.0),
+                             hz=HZ)
+    assert busy.startswith("busy host: other processes used 0.50 of 2 CPUs") and "waited" not in busy
+
+
+def test_co_runner_pids_are_not_other_gpu_processes():
+    assert without_companions((815, 4711), (4711,)) == (815,)
+    assert without_companions((815, 4711), ()) == (815, 4711)
+    # a container's nvidia-smi lists host pids: the co-runner, started after us, is taken as the highest
+    assert without_companions((90001, 90007, 95000), (312,)) == (90001, 90007)
+    reasons, stats = judge_gpu(None, GpuReading(other_pids=(4711,)), companions=(4711,))
+    assert reasons == [] and stats["gpu_other_pids"] == []
+
+
+def test_the_cpu_time_of_a_process_is_read_from_its_threads():
+    """Over a window (how the probe uses it): a live thread's time counts, a thread that ended earlier does not."""
+    before, spent = process_cpu_s(os.getpid()), time.process_time()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    assert process_cpu_s(os.getpid()) - before == pytest.approx(time.process_time() - spent, abs=0.05)
+    assert process_cpu_s(2 ** 22 + 7) == 0.0  # beyond pid_max: gone

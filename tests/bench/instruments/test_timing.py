@@ -167,3 +167,22 @@ def test_cuda_graph_replays_run_the_captured_kernel_once_per_sample():
     assert t.method == "cuda-graph+events" and t.count == 25
     assert counter.item() == len(python_calls) - 1 + t.count
     assert all(s > 0 for s in t.samples_ms)
+
+
+@pytest.mark.cuda
+def test_a_call_timed_on_its_own_stream_waits_for_that_stream_only():
+    """Beside a long spin queued on another stream, the timer returns while the spin still runs: it waited for its
+    own stream only."""
+    device = torch.device("cuda")
+    torch.manual_seed(11)
+    x = torch.randn(257, 129, device=device)
+    mine, other = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    torch.cuda.synchronize()  # x is written before either stream reads it
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(2_000_000_000)  # about a second of a spinning kernel
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5, flush_l2=False)
+    t = time_call(lambda: x.sum(), device, cfg, stream=mine)
+    assert not other.query()  # the spin is still running: nothing waited for it
+    assert t.count == 5
+    torch.testing.assert_close(t.last.cpu(), x.sum().cpu())
+    other.synchronize()
