@@ -149,7 +149,7 @@ def cmd_ceilings(args) -> int:
 
 def add_case_arguments(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("--suite", default="quick",
-                      help="quick (default), prefill, chunked, decode, verify, ragged, decode-linear, "
+                      help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
                            "prefill-linear, full")
     verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
     verb.add_argument("--impl", nargs="+", metavar="I",
