@@ -42,8 +42,9 @@ def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> Cas
 
     q = draw(case.q_heads, case.q_len)
     lens = None if case.seqlens is None else torch.tensor(case.seqlens, dtype=torch.int32, device=device)
-    if case.paged:
+    if case.paged:  # with cache_seqlens always, as a server calls it: kv_len need not fill the last page
         k, v, table = make_pages(case, gen, dtype, device)
+        lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
         return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table)
     return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len), lens)
 
