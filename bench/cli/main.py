@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     phases.add_argument("--chunk-batch", type=int, help="decode batch running beside the chunked prompt")
     phases.add_argument("--reference-layers", type=int, help="layers of the plain-PyTorch decoder timed as a check")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
+    phases.add_argument("--page-size", type=int, metavar="P",
+                        help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
+                             "contiguous); the prompt's own attention stays contiguous")
     phases.add_argument("--sample-time", type=float, metavar="S",
                         help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)

@@ -61,6 +61,7 @@ class PhasesConfig:
     impls: dict[str, str] = field(default_factory=lambda: dict(pm.DEFAULT_IMPLS))
     timer: TimerConfig | None = None
     on_row: object = None
+    page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -74,11 +75,11 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     """Every step the composition will sum, so that each op it needs is measured once."""
     m, out = cfg.model, []
     out += [step_defs.prefill_step(m, p) for p in (*cfg.prompts, cfg.chunk_prompt)]
-    out += [step_defs.decode_step(m, b, c) for b in sorted({*cfg.batches, cfg.chunk_batch})
+    out += [step_defs.decode_step(m, b, c, cfg.page_size) for b in sorted({*cfg.batches, cfg.chunk_batch})
             for c in sorted({cfg.context, *cfg.prompts})]
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
-            out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context)
+            out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context, cfg.page_size)
     return out
 
 
@@ -90,18 +91,21 @@ def case_of(use: step_defs.OpUse, dtype: str, model: str):
 def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
     """The phase tables from measured rows (analysis does the arithmetic; no measurement here)."""
     measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    page = cfg.page_size
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
-        "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context),
-        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context),
-        "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches),
-        "decode_parts": pm.tpot(measured, cfg.model, cfg.chunk_batch, cfg.context).items,
+        "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page),
+        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
+                                  page),
+        "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
+        "decode_parts": pm.tpot(measured, cfg.model, cfg.chunk_batch, cfg.context, page).items,
     }
 
 
 def check_against_reference(df: pd.DataFrame, cfg: PhasesConfig) -> pd.DataFrame:
     """Time a plain-PyTorch decoder of `reference_layers` layers (prefill of chunk_prompt, a decode step of
-    chunk_batch at context) and compare with the composition of the same layer count from the rows."""
+    chunk_batch at context) and compare with the composition of the same layer count from the rows. The decoder
+    keeps a contiguous cache: with page_size, the gap includes what the pages cost."""
     from .reference_decoder import ReferenceDecoder, time_decode_step, time_prefill
 
     small = dataclasses.replace(cfg.model, layers=cfg.reference_layers)
@@ -115,7 +119,7 @@ def check_against_reference(df: pd.DataFrame, cfg: PhasesConfig) -> pd.DataFrame
     rows = []
     for phase, timing, composed in (
             ("prefill", prefill, pm.ttft(measured, small, cfg.chunk_prompt)),
-            ("decode", decode, pm.tpot(measured, small, cfg.chunk_batch, cfg.context))):
+            ("decode", decode, pm.tpot(measured, small, cfg.chunk_batch, cfg.context, cfg.page_size))):
         rows.append({"phase": phase, "layers": cfg.reference_layers,
                      "batch": 1 if phase == "prefill" else cfg.chunk_batch,
                      "tokens": cfg.chunk_prompt if phase == "prefill" else cfg.context,
@@ -146,6 +150,6 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     (cfg.out_dir / "phases.json").write_text(json.dumps({
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
-        "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt,
+        "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "reference_layers": cfg.reference_layers, "measured_cases": len(cases)}, indent=1))
     return tables
