@@ -5,6 +5,7 @@ from .compare import compare, regressions, with_samples
 from .compare_output import comparison_figure
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
+from .paged_plots import paged_figure, paged_table
 from .phase_plots import phase_comparison, tokens_per_second
 from .phases import (
     chunk_figure,
@@ -40,6 +41,8 @@ __all__ = [
     "load",
     "load_phases",
     "load_profile",
+    "paged_figure",
+    "paged_table",
     "phase_comparison",
     "phases_summary",
     "write_phase_figures",

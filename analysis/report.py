@@ -23,6 +23,7 @@ from ._figures import (
     performance_rows,
 )
 from .linear_plots import layer_tokens_per_second, linear_crossings, linear_sweep
+from .paged_plots import paged_section
 from .phase_plots import phase_comparison, tokens_per_second
 from .phases import PHASE_FIGURES, reference_table
 from .roofline_plot import roofline
@@ -249,12 +250,17 @@ def write_report(
         paths[name], phase_pngs[name] = _save(draw(phases), out / f"{name}.png", dpi)
     compared = _comparison_section(comparison, out, dpi, paths)
 
+    def png(name, fig):  # the paged section's figure, saved beside the others
+        paths[name], encoded = _save(fig, out / f"{name}.png", dpi)
+        return encoded
+    paged = paged_section(df, png, _table_html)
+
     summary = summary_table(df)
     paths["summary"] = out / "summary.csv"
     summary.to_csv(paths["summary"], index=False)
 
     paths["html"] = out / "report.html"
-    page = _html(df, title, summary, embedded, left_out, _phases_section(phases, phase_pngs), compared)
+    page = _html(df, title, summary, embedded, left_out, _phases_section(phases, phase_pngs), compared, paged)
     paths["html"].write_text(page, encoding="utf-8")
     return paths
 
@@ -344,7 +350,7 @@ def _linear_section(df: pd.DataFrame) -> list[str]:
 
 
 def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[str, str], left_out: int,
-          phases_section: list[str] = (), comparison_section: list[str] = ()) -> str:
+          phases_section: list[str] = (), comparison_section: list[str] = (), paged_section: list[str] = ()) -> str:
     runs = runs_table(df)
     profiled_note = (f" {left_out} rows measured under a profiler are left out "
                      "(<code>--include-profiled</code> keeps them)." if left_out else "")
@@ -369,6 +375,7 @@ def _html(df: pd.DataFrame, title: str, summary: pd.DataFrame, embedded: dict[st
         "<h2>Status</h2>", _table_html(status_table(df)),
         "<h2>Rows that are not ok</h2>", _table_html(problems_table(df)),
         *_linear_section(df),
+        *paged_section,
         *phases_section,
         *comparison_section,
         "<h2>Figures</h2>",

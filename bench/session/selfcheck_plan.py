@@ -49,7 +49,7 @@ class SelfcheckPlan:
 
 
 GPU_SUITE_SHARES = {"prefill": 0.2, "chunked": 0.12, "verify": 0.12, "decode": 0.22, "decode-linear": 0.2,
-                    "prefill-linear": 0.14}
+                    "prefill-linear": 0.14, "paged": 0.1}
 
 # Seven minutes on one H200: the CUDA tests compile many Triton specialisations, so they get the largest share
 # after the suites; what a step does not use goes to the steps after it.

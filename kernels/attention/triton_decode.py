@@ -86,14 +86,14 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
     last_key = kv_limit - q_len + tok  # bottom-right causal bound per row
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
-        if PAGE_SIZE > 0:
+        if PAGE_SIZE > 0:  # offsets through the table; a scalar step for a contiguous cache
             k_off, v_off = page_offsets(TABLE + b * stride_tb, start_n, offs_n, hi, stride_kb, stride_kn,
                                         stride_vb, stride_vn, PAGE_SIZE, BLOCK_N)
-            k_block, v_block = k_ptrs + k_off[None, :], v_ptrs + v_off[:, None]
+            k_step, v_step = k_off[None, :], v_off[:, None]
         else:
-            k_block, v_block = k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn
-        k = tl.load(k_block, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_block, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
+            k_step, v_step = start_n * stride_kn, start_n * stride_vn
+        k = tl.load(k_ptrs + k_step, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)

@@ -22,21 +22,23 @@ def _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, table_row, start_n, offs_m, offs_n, 
           MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr,
           PRECISION: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     keys = start_n + offs_n
+    # the step from the head's base to this block's keys: a scalar for a contiguous cache, offsets through the
+    # table for a paged one (each pointer tile is formed at its load: forming both first cost spills at D256)
     if PAGE_SIZE > 0:
         k_off, v_off = page_offsets(table_row, start_n, offs_n, kv_limit, stride_kp, stride_kn, stride_vp, stride_vn,
                                     PAGE_SIZE, BLOCK_N)
-        k_block, v_block = k_ptrs + k_off[None, :], v_ptrs + v_off[:, None]
+        k_step, v_step = k_off[None, :], v_off[:, None]
     else:
-        k_block, v_block = k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn
+        k_step, v_step = start_n * stride_kn, start_n * stride_vn
     if MASKED:
-        k = tl.load(k_block, mask=(keys[None, :] < kv_limit) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_block, mask=(keys[:, None] < kv_limit) & (offs_d[None, :] < D), other=0.0)
+        k = tl.load(k_ptrs + k_step, mask=(keys[None, :] < kv_limit) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=(keys[:, None] < kv_limit) & (offs_d[None, :] < D), other=0.0)
     elif EVEN_D:
-        k = tl.load(k_block)
-        v = tl.load(v_block)
+        k = tl.load(k_ptrs + k_step)
+        v = tl.load(v_ptrs + v_step)
     else:
-        k = tl.load(k_block, mask=offs_d[:, None] < D, other=0.0)
-        v = tl.load(v_block, mask=offs_d[None, :] < D, other=0.0)
+        k = tl.load(k_ptrs + k_step, mask=offs_d[:, None] < D, other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=offs_d[None, :] < D, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -87,10 +89,11 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, TABLE, qk_scale,
     if PAGE_SIZE > 0:  # pools [num_pages, PAGE_SIZE, Hkv, D]: page stride stride_kb, slot stride stride_kn
         k_ptrs = K + kv_h * stride_kh + offs_d[:, None] * stride_kd
         v_ptrs = V + kv_h * stride_vh + offs_d[None, :] * stride_vd
+        table_row = TABLE + b * stride_tb
     else:
         k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
         v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    table_row = TABLE + b * stride_tb
+        table_row = TABLE
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
