@@ -8,6 +8,7 @@ import zlib
 import pytest
 import torch
 from phasebench.kernels import Unsupported, attention, buffers, prepare, register
+from phasebench.kernels.attention.flash import flash_attn_module
 from phasebench.kernels.attention.triton_attention import split_kv_attention
 from phasebench.kernels.registry import OPS
 
@@ -18,7 +19,7 @@ from .test_attention import Shape
 IMPLS = ["naive", "flash", "triton"]
 
 
-def Paged(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, page, seqlens=None):
+def with_pages(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, page, seqlens=None):
     """A shape and the page size its KV cache is read in."""
     return Shape(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, seqlens), page
 
@@ -26,17 +27,17 @@ def Paged(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, page, seqle
 SHAPES = {
     # 300 keys end mid-page at every page size; pages of 16 are smaller than every Triton key block (one table
     # entry per key), pages of 64 and 256 hold whole blocks (one entry per block)
-    "decode-p16": Paged(2, 8, 2, 1, 300, 64, True, 16),
-    "decode-p64-mha-d80": Paged(2, 4, 4, 1, 300, 80, True, 64),
-    "decode-p256-mqa": Paged(2, 8, 1, 1, 300, 128, True, 256),
+    "decode-p16": with_pages(2, 8, 2, 1, 300, 64, True, 16),
+    "decode-p64-mha-d80": with_pages(2, 4, 4, 1, 300, 80, True, 64),
+    "decode-p256-mqa": with_pages(2, 8, 1, 1, 300, 128, True, 256),
     # a one-token sequence, a sequence of exactly one page, one that ends mid-page, a full one
-    "ragged-p16": Paged(4, 8, 2, 1, 300, 64, True, 16, (1, 16, 129, 300)),
-    "ragged-p256": Paged(3, 4, 1, 1, 300, 64, False, 256, (300, 1, 256)),
-    "single-page": Paged(1, 4, 2, 1, 7, 64, True, 16),
-    "verify-p16": Paged(3, 8, 2, 4, 200, 64, True, 16, (200, 4, 77)),
-    "verify-p64": Paged(2, 8, 2, 8, 200, 64, True, 64),
-    "chunk-p16": Paged(2, 4, 2, 40, 200, 32, True, 16, (200, 77)),  # past split-KV's rows: the tiled kernel
-    "chunk-p128": Paged(1, 4, 1, 33, 150, 64, True, 128),
+    "ragged-p16": with_pages(4, 8, 2, 1, 300, 64, True, 16, (1, 16, 129, 300)),
+    "ragged-p256": with_pages(3, 4, 1, 1, 300, 64, False, 256, (300, 1, 256)),
+    "single-page": with_pages(1, 4, 2, 1, 7, 64, True, 16),
+    "verify-p16": with_pages(3, 8, 2, 4, 200, 64, True, 16, (200, 4, 77)),
+    "verify-p64": with_pages(2, 8, 2, 8, 200, 64, True, 64),
+    "chunk-p16": with_pages(2, 4, 2, 40, 200, 32, True, 16, (200, 77)),  # past split-KV's rows: the tiled kernel
+    "chunk-p128": with_pages(1, 4, 1, 33, 150, 64, True, 128),
 }
 CASES = [(name, dtype) for name in SHAPES for dtype in (torch.float32, torch.bfloat16)
          if dtype == torch.float32 or name in ("decode-p16", "ragged-p16", "verify-p64", "chunk-p16")]
@@ -71,7 +72,7 @@ def test_paged_matches_the_contiguous_reference(name, dtype, impl, device):
 @pytest.mark.parametrize("num_splits", [1, 3, 16])
 def test_split_kv_pages_with_forced_split_counts(num_splits):
     # 16 splits of 300 keys leave empty chunks; splits start on block boundaries inside pages of 256
-    paged = Paged(3, 8, 2, 1, 300, 64, True, 256, (300, 1, 65))
+    paged = with_pages(3, 8, 2, 1, 300, 64, True, 256, (300, 1, 65))
     (q, k, v), (qd, k_pool, v_pool, table, lens) = paged_inputs(paged, torch.float32, TRITON_DEVICE, num_splits)
     with buffers.poisoned():
         out = split_kv_attention(qd, k_pool, v_pool, causal=True, cache_seqlens=lens, block_table=table,
@@ -101,7 +102,7 @@ def test_a_table_in_pool_order_gives_another_answer_than_the_shuffled_one():
 
 
 def _bad_table_cases():
-    shape = Paged(2, 4, 2, 1, 40, 16, True, 16, (40, 17))  # 3 and 2 pages
+    shape = with_pages(2, 4, 2, 1, 40, 16, True, 16, (40, 17))  # 3 and 2 pages
     _, (q, k_pool, v_pool, table, lens) = paged_inputs(shape, torch.float32, "cpu", 5)
     outside, negative, short = table.clone(), table.clone(), table[:, :2]
     outside[1, 1] = k_pool.shape[0]
@@ -140,7 +141,7 @@ def test_the_good_table_of_those_cases_passes():
 
 def test_padding_past_a_sequences_pages_is_never_read():
     # -1 and a page past the pool in the unused entries are accepted, and ignored by every impl
-    paged = Paged(2, 4, 2, 1, 64, 32, True, 16, (64, 5))
+    paged = with_pages(2, 4, 2, 1, 64, 32, True, 16, (64, 5))
     (q, k, v), (_, k_pool, v_pool, table, lens) = paged_inputs(paged, torch.float32, "cpu", 9)
     table[1, 1:] = torch.tensor([-1, k_pool.shape[0], 1 << 30], dtype=torch.int32)
     for impl in ("naive", "flash") + (("triton",) if TRITON_DEVICE == "cpu" else ()):
@@ -178,3 +179,16 @@ def test_impls_and_plugins_that_do_not_declare_pages_are_unsupported():
         OPS["attention"].pop("paged_plugin", None)
     with pytest.raises(ValueError, match="paged: must be a bool, and True only for attention"):
         register("linear", "paged_linear", lambda x, w: x @ w.T, paged=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(flash_attn_module() is None, reason="flash_attn is not installed (flash is SDPA's backend)")
+def test_flash_attn_reads_pages_of_256_in_place_and_skips_smaller_ones():
+    (q, k, v), (qd, k_pool, v_pool, table, lens) = paged_inputs(
+        with_pages(3, 8, 2, 1, 600, 128, True, 256, (600, 1, 257)), torch.bfloat16, "cuda", 4)
+    call = prepare(qd, k_pool, v_pool, impl="flash", causal=True, cache_seqlens=lens, block_table=table)
+    assert call.backend.startswith("flash_attn-") and call.backend.endswith(":with_kvcache+paged")
+    assert_matches_reference(call.run().cpu(), q, k, v, causal=True, seqlens=(600, 1, 257))
+    _, (qd, k_pool, v_pool, table, lens) = paged_inputs(SHAPES["ragged-p16"], torch.bfloat16, "cuda", 4)
+    with pytest.raises(Unsupported, match="multiple of 256"):
+        prepare(qd, k_pool, v_pool, impl="flash", causal=True, cache_seqlens=lens, block_table=table)
