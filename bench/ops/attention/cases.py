@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from ...spec.models import MODELS, key_values, model_config  # noqa: F401  (MODELS: the presets, re-exported)
 
@@ -26,10 +26,7 @@ class AttentionCase:
     dtype: str
     model: str = ""
     seqlens: tuple[int, ...] | None = None  # ragged decode: sequence b uses keys j < seqlens[b]
-    # tokens per page of a paged KV cache read through a block table; 0: contiguous. Out of repr, which seeds the
-    # inputs (sweep.measure.case_seed): a case keeps its seed at every page size, and cases from before the field
-    # keep theirs
-    page_size: int = field(default=0, repr=False)
+    page_size: int = 0  # tokens per page of a paged KV cache read through a block table; 0: contiguous
 
     op = "attention"
 
@@ -53,6 +50,12 @@ class AttentionCase:
                 raise ValueError(f"seqlens: each length must be an int in [{low}, kv_len={self.kv_len}], got {lens!r}")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 0:
             raise ValueError(f"page_size: must be a non-negative int (0: contiguous), got {self.page_size!r}")
+
+    def __repr__(self) -> str:
+        # the dataclass repr, page_size shown only when paged: repr seeds a case's inputs (sweep.measure.case_seed)
+        # and names it in a sweep's id, so contiguous cases keep the seeds they had before the field
+        shown = (f for f in fields(self) if f.name != "page_size" or self.page_size)
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @property
     def lengths(self) -> tuple[int, ...]:
