@@ -168,8 +168,10 @@ def test_paged_cases_count_their_pages_and_parse():
     assert "page16" in c.shape_label and c.row_fields()["page_size"] == 16
     dense = AttentionCase(3, 8, 2, 1, 100, 64, True, "float32")
     assert not dense.paged and dense.pages == () and dense.row_fields()["page_size"] == 0
-    # repr seeds the inputs and names a sweep: a contiguous case's is what it was before the field, a paged one's differs
-    assert "page_size" not in repr(dense) and repr(c).endswith("page_size=16)") and c != dataclasses.replace(c, page_size=0)
+    # repr seeds the inputs and names a sweep: a contiguous case's is what it was before the field; a paged one's
+    # differs
+    assert "page_size" not in repr(dense) and repr(c).endswith("page_size=16)")
+    assert c != dataclasses.replace(c, page_size=0)
     parsed = parse_shape("batch=8,q_heads=32,kv_heads=8,q_len=1,kv_len=8192,head_dim=128,page=16", "bfloat16")
     assert (parsed.page_size, parsed.max_pages, parsed.phase) == (16, 512, "decode")
     with pytest.raises(ValueError, match="page_size: must be a non-negative int"):
