@@ -7,6 +7,7 @@ from .interference import interference_summary, load_interference
 from .interference_plots import stretch_figure, user_rate_figure, write_interference_figures
 from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .load import DataFileError, load, load_profile
+from .paged_plots import paged_figure, paged_table
 from .phase_plots import phase_comparison, tokens_per_second
 from .phases import (
     chunk_figure,
@@ -55,6 +56,8 @@ __all__ = [
     "load_interference",
     "load_phases",
     "load_profile",
+    "paged_figure",
+    "paged_table",
     "phase_comparison",
     "phases_summary",
     "write_phase_figures",

@@ -198,6 +198,8 @@ def describe(values: dict) -> str:
             parts.append("causal" if value else "non-causal")
         elif name == "profiled":
             parts.append("profiled" if cell_true(value) else "not profiled")
+        elif name == "page_size":
+            parts.append(f"page {value}" if value else "contiguous")
         elif value == "":
             parts.append("(none)")
         else:

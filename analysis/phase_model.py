@@ -1,7 +1,8 @@
 """The phase model: TTFT, TPOT and tokens/s of a whole model composed from measured op rows (no torch).
 
 A step (bench.spec.steps) lists the cases it runs and how often; its time is the sum of count x the
-median latency of the measured row with the same fields, for the impl chosen per operator.
+median latency of the measured row with the same fields, for the impl chosen per operator. `page_size` composes
+decode and chunked steps whose attention reads a paged KV cache (rows with that page_size; 0: contiguous).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Measured:
             found = "; ".join(" / ".join(map(str, g)) for g in groups.itertuples(index=False))
             raise ValueError(f"rows: {len(groups)} device/mode/timer groups ({found}); compose one at a time")
         unfit = _flag(rows, "noisy") | _flag(rows, "profiled")
+        # rows from before the page_size column read a contiguous cache
+        paged = rows["page_size"] if "page_size" in rows.columns else pd.Series(0, index=rows.index)
+        rows = rows.assign(page_size=pd.to_numeric(paged, errors="coerce").fillna(0).astype(int))
         self.rows, self.left_out = rows[~unfit], rows[unfit]
 
     @staticmethod
@@ -100,9 +104,9 @@ def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
     return step_time(measured, step_defs.prefill_step(config, prompt))
 
 
-def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int) -> StepTime:
+def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int, page_size: int = 0) -> StepTime:
     """Time per output token of a decode batch: layers x the layer at M = batch, then the head."""
-    return step_time(measured, step_defs.decode_step(config, batch, context))
+    return step_time(measured, step_defs.decode_step(config, batch, context, page_size))
 
 
 def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.DataFrame:
@@ -127,12 +131,12 @@ def saturation_batch(batches, tokens_per_s, margin: float = SATURATION_MARGIN):
 
 
 def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int,
-                margin: float = SATURATION_MARGIN) -> pd.DataFrame:
+                margin: float = SATURATION_MARGIN, page_size: int = 0) -> pd.DataFrame:
     """Per batch at one context: TPOT, output tokens/s (batch / TPOT), tokens/s per user, the split by part,
     and `saturated` on the batch where throughput stops growing (within `margin`)."""
     rows = []
     for batch in batches:
-        t = tpot(measured, config, batch, context)
+        t = tpot(measured, config, batch, context, page_size)
         rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
                      "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
                      **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
@@ -144,17 +148,18 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
 
 
 def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, decode_batch: int,
-                context: int) -> pd.DataFrame:
+                context: int, page_size: int = 0) -> pd.DataFrame:
     """Chunked prefill (Sarathi-Serve) of one prompt beside a running decode batch, per chunk size: the steps,
     the prompt's TTFT when chunked, the inter-token latency the decode users see meanwhile against the
     decode-only step, and the cost of chunking: the chunk-only steps against the unchunked prefill."""
     whole = ttft(measured, config, prompt).total_ms
-    decode_only = tpot(measured, config, decode_batch, context).total_ms
+    decode_only = tpot(measured, config, decode_batch, context, page_size).total_ms
     rows = []
     for chunk in chunks:
         hybrid = [step_time(measured, s) for s in
-                  step_defs.chunked_prefill_steps(config, prompt, chunk, decode_batch, context)]
-        alone = [step_time(measured, s) for s in step_defs.chunked_prefill_steps(config, prompt, chunk, 0, context)]
+                  step_defs.chunked_prefill_steps(config, prompt, chunk, decode_batch, context, page_size)]
+        alone = [step_time(measured, s) for s in
+                 step_defs.chunked_prefill_steps(config, prompt, chunk, 0, context, page_size)]
         hybrid_ms = np.array([h.total_ms for h in hybrid])
         alone_ms = float(sum(a.total_ms for a in alone))
         rows.append({
@@ -169,7 +174,7 @@ def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, 
 
 
 def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batches, *, ttft_s: float = 3.0,
-                       user_tokens_per_s=None) -> pd.DataFrame:
+                       user_tokens_per_s=None, page_size: int = 0) -> pd.DataFrame:
     """Per prompt length and per-user rate target: the largest measured batch whose TTFT (the prompt alone)
     is within `ttft_s` and whose decode at context = prompt gives each user at least the target tokens/s."""
     rows = []
@@ -177,7 +182,7 @@ def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batch
         first = ttft(measured, config, prompt).total_ms
         for target in user_tokens_per_s or USER_TARGETS:
             ok = [b for b in batches
-                  if first <= 1e3 * ttft_s and 1e3 / tpot(measured, config, b, prompt).total_ms >= target]
+                  if first <= 1e3 * ttft_s and 1e3 / tpot(measured, config, b, prompt, page_size).total_ms >= target]
             rows.append({"prompt": prompt, "ttft_ms": first, "ttft_target_s": ttft_s,
                          "user_tokens_per_s_target": target, "largest_batch": max(ok) if ok else 0})
     return pd.DataFrame(rows)
@@ -210,14 +215,14 @@ def measured_stretch(interference: pd.DataFrame | None, *, model: str, dtype: st
 
 
 def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, decode_batch: int, context: int,
-                    interference: pd.DataFrame | None = None) -> pd.DataFrame:
+                    interference: pd.DataFrame | None = None, page_size: int = 0) -> pd.DataFrame:
     """The prompt beside a running decode batch without chunking, next to the chunked table: separated (the
     prefill on another device: the decode-only step), co-located and protected. Co-located is measured where
     `phasebench interference` rows of this model, dtype, batch, prompt and context are given, else composed as a
     fair share: while both run, each decode step yields up to its own length to the prefill (ITL = TPOT +
     min(TPOT, TTFT)) and the prefill gets half the device (TTFT doubles). Protected is measured or unknown."""
     first = ttft(measured, config, prompt).total_ms
-    step = tpot(measured, config, decode_batch, context).total_ms
+    step = tpot(measured, config, decode_batch, context, page_size).total_ms
     found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context)
     options = [("separated", step, first, "composed: the prefill on another device")]
     colocated = measured_stretch(interference, mode="colocated", **found)

@@ -283,6 +283,8 @@ def phases_summary(tables: dict) -> str:
     meta = tables.get("meta") or {}
     if meta.get("impls"):
         out[0] += " · " + ", ".join(f"{op}={impl}" for op, impl in meta["impls"].items())
+    if meta.get("page_size"):
+        out[0] += f" · KV cache in pages of {meta['page_size']} (decode and chunks)"
     if not _empty(tables, "prefill"):
         out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s",
                                                                         "noisy_left_out"))]

@@ -25,7 +25,7 @@ from ._figures import (
 
 # Fields that, when they vary within one impl, split its rows into separate lines
 # (device, mode and timer make panels of their own).
-_SPLIT_FIELDS = ("dtype", "model", "batch", "q_heads", "kv_heads", "head_dim", "causal")
+_SPLIT_FIELDS = ("dtype", "model", "batch", "q_heads", "kv_heads", "head_dim", "causal", "page_size")
 
 
 def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:

@@ -32,22 +32,25 @@ __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_i
 # with `from phasebench.kernels.attention import triton_attention`).
 
 
-def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> AttentionCall:
+def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> AttentionCall:
     """Validate and plan a call without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl)
-    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens)
+    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
     chosen.check(req)
     return chosen.plan(req)
 
 
-def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None):
-    """Attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D]; returns [B, Hq, Sq, D] in q's dtype."""
-    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens).run()
+def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None):
+    """Attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D]; returns [B, Hq, Sq, D] in q's dtype. With
+    `block_table` (int32 [B, max_pages]), k and v are pools of pages [num_pages, page_size, Hkv, D]."""
+    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
+                   block_table=block_table).run()
 
 
-def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None) -> str:
+def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> str:
     """The concrete backend that `attention` with the same arguments uses."""
-    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens).backend
+    return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
+                   block_table=block_table).backend
 
 
 def prepare_linear(x, w, *, impl) -> AttentionCall:

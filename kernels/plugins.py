@@ -28,11 +28,13 @@ def _dtypes(dtypes: Iterable) -> frozenset[torch.dtype]:
 
 
 def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu", "cuda"),
-             dtypes: Iterable = DEFAULT_DTYPES, summary: str = "") -> Impl:
+             dtypes: Iterable = DEFAULT_DTYPES, summary: str = "", paged: bool = False) -> Impl:
     """Register `fn` as implementation `name` of `op`; it is then gated and timed like the built-ins.
 
     `fn` takes the operator's arguments (attention: `fn(q, k, v, *, causal, scale, cache_seqlens)`;
     linear: `fn(x, w)`), returns its output, and may raise `Unsupported` for a valid request it cannot serve.
+    `paged=True` (attention): `fn` also serves paged caches, called as `fn(q, k_pool, v_pool, *, causal, scale,
+    cache_seqlens, block_table)`; without it, paged requests are skipped as unsupported.
     """
     from .registry import BUILTINS
 
@@ -44,6 +46,8 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
         raise ValueError(f"name: {name!r} is a built-in {op} implementation; choose another name")
     if not callable(fn):
         raise ValueError(f"fn: must be callable, got {type(fn).__name__}")
+    if not isinstance(paged, bool) or (paged and op != "attention"):
+        raise ValueError(f"paged: must be a bool, and True only for attention, got {paged!r} for {op}")
     devices = frozenset(devices)
     if not devices or not devices <= {"cpu", "cuda"}:
         raise ValueError(f"devices: must be a non-empty subset of cpu, cuda, got {sorted(devices)}")
@@ -54,7 +58,7 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
         return AttentionCall(name, backend, lambda: call(fn, req))
 
     impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
-                devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16,
+                devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16, paged=paged,
                 backends=lambda device_type: backend)
     OPS[op][name] = impl
     return impl

@@ -35,6 +35,7 @@ class Impl:
     causal: bool = True
     gqa: bool = True
     ragged: bool = True
+    paged: bool = False  # reads K/V through a block table (pools of pages)
     max_head_dim: int = 256
     # returns None when usable on a device type, else why not (e.g. a package is missing)
     unavailable: Callable[[str], str | None] = field(default=lambda device_type: None)
@@ -67,6 +68,8 @@ class Impl:
             reason = f"{self.name} does not support GQA/MQA"
         if reason is None and req.ragged and not self.ragged:
             reason = f"{self.name} does not support ragged cache_seqlens"
+        if reason is None and req.paged and not self.paged:
+            reason = f"{self.name} does not read a paged KV cache (block_table)"
         return reason
 
 

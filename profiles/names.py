@@ -13,7 +13,8 @@ STAGES = (SETUP, CHECK, TIMING)
 FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")
 LINEAR_FIELDS = ("m", "n", "k")
 ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fields kv_heads, head_dim
-ALL_FIELDS = ("op", *FIELDS, "kv_tokens", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS)  # parse_case_key's (None where n/a)
+# parse_case_key's (None where n/a)
+ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS)
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -22,6 +23,7 @@ _KEY = re.compile(
     r"(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
     r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
     r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?(?:-t(?P<kv_tokens>\d+))?"
+    r"(?:-p(?P<page_size>\d+))?"
 )
 _LINEAR_KEY = re.compile(
     r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
@@ -64,13 +66,15 @@ def case_key(impl, phase, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dty
 
 def case_key_for(case, impl: str) -> str:
     """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase); a ragged
-    batch adds the KV positions it uses ('-t1125') so it is told apart from the dense case of its length."""
+    batch adds the KV positions it uses ('-t1125') so it is told apart from the dense case of its length, and a
+    paged cache its page size ('-p16')."""
     key = case_key(
         impl, case.phase, case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len,
         case.head_dim, case.dtype, case.causal,
     )
     seqlens = getattr(case, "seqlens", None)
-    return key + (f"-t{sum(seqlens)}" if seqlens is not None else "")
+    page = getattr(case, "page_size", 0)
+    return key + (f"-t{sum(seqlens)}" if seqlens is not None else "") + (f"-p{int(page)}" if page else "")
 
 
 def linear_key_for(case, impl: str) -> str:
@@ -111,6 +115,7 @@ def parse_case_key(name) -> dict | None:
             out[field] = int(out[field])
         out["causal"] = out["causal"] is not None
         out["kv_tokens"] = int(out["kv_tokens"]) if out["kv_tokens"] else out["batch"] * out["kv_len"]
+        out["page_size"] = int(out["page_size"] or 0)
         return out
     m = _LINEAR_KEY.fullmatch(name)
     if m is not None:

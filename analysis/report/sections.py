@@ -12,6 +12,7 @@ from ..phases import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
 from .interference_section import interference_section
+from .paged_section import paged_section
 from .tables import (
     above_roof_rows,
     correctness_table,
@@ -212,6 +213,7 @@ SECTIONS = [
     figures_section,
     phases_section,
     interference_section,
+    paged_section,
     linear_section,
     comparison_section,
     summary_section,

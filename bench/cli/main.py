@@ -154,7 +154,7 @@ def cmd_ceilings(args) -> int:
 
 def add_case_arguments(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("--suite", default="quick",
-                      help="quick (default), prefill, chunked, decode, verify, ragged, decode-linear, "
+                      help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
                            "prefill-linear, full")
     verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
     verb.add_argument("--impl", nargs="+", metavar="I",
@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="real forward passes to check the composition against: phasebench's decoder (always) "
                              "and transformers' LlamaForCausalLM with random weights where installed")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
+    phases.add_argument("--page-size", type=int, metavar="P",
+                        help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
+                             "contiguous); the prompt's own attention stays contiguous")
     phases.add_argument("--sample-time", type=float, metavar="S",
                         help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)

@@ -60,10 +60,12 @@ def cmd_phases(args) -> int:
     from ..sweep.console import Progress
 
     impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
+    if args.page_size is not None and args.page_size < 0:
+        raise UsageError(f"page-size: must be a non-negative number of tokens (0: contiguous), got {args.page_size}")
     cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
                                 batches=tuple(args.batch) if args.batch else None, context=args.context,
                                 chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
-                                reference_layers=args.reference_layers, dtype=args.dtype,
+                                reference_layers=args.reference_layers, dtype=args.dtype, page_size=args.page_size,
                                 reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
                                 references=references)
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
@@ -81,7 +83,8 @@ def cmd_phases(args) -> int:
             cfg.interference = load_interference(*args.interference)
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
-    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}) -> {out}", file=sys.stderr)
+    paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
+    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}) -> {out}", file=sys.stderr)
     tables = run_phases(cfg, reuse)
     from ...analysis.phases import phases_summary, write_phase_figures
 

@@ -35,6 +35,7 @@ class ReferencePlan:
     batches: tuple[int, ...]
     context: int
     kinds: tuple[str, ...] = ("phasebench",)
+    page_size: int = 0  # the composition's decode attention reads pages of this many tokens (0: contiguous)
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -118,7 +119,7 @@ def reference_table(before: list[dict], after: list[dict], measured: pm.Measured
         if first["phase"] == "prefill":
             composed = pm.ttft(measured, small, first["tokens"])
         else:
-            composed = pm.tpot(measured, small, first["batch"], first["tokens"])
+            composed = pm.tpot(measured, small, first["batch"], first["tokens"], plan.page_size)
         times = [r["ms"] for r in (first, second) if r.get("ms") is not None]
         reference_ms = sum(times) / len(times) if times else float("nan")
         rows.append({"reference": first["reference"], "implementation": first.get("implementation", ""),

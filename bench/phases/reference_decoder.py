@@ -252,7 +252,8 @@ class ReferenceDecoder(nn.Module):
             q, k, _, causal = args
             ops.append({"op": "attention", "name": "attention", "scope": "layer", "batch": q.shape[0],
                         "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_len": q.shape[2],
-                        "kv_len": k.shape[2], "head_dim": q.shape[3], "causal": bool(causal)})
+                        "kv_len": k.shape[2], "head_dim": q.shape[3], "causal": bool(causal),
+                        "page_size": 0})  # its cache is contiguous
 
         def on_greedy(module, args, out):
             logits = args[0]

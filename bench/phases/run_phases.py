@@ -64,6 +64,7 @@ class PhasesConfig:
     time_budget_s: float | None = None  # wall seconds for the whole verb, from `started` (time.monotonic())
     started: float | None = None
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
+    page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -79,11 +80,12 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     """Every step the composition will sum, so that each op it needs is measured once."""
     m, out = cfg.model, []
     out += [step_defs.prefill_step(m, p) for p in (*cfg.prompts, cfg.chunk_prompt)]
-    out += [step_defs.decode_step(m, b, c) for b in sorted({*cfg.batches, cfg.chunk_batch, *cfg.reference_batches})
+    out += [step_defs.decode_step(m, b, c, cfg.page_size)
+            for b in sorted({*cfg.batches, cfg.chunk_batch, *cfg.reference_batches})
             for c in sorted({cfg.context, *cfg.prompts})]
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
-            out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context)
+            out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context, cfg.page_size)
     return out
 
 
@@ -100,23 +102,26 @@ def case_of(use: step_defs.OpUse, dtype: str, model: str):
 def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
     """The phase tables from measured rows (analysis does the arithmetic; no measurement here)."""
     measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    page = cfg.page_size
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
-        "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context),
-        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context),
+        "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page),
+        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
+                                  page),
         "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
-                                        cfg.interference),
-        "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches),
+                                        cfg.interference, page),
+        "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
-        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context).items.assign(
+        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context, page).items.assign(
             batch=max(cfg.reference_batches), context=cfg.context),
     }
 
 
 def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
+    """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
-                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references))
+                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -145,7 +150,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     (cfg.out_dir / "phases.json").write_text(json.dumps({
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
-        "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt,
+        "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "measured_cases": len(cases)}, indent=1))
     return tables

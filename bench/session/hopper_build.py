@@ -33,6 +33,12 @@ SPILL_ALLOWED: dict[str, str] = {
                                                             "a ptxas local-memory choice, not register pressure",
     "split_kv_kernel * N256 w8 s2": "widest decode tile, clean at D128 x 16 rows; at D256 or 128 rows it also "
                                     "overruns shared memory, so the autotuner drops it there",
+    "split_kv_kernel bf16 D128 rows16 seqlens page256 N128 w8 s3": "8/4 B at 80 registers with Triton 3.9 (a ptxas "
+                                                                   "local-memory choice, not register pressure); the "
+                                                                   "N64, N32 and N256 tiles read pages of 256 clean",
+    "split_kv_kernel fp32 D128 rows16 seqlens page16 N64 w4 s2": "fp32 (FMA dots, not a GPU target dtype) at pages "
+                                                                 "of 16: 24/16 B at 128 registers with Triton 3.9 "
+                                                                 "(clean on 3.6); its 8-warp tile reads them clean",
 }
 
 # Variants allowed past the shared memory limit: the autotuner drops a config that raises
@@ -102,8 +108,8 @@ def _configs(tuned) -> list[tuple[dict, int, int]]:
 
 
 def _attention_types(dt: str) -> dict:
-    return {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "SEQLENS": "*i32", "qk_scale": "fp32",
-            "PART_M": "*fp32", "PART_L": "*fp32", "PART_ACC": "*fp32"}
+    return {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "SEQLENS": "*i32", "TABLE": "*i32",
+            "qk_scale": "fp32", "PART_M": "*fp32", "PART_L": "*fp32", "PART_ACC": "*fp32"}
 
 
 def _gemv_tiles(block_m: int, configs) -> list[tuple[dict, int, int]]:
@@ -125,15 +131,17 @@ def variants(full: bool = False) -> list[Variant]:
         # a second identical compile would be a cache hit with no ptxas log: keep the first
         out.setdefault((kernel, repr(sorted(v.constexprs.items())), repr(sorted(types.items())), warps, stages), v)
 
-    def prefill(dt, d, causal, seqlens, source="autotune", configs=None):
-        cx = dict(HAS_SEQLENS=seqlens, CAUSAL=causal, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_D=d, EVEN_D=True)
-        flags = f"D{d}" + (" causal" if causal else "") + (" seqlens" if seqlens else "")
+    def prefill(dt, d, causal, seqlens, source="autotune", configs=None, page=0):
+        cx = dict(HAS_SEQLENS=seqlens, CAUSAL=causal, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_D=d, EVEN_D=True,
+                  PAGE_SIZE=page)
+        flags = f"D{d}" + " causal" * causal + " seqlens" * seqlens + f" page{page}" * bool(page)
         for cfg, w, s in configs or _configs(pre._prune(pre.TUNING_CONFIGS, {"BLOCK_D": d})):
             add("prefill_kernel", dt, flags, source, cfg, w, s, cx, _attention_types(dt))
 
-    def split_kv(dt, d, rows, causal, source="autotune", configs=None):
-        cx = dict(HAS_SEQLENS=True, CAUSAL=causal, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_D=d, BLOCK_ROWS=rows)
-        flags = f"D{d} rows{rows}" + (" causal" if causal else "") + " seqlens"
+    def split_kv(dt, d, rows, causal, source="autotune", configs=None, page=0):
+        cx = dict(HAS_SEQLENS=True, CAUSAL=causal, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_D=d, BLOCK_ROWS=rows,
+                  PAGE_SIZE=page)
+        flags = f"D{d} rows{rows}" + " causal" * causal + " seqlens" + f" page{page}" * bool(page)
         for cfg, w, s in configs or _configs(dec.TUNING_CONFIGS):
             add("split_kv_kernel", dt, flags, source, cfg, w, s, cx, _attention_types(dt))
 
@@ -151,6 +159,13 @@ def variants(full: bool = False) -> list[Variant]:
         linear("gemm_kernel", dt, "", gemm)
         # decode batches of up to 16 rows; split_k > 1 writes fp32 partials
         linear("splitk_gemv_kernel", dt, "M16 split", _gemv_tiles(16, gemv), dst="*fp32")
+    # paged caches: pages of 16 (smaller than every key block: one table entry per key), 256 (whole blocks: one
+    # entry per block) and 64 at verify rows (both, by BLOCK_N); the chunk path through the prefill kernel
+    split_kv("bf16", 128, 16, False, page=16)
+    split_kv("bf16", 128, 16, False, page=256)
+    split_kv("bf16", 128, 64, True, page=64)
+    prefill("bf16", 128, True, True, page=16)
+    prefill("bf16", 128, True, True, page=256, configs=None if full else _configs(pre.TUNING_CONFIGS)[1:2])
     # largest head dim (shared memory) and 128 verify rows (GQA group x draft tokens): the register peaks
     prefill("bf16", 256, True, False)
     split_kv("bf16", 256, 16, False)
@@ -158,6 +173,7 @@ def variants(full: bool = False) -> list[Variant]:
     # fp16 takes the same MMA path as bf16; fp32 dots are ieee (FMA), one config each here
     prefill("fp16", 128, False, True, configs=_configs(pre.TUNING_CONFIGS)[one])
     split_kv("fp16", 128, 64, True, configs=_configs(dec.TUNING_CONFIGS)[one])
+    split_kv("fp32", 128, 16, False, configs=_configs(dec.TUNING_CONFIGS)[one], page=16)
     linear("gemm_kernel", "fp16", "", gemm[one])
     linear("splitk_gemv_kernel", "fp16", "M64", _gemv_tiles(64, gemv)[one], even_k=False)
     linear("splitk_gemv_kernel", "fp32", "M16 split", _gemv_tiles(16, gemv)[one], dst="*fp32")

@@ -65,15 +65,16 @@ class SelfcheckPlan:
                                 "budgets": {k: v * scale for k, v in self.budgets.items()}})
 
 
-GPU_SUITE_SHARES = {"prefill": 0.16, "chunked": 0.14, "verify": 0.14, "decode": 0.2, "decode-linear": 0.2,
-                    "prefill-linear": 0.16}
+# shares of the suites step (they sum to 1); the smallest still covers a run's start-up at 70% of the budget
+GPU_SUITE_SHARES = {"prefill": 0.15, "chunked": 0.14, "verify": 0.14, "decode": 0.16, "decode-linear": 0.14,
+                    "prefill-linear": 0.14, "paged": 0.13}
 
 # Eight minutes on one H200 (a 15-minute lease, the machine's start and the transfers included): the CUDA tests
 # compile many Triton specialisations, so they get the largest share after the suites; what a step does not use
 # goes to the steps after it. Every share covers its step's start-up and teardown at this budget and at 70% of it.
 GPU = SelfcheckPlan(
     name="gpu", device="cuda", dtype="bfloat16", total_s=480,
-    budgets={"env": 12, "tests": 110, "ceilings": 15, "suites": 165, "interference": 25, "phases": 45,
+    budgets={"env": 12, "tests": 110, "ceilings": 15, "suites": 170, "interference": 25, "phases": 45,
              "profile": 30, "ncu": 30, "report": 12},
     minimum_s={"env": 8, "tests": 40, "ceilings": 10, "interference": 15, "phases": 30, "profile": 20, "ncu": 20,
                "report": 8},
@@ -102,7 +103,7 @@ HOST = SelfcheckPlan(
              "ncu": 6, "report": 10},
     minimum_s={"env": 4, "tests": 12, "ceilings": 3, "interference": 6, "phases": 10, "profile": 6, "ncu": 4,
                "report": 5},
-    models=(TINY_MODEL,), suites={s: 1 / 6 for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=5,
+    models=(TINY_MODEL,), suites={s: 1 / len(GPU_SUITE_SHARES) for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=5,
     teardown_s=2,
     # the host suites' sizes: causal prefill 64, decode at 256 keys for batches 1 and 4
     phases_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "1", "4", "--context", "255", "--chunk", "32",

@@ -11,7 +11,8 @@ import pandas as pd
 
 # 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
 # 3: above_roof (a compiled row above ABOVE_ROOF_PCT of its measured roof, its finding in `reason`).
-SCHEMA_VERSION = 3
+# 4: page_size (an attention case whose KV cache is read in pages through a block table; 0: contiguous).
+SCHEMA_VERSION = 4
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -29,6 +30,7 @@ RESULT_COLUMNS = (
     *CASE_COLUMNS,
     "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
+    "page_size",  # tokens per page of a paged KV cache (block table); 0 for a contiguous cache and other operators
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
@@ -50,7 +52,7 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "m", "n", "k", "projection", "kind", "cache_len")
+               "page_size", "m", "n", "k", "projection", "kind", "cache_len")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -70,8 +72,8 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
     "phasebench_version", "git_commit", "datasheet_name",
 )
-INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "m", "n", "k",
-               "cache_len")
+INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
+               "m", "n", "k", "cache_len")
 BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
@@ -86,14 +88,16 @@ SAMPLES_COLUMN = "samples_ms"
 
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
-KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", *LINEAR_COLUMNS, "kind", "cache_len",
-               "device", "mode", "timer")
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *LINEAR_COLUMNS, "kind",
+               "cache_len", "device", "mode", "timer")
 
 
 def sample_key(row) -> tuple:
     """row_key with blanks (None, NaN, NA) as "" and whole floats as ints: one key for a measured row,
-    a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows."""
-    return tuple(key_text(row.get(c)) for c in KEY_COLUMNS)
+    a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows. A contiguous cache's page_size
+    (0) keys as blank too, as in rows written before the column and rows of other operators."""
+    return tuple("" if c == "page_size" and key_text(row.get(c)) == "0" else key_text(row.get(c))
+                 for c in KEY_COLUMNS)
 
 
 def cell_float(value) -> float:
@@ -135,7 +139,7 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 
 # What a row that lacks a column (an older schema) or leaves it blank holds; other missing
 # columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
-DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False}
+DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

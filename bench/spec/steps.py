@@ -75,27 +75,28 @@ def _head(config: DecoderConfig, rows: int) -> list[OpUse]:
 
 def prefill_step(config: DecoderConfig, prompt: int, batch: int = 1) -> list[OpUse]:
     """The prompt of `batch` sequences at once: M = batch x prompt rows; lm_head on each last token."""
-    attention = [dict(batch=batch, q_len=prompt, kv_len=prompt)]
+    attention = [dict(batch=batch, q_len=prompt, kv_len=prompt, page_size=0)]
     return (_layer(config, batch * prompt, "prefill", "prefill", batch * prompt, attention)
             + _head(config, batch))
 
 
-def decode_step(config: DecoderConfig, batch: int, context: int) -> list[OpUse]:
-    """One new token for each of `batch` sequences that hold `context` tokens: M = batch."""
-    attention = [dict(batch=batch, q_len=1, kv_len=context + 1)]
+def decode_step(config: DecoderConfig, batch: int, context: int, page_size: int = 0) -> list[OpUse]:
+    """One new token for each of `batch` sequences that hold `context` tokens: M = batch; the KV cache read in
+    pages of `page_size` tokens (0: contiguous)."""
+    attention = [dict(batch=batch, q_len=1, kv_len=context + 1, page_size=page_size)]
     return (_layer(config, batch, "decode", "decode", batch * (context + 1), attention)
             + _head(config, batch))
 
 
 def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: int, prefix: int,
-                last_chunk: bool) -> list[OpUse]:
+                last_chunk: bool, page_size: int = 0) -> list[OpUse]:
     """Sarathi-Serve's step: `decode_batch` decode tokens and a `chunk`-token slice of a prompt (after `prefix`
     cached tokens) in one batch: the projections and elementwise work at M = decode_batch + chunk, attention as
     a decode call plus a chunk call; the head on the decode tokens, and on the chunk's last token when it ends
     the prompt."""
-    attention = [dict(batch=1, q_len=chunk, kv_len=prefix + chunk)]
+    attention = [dict(batch=1, q_len=chunk, kv_len=prefix + chunk, page_size=page_size)]
     if decode_batch:
-        attention.insert(0, dict(batch=decode_batch, q_len=1, kv_len=context + 1))
+        attention.insert(0, dict(batch=decode_batch, q_len=1, kv_len=context + 1, page_size=page_size))
     tokens = decode_batch + chunk
     cache = decode_batch * (context + 1) + prefix + chunk  # every sequence's cache rows
     rows = decode_batch + (1 if last_chunk else 0)
@@ -104,14 +105,14 @@ def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: i
 
 
 def chunked_prefill_steps(config: DecoderConfig, prompt: int, chunk: int, decode_batch: int,
-                          context: int) -> list[list[OpUse]]:
+                          context: int, page_size: int = 0) -> list[list[OpUse]]:
     """The hybrid steps that carry a `prompt` through in `chunk`-token slices beside a running decode batch."""
     if chunk < 1:
         raise ValueError(f"chunk: must be a positive int, got {chunk!r}")
     steps, prefix = [], 0
     while prefix < prompt:
         size = min(chunk, prompt - prefix)
-        steps.append(hybrid_step(config, decode_batch, context, size, prefix, prefix + size == prompt))
+        steps.append(hybrid_step(config, decode_batch, context, size, prefix, prefix + size == prompt, page_size))
         prefix += size
     return steps
 

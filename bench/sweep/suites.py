@@ -42,6 +42,17 @@ SUITES["ragged"] = {
     "cuda": [RaggedSweep(("llama-3-8b",), (16, 64), kv_max=(32 * K, 128 * K))],
     "cpu": [RaggedSweep(("llama-3-8b",), (5,), kv_max=(1 * K,))],
 }
+# Paged KV caches: page sizes against the contiguous cache (page 0) at the same lengths and batches, ragged included
+PAGES = (0, 16, 64, 256)
+SUITES["paged"] = {
+    "cuda": [Sweep(("llama-3-8b",), (8, 64), kv=(8 * K, 32 * K), pages=PAGES),
+             RaggedSweep(("llama-3-8b",), (64,), kv_max=(32 * K,), pages=PAGES),
+             Sweep(("llama-3-8b",), (8,), chunk=(4,), prefix=(8 * K,), pages=PAGES),
+             Sweep(("llama-3-8b",), (1,), chunk=(512,), prefix=(8 * K,), pages=PAGES)],
+    "cpu": [Sweep(("llama-3-8b",), (4,), kv=(1 * K,), pages=PAGES),
+            RaggedSweep(("llama-3-8b",), (5,), kv_max=(1 * K,), pages=PAGES),
+            Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(508,), pages=PAGES)],
+}
 LINEAR_MODELS = ("llama-3-8b", "llama-3-70b")
 SUITES["decode-linear"] = {
     "cuda": [LinearSweep(LINEAR_MODELS, (1, 2, 4, 8, 16, 32, 64, 128, 256), "decode",
@@ -57,7 +68,7 @@ SUITES["quick"]["cuda"] += [LinearSweep(("llama-3-8b",), (8,), "decode", ("gate_
                             LinearSweep(("llama-3-8b",), (2 * K,), "prefill", ("gate_up",))]
 SUITES["quick"]["cpu"] += [LinearSweep(("llama-3-8b",), (2,), "decode", ("o",)),
                            LinearSweep(("llama-3-8b",), (96,), "prefill", ("o",))]
-FULL = ("prefill", "chunked", "decode", "verify", "ragged", "decode-linear", "prefill-linear")
+FULL = ("prefill", "chunked", "decode", "verify", "ragged", "paged", "decode-linear", "prefill-linear")
 SUITES["full"] = {dev: [s for name in FULL for s in SUITES[name][dev]]
                   for dev in ("cuda", "cpu")}
 

@@ -10,6 +10,9 @@ Routes (each reported as the call's backend):
   PyTorch dispatches to the same flash kernel with bottom-right alignment. Ragged
   `cache_seqlens` are served by one flash call per sequence on its own key prefix (suffix
   `+per-seq`): same kernel, B launches.
+- A paged cache (block_table): `flash_attn_with_kvcache(..., block_table=...)` (suffix `+paged`) where flash_attn
+  serves it (pages of a multiple of 256 tokens); without flash_attn, the pages gathered into contiguous K/V inside
+  the call and then the SDPA route above, named `gather+sdpa-flash...`.
 - `sdpa_efficient` / `cudnn`: the same facade pinned to EFFICIENT_ATTENTION / CUDNN_ATTENTION.
 A backend that rejects a request at run time raises `Unsupported`; nothing falls back silently.
 """
@@ -27,9 +30,11 @@ from .. import buffers
 from ..errors import Unsupported
 from ..registry import AttentionCall, Impl, add_builtin
 from .naive import allowed_keys
+from .paged import gatherer
 from .request import AttentionRequest
 
 HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
+FLASH_ATTN_PAGE_MULTIPLE = 256  # flash_attn 2's paged kernels read pages of a multiple of this many tokens
 ALL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
@@ -55,15 +60,19 @@ def _sdpa(req: AttentionRequest, backend: SDPBackend, q, k, v, *, is_causal=Fals
 
 
 def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> AttentionCall:
-    """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask."""
-    q, k, v = req.q, req.k, req.v
+    """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask. A paged
+    request's pages are gathered into contiguous K/V inside the call (the label says `gather+`)."""
+    q = req.q
+    kv = gatherer(req) if req.paged else lambda: (req.k, req.v)
+    label = ("gather+" if req.paged else "") + label
     chunk_causal = req.causal and 1 < req.q_len < req.kv_len
     causal_square = req.causal and req.q_len == req.kv_len  # Sq == 1 needs no mask: it sees every key
     if req.ragged and masks:
         keep = allowed_keys(req)[:, None]  # built here, outside the timed call
-        return AttentionCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, k, v, attn_mask=keep))
+        return AttentionCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, *kv(), attn_mask=keep))
     if req.ragged:
         def per_sequence():
+            k, v = kv()
             out = buffers.empty_like(q)
             for b, n in enumerate(req.seqlens):
                 sq_causal = req.causal and req.q_len > 1
@@ -76,14 +85,32 @@ def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: st
         # On CUDA, causal_lower_right dispatches to the flash kernel with its bottom-right alignment.
         # On the host it would rebuild a boolean mask on every call, so it is built once here.
         bias = allowed_keys(req)[:, None] if req.device_type == "cpu" else causal_lower_right(req.q_len, req.kv_len)
-        return AttentionCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, k, v, attn_mask=bias))
-    return AttentionCall(impl, label, lambda: _sdpa(req, backend, q, k, v, is_causal=causal_square))
+        return AttentionCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, *kv(), attn_mask=bias))
+    return AttentionCall(impl, label, lambda: _sdpa(req, backend, q, *kv(), is_causal=causal_square))
+
+
+def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> AttentionCall:
+    """flash_attn_with_kvcache on the pools themselves ([num_pages, page_size, Hkv, D] is its layout)."""
+    if req.page_size % FLASH_ATTN_PAGE_MULTIPLE:
+        raise Unsupported(f"{label} reads pages of a multiple of {FLASH_ATTN_PAGE_MULTIPLE} tokens only, "
+                          f"got page_size {req.page_size}")
+    q = req.q.transpose(1, 2)
+    lens = req.cache_seqlens if req.cache_seqlens is not None else torch.full(
+        (req.batch,), req.kv_len, dtype=torch.int32, device=q.device)
+
+    def paged():
+        out = fa.flash_attn_with_kvcache(q, req.k, req.v, cache_seqlens=lens, block_table=req.block_table,
+                                         softmax_scale=req.scale, causal=req.causal)
+        return out.transpose(1, 2)
+    return AttentionCall("flash", label + ":with_kvcache+paged", paged)
 
 
 def _flash_attn_route(req: AttentionRequest, fa) -> AttentionCall:
+    label = f"flash_attn-{getattr(fa, '__version__', '?')}"
+    if req.paged:
+        return _flash_attn_paged(req, fa, label)
     # flash_attn wants BSHD; a transposed view of BHSD keeps stride(-1) == 1, so no copy is made
     q, k, v = (t.transpose(1, 2) for t in (req.q, req.k, req.v))
-    label = f"flash_attn-{getattr(fa, '__version__', '?')}"
     if req.cache_seqlens is not None or req.q_len == 1:
         def kvcache():
             out = fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=req.cache_seqlens,
@@ -129,6 +156,7 @@ FLASH = add_builtin(Impl(
     devices=frozenset({"cpu", "cuda"}),
     dtypes=ALL_DTYPES,
     plan=_plan_flash,
+    paged=True,
     backends=_flash_backends,
 ))
 

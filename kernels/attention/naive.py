@@ -1,10 +1,12 @@
-"""Naive attention: scores as a matmul, softmax in fp32, then a matmul (materialises the scores)."""
+"""Naive attention: scores as a matmul, softmax in fp32, then a matmul (materialises the scores); a paged cache is
+gathered into contiguous K/V first, inside the call."""
 
 from __future__ import annotations
 
 import torch
 
 from ..registry import AttentionCall, Impl, add_builtin
+from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
 
@@ -43,6 +45,9 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
 
 
 def _plan(req: AttentionRequest) -> AttentionCall:
+    if req.paged:  # the pages copied into contiguous K/V inside the call, then the same math
+        gather = gatherer(req)
+        return AttentionCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
     return AttentionCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
@@ -52,6 +57,7 @@ NAIVE = add_builtin(Impl(
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
     plan=_plan,
+    paged=True,
     max_head_dim=1 << 16,
     backends=lambda device_type: "torch-matmul",
 ))

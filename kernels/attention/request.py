@@ -1,4 +1,4 @@
-"""Validation of an attention call into one checked, immutable request."""
+"""Validation of an attention call into one checked, immutable request (contiguous or paged KV cache)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 @dataclass(frozen=True)
 class AttentionRequest:
-    """A validated call: tensors in BHSD layout plus the derived sizes."""
+    """A validated call: q in BHSD layout, K/V in BHSD or, with a block table, pools of pages
+    [num_pages, page_size, Hkv, D]; plus the derived sizes."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -23,6 +24,20 @@ class AttentionRequest:
     scale: float
     cache_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None  # host copy of cache_seqlens, read once here
+    block_table: torch.Tensor | None = None  # int32 [B, max_pages]: sequence b's key j is in page [b, j // page_size]
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page (0 for a contiguous cache)."""
+        return self.k.shape[1] if self.paged else 0
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[0] if self.paged else 0
 
     @property
     def batch(self) -> int:
@@ -34,7 +49,7 @@ class AttentionRequest:
 
     @property
     def kv_heads(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2 if self.paged else 1]
 
     @property
     def q_len(self) -> int:
@@ -42,7 +57,8 @@ class AttentionRequest:
 
     @property
     def kv_len(self) -> int:
-        return self.k.shape[2]
+        """The cache length: keys per sequence (a paged cache: its block table's pages x page_size)."""
+        return self.block_table.shape[1] * self.k.shape[1] if self.paged else self.k.shape[2]
 
     @property
     def head_dim(self) -> int:
@@ -66,13 +82,18 @@ def _bad(arg: str, rule: str) -> ValueError:
     return ValueError(f"{arg}: {rule}")
 
 
-def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None) -> AttentionRequest:
-    """Check the arguments of `attention` and return the request, or raise a one-line ValueError."""
+def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None) -> AttentionRequest:
+    """Check the arguments of `attention` and return the request, or raise a one-line ValueError.
+
+    With `block_table`, k and v are pools of pages [num_pages, page_size, Hkv, D] and the table (int32
+    [B, max_pages]) names the page of each block of page_size keys of each sequence."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise _bad(name, f"must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise _bad(name, f"must have rank 4 (BHSD layout), got shape {tuple(t.shape)}")
+            layout = "[num_pages, page_size, Hkv, D] with a block_table" if block_table is not None and name != "q" \
+                else "BHSD layout"
+            raise _bad(name, f"must have rank 4 ({layout}), got shape {tuple(t.shape)}")
         if t.dtype not in FLOAT_DTYPES:
             raise _bad(name, f"must be a floating dtype (float16/bfloat16/float32/float64), got {t.dtype}")
         if 0 in t.shape:
@@ -83,28 +104,61 @@ def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None) -> Attent
         raise _bad("k/v", f"device must match q ({q.device}), got k {k.device} and v {v.device}")
     if k.shape != v.shape:
         raise _bad("v", f"shape must equal k's {tuple(k.shape)}, got {tuple(v.shape)}")
-    if k.shape[0] != q.shape[0]:
+    paged = block_table is not None
+    if not paged and k.shape[0] != q.shape[0]:
         raise _bad("k", f"batch must equal q's ({q.shape[0]}), got {k.shape[0]}")
     if k.shape[3] != q.shape[3]:
         raise _bad("k", f"head dim must equal q's ({q.shape[3]}), got {k.shape[3]}")
-    if q.shape[1] % k.shape[1] != 0:
-        raise _bad("q", f"heads must be a multiple of kv heads (Hq % Hkv == 0), got Hq={q.shape[1]} Hkv={k.shape[1]}")
+    kv_heads = k.shape[2] if paged else k.shape[1]
+    if q.shape[1] % kv_heads != 0:
+        raise _bad("q", f"heads must be a multiple of kv heads (Hq % Hkv == 0), got Hq={q.shape[1]} Hkv={kv_heads}")
     if not isinstance(causal, bool):
         raise _bad("causal", f"must be a bool, got {type(causal).__name__}")
     if scale is None:
         scale = q.shape[3] ** -0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise _bad("scale", f"must be a positive finite number or None, got {scale!r}")
-    q_len, kv_len = q.shape[2], k.shape[2]
+    if paged:
+        _check_table_shape(block_table, q)
+    q_len = q.shape[2]
+    kv_len = block_table.shape[1] * k.shape[1] if paged else k.shape[2]
     seqlens = None
     if cache_seqlens is not None:
-        seqlens = _check_seqlens(cache_seqlens, q, kv_len, q_len, causal)
+        pages = (block_table.shape[1], k.shape[1]) if paged else None
+        seqlens = _check_seqlens(cache_seqlens, q, kv_len, q_len, causal, pages)
     elif causal and q_len > kv_len:
         raise _bad("q", f"q_len must not exceed kv_len with causal=True (bottom-right mask), got {q_len} > {kv_len}")
-    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens)
+    if paged:
+        _check_pages(block_table, k.shape[0], k.shape[1], seqlens or (kv_len,) * q.shape[0])
+    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens, block_table)
 
 
-def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool) -> tuple[int, ...]:
+def _check_table_shape(table, q) -> None:
+    if not isinstance(table, torch.Tensor):
+        raise _bad("block_table", f"must be an int32 tensor of shape [B, max_pages], got {type(table).__name__}")
+    if table.dtype != torch.int32:
+        raise _bad("block_table", f"must have dtype int32, got {table.dtype}")
+    if table.dim() != 2 or table.shape[0] != q.shape[0] or table.shape[1] < 1:
+        raise _bad("block_table", f"must have shape [B, max_pages] with B={q.shape[0]}, max_pages >= 1, "
+                                  f"got {tuple(table.shape)}")
+    if table.device != q.device:
+        raise _bad("block_table", f"device must match q ({q.device}), got {table.device}")
+
+
+def _check_pages(table: torch.Tensor, num_pages: int, page_size: int, lengths: tuple[int, ...]) -> None:
+    """Every entry a sequence reads (the first ceil(length / page_size) of its row) names a page of the pool;
+    the entries past them are never read and may hold anything (-1 padding, say)."""
+    needed = torch.tensor([-(-n // page_size) for n in lengths], device=table.device)
+    used = torch.arange(table.shape[1], device=table.device)[None, :] < needed[:, None]
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bool(bad.any()):
+        b, i = (int(x) for x in bad.nonzero()[0].tolist())
+        raise _bad("block_table", f"entry [{b}, {i}] = {int(table[b, i])} is outside the pool's pages "
+                                  f"[0, {num_pages})")
+
+
+def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool,
+                   pages: tuple[int, int] | None) -> tuple[int, ...]:
     if not isinstance(cache_seqlens, torch.Tensor):
         raise _bad("cache_seqlens", f"must be an int32 tensor of shape [B], got {type(cache_seqlens).__name__}")
     if cache_seqlens.dtype != torch.int32:
@@ -116,6 +170,9 @@ def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool) -> t
     seqlens = tuple(int(n) for n in cache_seqlens.tolist())
     low = q_len if causal else 1
     for b, n in enumerate(seqlens):
+        if n > kv_len and pages:
+            raise _bad("block_table", f"row {b} holds {pages[0]} pages of {pages[1]} tokens ({kv_len} keys), too "
+                                      f"few for cache_seqlens[{b}]={n}")
         if n > kv_len:
             raise _bad("cache_seqlens", f"cache_seqlens[{b}]={n} is above the KV length Sk={kv_len}")
         if n < low:
@@ -125,8 +182,9 @@ def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool) -> t
 
 
 def call_plugin(fn, req: AttentionRequest):
-    """A user's attention function, called with the operator's convention."""
-    return fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale, cache_seqlens=req.cache_seqlens)
+    """A user's attention function, called with the operator's convention (and block_table= for a paged cache)."""
+    paged = {"block_table": req.block_table} if req.paged else {}
+    return fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale, cache_seqlens=req.cache_seqlens, **paged)
 
 
 add_operator("attention", call_plugin)

@@ -43,9 +43,10 @@ def triton_attention(req: AttentionRequest) -> torch.Tensor:
     return out
 
 
-def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None, num_splits=None) -> torch.Tensor:
+def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None,
+                       num_splits=None) -> torch.Tensor:
     """The split-KV decode kernels called directly; `num_splits` overrides the chosen split count."""
-    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens)
+    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
     TRITON.check(req)
     if not uses_split_kv(req):
         raise Unsupported(f"split-KV serves up to {SPLIT_KV_MAX_Q_LEN} query tokens and "
@@ -56,9 +57,8 @@ def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None,
 
 
 def _plan(req: AttentionRequest) -> AttentionCall:
-    backend = "triton-splitkv" if uses_split_kv(req) else "triton-prefill"
+    backend = ("triton-splitkv" if uses_split_kv(req) else "triton-prefill") + ("+paged" if req.paged else "")
     return AttentionCall("triton", f"{backend}:{mode()}", lambda: triton_attention(req))
-
 
 
 TRITON = add_builtin(Impl(
@@ -67,6 +67,7 @@ TRITON = add_builtin(Impl(
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
+    paged=True,
     unavailable=triton_mode.why_unavailable,
     backends=lambda device_type: f"triton-prefill, triton-splitkv ({mode()})",
 ))

@@ -4,6 +4,8 @@ Stage 1: the KV length of each sequence is cut into `num_splits` chunks; one pro
 chunk of one (batch, kv head) and all the query rows that read that KV head (GQA group x q_len),
 so K/V are read once per kv head. It writes its partial max, sum and unnormalised output.
 Stage 2: a reduce kernel rescales and sums the partials of each query row.
+A paged cache (PAGE_SIZE > 0) is read through the block table: K/V are pools [num_pages, page_size, Hkv, D], and
+each block of BLOCK_N keys finds its page (one table entry per block when pages hold whole blocks, else one per key).
 """
 
 from __future__ import annotations
@@ -14,20 +16,38 @@ import triton.language as tl
 
 from .. import buffers
 from ..triton_mode import interpreted, multiprocessor_count
+from .paged import bhsd_strides
 
 LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * log2(e))
 MAX_SPLITS = 128
 
 
 @triton.jit
-def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
+def page_offsets(TABLE_ROW, start_n, offs_n, limit, stride_kp, stride_kn, stride_vp, stride_vn,
+                 PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Offsets in the K and V pools of keys start_n + offs_n of one sequence (TABLE_ROW: its block-table row);
+    start_n is a multiple of BLOCK_N. Keys at or past `limit` get page 0 and must be masked by the caller."""
+    if PAGE_SIZE % BLOCK_N == 0:  # the block lies in one page: one table entry
+        page = tl.load(TABLE_ROW + start_n // PAGE_SIZE).to(tl.int64)
+        slot = start_n % PAGE_SIZE + offs_n
+    else:  # pages smaller than the block (or not a multiple of it): one entry per key
+        keys = start_n + offs_n
+        page = tl.load(TABLE_ROW + keys // PAGE_SIZE, mask=keys < limit, other=0).to(tl.int64)
+        slot = keys % PAGE_SIZE
+    return page * stride_kp + slot * stride_kn, page * stride_vp + slot * stride_vn
+
+
+@triton.jit
+def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
-                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_vb, stride_vh, stride_vn, stride_vd, stride_tb,
                     q_heads, kv_heads, group, q_len, kv_len, D, num_splits,
                     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    # PAGE_SIZE 0: K/V are [B, Hkv, Sk, D]; else pools [num_pages, PAGE_SIZE, Hkv, D] whose page stride is stride_kb
+    # and slot stride stride_kn, read through TABLE [B, max_pages]
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // kv_heads).to(tl.int64)  # int64 offsets: batch x stride can pass 2**31 elements
@@ -53,8 +73,12 @@ def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
     q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if PAGE_SIZE > 0:
+        k_ptrs = K + kv_h * stride_kh + offs_d[:, None] * stride_kd  # [BLOCK_D, 1], the keys' offsets added per block
+        v_ptrs = V + kv_h * stride_vh + offs_d[None, :] * stride_vd
+    else:
+        k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     m_i = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
@@ -62,8 +86,14 @@ def split_kv_kernel(Q, K, V, SEQLENS, PART_M, PART_L, PART_ACC, qk_scale,
     last_key = kv_limit - q_len + tok  # bottom-right causal bound per row
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
+        if PAGE_SIZE > 0:  # offsets through the table; a scalar step for a contiguous cache
+            k_off, v_off = page_offsets(TABLE + b * stride_tb, start_n, offs_n, hi, stride_kb, stride_kn,
+                                        stride_vb, stride_vn, PAGE_SIZE, BLOCK_N)
+            k_step, v_step = k_off[None, :], v_off[:, None]
+        else:
+            k_step, v_step = start_n * stride_kn, start_n * stride_vn
+        k = tl.load(k_ptrs + k_step, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -115,7 +145,7 @@ TUNING_CONFIGS = [
 ]
 
 split_kv_kernel_tuned = triton.autotune(
-    TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS"],
+    TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS", "PAGE_SIZE"],
 )(split_kv_kernel)
 
 INTERPRETER_BLOCK_N = 64
@@ -144,12 +174,13 @@ def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_sp
     part_l = buffers.empty(part_shape, device=q.device, dtype=torch.float32)
     part_acc = buffers.empty((*part_shape, req.head_dim), device=q.device, dtype=torch.float32)
     seqlens = req.cache_seqlens if req.cache_seqlens is not None else q
-    args = (q, k, v, seqlens, part_m, part_l, part_acc, req.scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(),
+    table = req.block_table if req.paged else seqlens  # dummy pointers when unused
+    args = (q, k, v, seqlens, table, part_m, part_l, part_acc, req.scale * LOG2E,
+            *q.stride(), *bhsd_strides(k, req.paged), *bhsd_strides(v, req.paged), table.stride(0),
             req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits)
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal and req.q_len > 1,
                  UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d,
-                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)))
+                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)), PAGE_SIZE=req.page_size)
     grid = (num_splits, req.batch * req.kv_heads)
     if interpreted():
         split_kv_kernel[grid](*args, **flags, BLOCK_N=INTERPRETER_BLOCK_N)

@@ -12,24 +12,33 @@ import triton
 import triton.language as tl
 
 from ..triton_mode import interpreted
-from .triton_decode import LOG2E
+from .paged import bhsd_strides
+from .triton_decode import LOG2E, page_offsets
 
 
 @triton.jit
-def _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, kv_limit, diag, D,
-          stride_kn, stride_vn, qk_scale,
+def _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, table_row, start_n, offs_m, offs_n, offs_d, kv_limit, diag, D,
+          stride_kp, stride_kn, stride_vp, stride_vn, qk_scale,
           MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr,
-          PRECISION: tl.constexpr):
+          PRECISION: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     keys = start_n + offs_n
-    if MASKED:
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=(keys[None, :] < kv_limit) & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=(keys[:, None] < kv_limit) & (offs_d[None, :] < D), other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs + start_n * stride_kn)
-        v = tl.load(v_ptrs + start_n * stride_vn)
+    # the step from the head's base to this block's keys: a scalar for a contiguous cache, offsets through the
+    # table for a paged one (each pointer tile is formed at its load: forming both first cost spills at D256)
+    if PAGE_SIZE > 0:
+        k_off, v_off = page_offsets(table_row, start_n, offs_n, kv_limit, stride_kp, stride_kn, stride_vp, stride_vn,
+                                    PAGE_SIZE, BLOCK_N)
+        k_step, v_step = k_off[None, :], v_off[:, None]
     else:
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=offs_d[:, None] < D, other=0.0)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=offs_d[None, :] < D, other=0.0)
+        k_step, v_step = start_n * stride_kn, start_n * stride_vn
+    if MASKED:
+        k = tl.load(k_ptrs + k_step, mask=(keys[None, :] < kv_limit) & (offs_d[:, None] < D), other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=(keys[:, None] < kv_limit) & (offs_d[None, :] < D), other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs + k_step)
+        v = tl.load(v_ptrs + v_step)
+    else:
+        k = tl.load(k_ptrs + k_step, mask=offs_d[:, None] < D, other=0.0)
+        v = tl.load(v_ptrs + v_step, mask=offs_d[None, :] < D, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -49,15 +58,15 @@ def _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, kv_
 
 
 @triton.jit
-def prefill_kernel(Q, K, V, Out, SEQLENS, qk_scale,
+def prefill_kernel(Q, K, V, Out, SEQLENS, TABLE, qk_scale,
                    stride_qb, stride_qh, stride_qm, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
-                   stride_ob, stride_oh, stride_om, stride_od,
+                   stride_ob, stride_oh, stride_om, stride_od, stride_tb,
                    q_heads, group, q_len, kv_len, D,
                    HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     # int64 offsets: batch x stride passes 2**31 elements in large decode and prefill batches
@@ -77,8 +86,14 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, qk_scale,
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < D), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if PAGE_SIZE > 0:  # pools [num_pages, PAGE_SIZE, Hkv, D]: page stride stride_kb, slot stride stride_kn
+        k_ptrs = K + kv_h * stride_kh + offs_d[:, None] * stride_kd
+        v_ptrs = V + kv_h * stride_vh + offs_d[None, :] * stride_vd
+        table_row = TABLE + b * stride_tb
+    else:
+        k_ptrs = K + b * stride_kb + kv_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        table_row = TABLE
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -94,11 +109,13 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, qk_scale,
         seen_by_all = kv_limit
     full_end = (seen_by_all // BLOCK_N) * BLOCK_N
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, kv_limit, diag, D,
-                              stride_kn, stride_vn, qk_scale, False, CAUSAL, EVEN_D, UPCAST, PRECISION)
+        acc, l_i, m_i = _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, table_row, start_n, offs_m, offs_n, offs_d, kv_limit,
+                              diag, D, stride_kb, stride_kn, stride_vb, stride_vn, qk_scale, False, CAUSAL, EVEN_D,
+                              UPCAST, PRECISION, PAGE_SIZE, BLOCK_N)
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i = _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_d, kv_limit, diag, D,
-                              stride_kn, stride_vn, qk_scale, True, CAUSAL, EVEN_D, UPCAST, PRECISION)
+        acc, l_i, m_i = _tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, table_row, start_n, offs_m, offs_n, offs_d, kv_limit,
+                              diag, D, stride_kb, stride_kn, stride_vb, stride_vn, qk_scale, True, CAUSAL, EVEN_D,
+                              UPCAST, PRECISION, PAGE_SIZE, BLOCK_N)
 
     out = acc / l_i[:, None]
     o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
@@ -123,7 +140,7 @@ TUNING_CONFIGS = [
 ]
 
 prefill_kernel_tuned = triton.autotune(
-    TUNING_CONFIGS, key=["q_len", "kv_len", "BLOCK_D", "CAUSAL", "HAS_SEQLENS"],
+    TUNING_CONFIGS, key=["q_len", "kv_len", "BLOCK_D", "CAUSAL", "HAS_SEQLENS", "PAGE_SIZE"],
     prune_configs_by={"early_config_prune": _prune},
 )(prefill_kernel)
 
@@ -134,12 +151,13 @@ INTERPRETER_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64}
 def launch_prefill(req, out, block_d: int, upcast: bool, precision: str) -> None:
     """Launch the prefill kernel for a validated request, writing into `out` (BHSD)."""
     q, k, v = req.q, req.k, req.v
-    seqlens = req.cache_seqlens if req.cache_seqlens is not None else q  # dummy pointer when unused
-    args = (q, k, v, out, seqlens, req.scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+    seqlens = req.cache_seqlens if req.cache_seqlens is not None else q  # dummy pointers when unused
+    table = req.block_table if req.paged else seqlens
+    args = (q, k, v, out, seqlens, table, req.scale * LOG2E,
+            *q.stride(), *bhsd_strides(k, req.paged), *bhsd_strides(v, req.paged), *out.stride(), table.stride(0),
             req.q_heads, req.q_heads // req.kv_heads, req.q_len, req.kv_len, req.head_dim)
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal, UPCAST=upcast,
-                 PRECISION=precision, BLOCK_D=block_d, EVEN_D=block_d == req.head_dim)
+                 PRECISION=precision, BLOCK_D=block_d, EVEN_D=block_d == req.head_dim, PAGE_SIZE=req.page_size)
     if interpreted():
         grid = (triton.cdiv(req.q_len, INTERPRETER_CONFIG["BLOCK_M"]), req.batch * req.q_heads)
         prefill_kernel[grid](*args, **flags, **INTERPRETER_CONFIG)

@@ -246,3 +246,26 @@ def test_colocated_estimate_is_a_fair_share_until_measured():
     assert table.loc["co-located", "source"] == "measured: colocated/process on cpu"
     assert table.loc["protected", "itl_ms"] == 1.25 * step and table.loc["protected", "ttft_ms"] == 2 * first
     assert table.loc["protected", "stretch"] == 1.25 and table.loc["separated", "stretch"] == 1
+
+
+def test_a_paged_cache_composes_from_the_rows_of_its_page_size_only():
+    # the same decode shapes measured contiguous and in pages of 16, the paged attention 3x slower: never pooled
+    def latency(use):
+        return power_latency(use) * (3 if use.field_dict.get("page_size") else 1)
+
+    steps = [step_defs.decode_step(TINY, 2, 40), step_defs.decode_step(TINY, 2, 40, page_size=16)]
+    m = measured(steps, latency)
+    contiguous, paged = pm.tpot(m, TINY, 2, 40), pm.tpot(m, TINY, 2, 40, page_size=16)
+    assert contiguous.total_ms == hand_tpot(2, 40)
+    assert paged.parts["attention"] == 3 * contiguous.parts["attention"]
+    assert paged.total_ms - contiguous.total_ms == 2 * contiguous.parts["attention"]
+    missing = pm.tpot(m, TINY, 2, 40, page_size=64)
+    assert not missing.complete and "'page_size': 64" in missing.missing[0]
+    sweep = pm.batch_sweep(m, TINY, [2], 40, page_size=16)
+    assert sweep["tpot_ms"].tolist() == [paged.total_ms]
+
+
+def test_rows_without_a_page_size_column_read_as_contiguous():
+    rows = op_rows(step_defs.distinct_uses([step_defs.decode_step(TINY, 2, 40)]), power_latency)
+    old = pm.Measured(rows.drop(columns="page_size"), model="tiny", dtype="float32")
+    assert pm.tpot(old, TINY, 2, 40).total_ms == hand_tpot(2, 40)

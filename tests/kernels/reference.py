@@ -49,3 +49,29 @@ def assert_matches_reference(out, q, k, v, *, causal=False, scale=None, seqlens=
         low = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens, dtype=q.dtype)
         budget = 2 * max_error(low, exact) + 1e-5
         assert err <= budget, f"error {err:.3g} > 2 x naive {q.dtype} error + eps = {budget:.3g}"
+
+
+def to_pages(k, v, page_size, seqlens=None, *, seed=0, spare=2, pad=-1):
+    """K and V [B, Hkv, Sk, D] laid into pools [num_pages, page_size, Hkv, D] in a seeded shuffled order, with the
+    int32 block table [B, ceil(Sk / page_size)]: sequence b holds ceil(seqlens[b] / page_size) pages, the tail of its
+    last page holds other random values, `spare` pages no table names hold NaN (a kernel must never read them), and
+    table entries past a sequence's pages hold `pad`."""
+    b, hkv, sk, d = k.shape
+    lens = list(seqlens) if seqlens is not None else [sk] * b
+    counts = [-(-n // page_size) for n in lens]
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(counts) + spare
+    pools = [torch.randn((total, page_size, hkv, d), generator=gen).to(k.dtype) for _ in range(2)]
+    order = torch.randperm(total, generator=gen)
+    for pool in pools:
+        pool[order[sum(counts):]] = float("nan")
+    table = torch.full((b, -(-sk // page_size)), pad, dtype=torch.int32)
+    start = 0
+    for i, (n, count) in enumerate(zip(lens, counts, strict=True)):
+        table[i, :count] = order[start:start + count].to(torch.int32)
+        start += count
+        for p in range(count):
+            lo, hi = p * page_size, min((p + 1) * page_size, n)
+            for pool, src in zip(pools, (k, v), strict=True):
+                pool[table[i, p], :hi - lo] = src[i, :, lo:hi].transpose(0, 1).to(pool.device)
+    return pools[0].to(k.device), pools[1].to(k.device), table.to(k.device)

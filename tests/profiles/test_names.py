@@ -48,6 +48,10 @@ def test_ragged_and_linear_keys_round_trip():
     ragged = SimpleNamespace(**{k: v for k, v in FIELDS.items() if k != "impl"}, seqlens=(3, 97))
     key = case_key_for(ragged, "triton")
     assert key.endswith("-t100") and parse_case_key(key)["kv_tokens"] == 100
+    paged = SimpleNamespace(**vars(ragged), page_size=16)
+    key = case_key_for(paged, "triton")
+    assert key.endswith("-t100-p16") and parse_case_key(key)["page_size"] == 16
+    assert parse_case_key(case_key_for(ragged, "triton"))["page_size"] == 0  # contiguous
     lin = SimpleNamespace(m=8, n=28672, k=4096, phase="decode", dtype="bfloat16")
     key = linear_key_for(lin, "triton")
     assert key == "linear/triton/decode/m8-n28672-k4096-bfloat16"

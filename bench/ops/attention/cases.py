@@ -1,4 +1,4 @@
-"""Attention cases (dense and ragged), their sweeps, and the benchmark suites written as data."""
+"""Attention cases (dense, ragged, paged), their sweeps, and the benchmark suites written as data."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class AttentionCase:
     dtype: str
     model: str = ""
     seqlens: tuple[int, ...] | None = None  # ragged decode: sequence b uses keys j < seqlens[b]
+    page_size: int = 0  # tokens per page of a paged KV cache read through a block table; 0: contiguous
 
     op = "attention"
 
@@ -47,6 +48,14 @@ class AttentionCase:
             low = self.q_len if self.causal else 1
             if any(isinstance(n, bool) or not isinstance(n, int) or not low <= n <= self.kv_len for n in lens):
                 raise ValueError(f"seqlens: each length must be an int in [{low}, kv_len={self.kv_len}], got {lens!r}")
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 0:
+            raise ValueError(f"page_size: must be a non-negative int (0: contiguous), got {self.page_size!r}")
+
+    def __repr__(self) -> str:
+        # the dataclass repr, page_size shown only when paged: repr seeds a case's inputs (sweep.measure.case_seed)
+        # and names it in a sweep's id, so contiguous cases keep the seeds they had before the field
+        shown = (f for f in fields(self) if f.name != "page_size" or self.page_size)
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -56,6 +65,20 @@ class AttentionCase:
     @property
     def ragged(self) -> bool:
         return self.seqlens is not None and any(n != self.kv_len for n in self.seqlens)
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def pages(self) -> tuple[int, ...]:
+        """Pages each sequence holds (ceil(length / page_size)); empty for a contiguous cache."""
+        return tuple(-(-n // self.page_size) for n in self.lengths) if self.paged else ()
+
+    @property
+    def max_pages(self) -> int:
+        """Columns of the block table: the pages of the cache length kv_len."""
+        return -(-self.kv_len // self.page_size) if self.paged else 0
 
     @property
     def phase(self) -> str:
@@ -70,7 +93,7 @@ class AttentionCase:
         """Short shape text for tables: b1 h32/8 q512 k512 d128."""
         kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
         return (f"b{self.batch} h{self.q_heads}/{self.kv_heads} q{self.q_len} {kv} "
-                f"d{self.head_dim}{' causal' if self.causal else ''}")
+                f"d{self.head_dim}{' causal' if self.causal else ''}{f' page{self.page_size}' if self.paged else ''}")
 
     @property
     def seqlens_text(self) -> str:
@@ -98,6 +121,7 @@ class Sweep:
     chunk: tuple[int, ...] = ()          # chunked prefill / verify: q_len ...
     prefix: tuple[int, ...] = ()         # ... against this many cached keys (kv_len = prefix + chunk)
     kv: tuple[int, ...] = ()             # decode: q_len 1 against kv_len
+    pages: tuple[int, ...] = (0,)        # page sizes of the KV cache (0: contiguous)
 
     def lengths(self) -> list[tuple[int, int]]:
         pairs = [(s, s) for s in self.seq]
@@ -107,10 +131,11 @@ class Sweep:
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
         out = []
-        for model, batch, causal, (q_len, kv_len) in itertools.product(
-                models or self.models, self.batch, self.causal, self.lengths()):
+        for model, batch, causal, (q_len, kv_len), page in itertools.product(
+                models or self.models, self.batch, self.causal, self.lengths(), self.pages):
             m = model_config(model)
-            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, causal, dtype, model))
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, causal, dtype, model,
+                                     page_size=page))
         return out
 
 
@@ -124,6 +149,7 @@ class RaggedSweep:
     median_fraction: float = 0.08  # the median sequence uses this share of kv_max ...
     sigma: float = 1.0             # ... and the log-normal spread gives a few long ones
     seed: int = 0
+    pages: tuple[int, ...] = (0,)  # page sizes of the KV cache (0: contiguous), the same lengths for each
 
     def lengths_for(self, batch: int, kv_max: int) -> tuple[int, ...]:
         rng = random.Random(f"{self.seed}-{batch}-{kv_max}")
@@ -134,22 +160,24 @@ class RaggedSweep:
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
         out = []
-        for model, batch, kv_max in itertools.product(models or self.models, self.batch, self.kv_max):
+        for model, batch, kv_max, page in itertools.product(models or self.models, self.batch, self.kv_max,
+                                                            self.pages):
             m = model_config(model)
             out.append(AttentionCase(batch, m.q_heads, m.kv_heads, 1, kv_max, m.head_dim, True, dtype, model,
-                                     seqlens=self.lengths_for(batch, kv_max)))
+                                     seqlens=self.lengths_for(batch, kv_max), page_size=page))
         return out
 
 
-SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens")
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens", "page")
 
 
 def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCase:
-    """A case from `batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128[,causal=0]`.
+    """A case from `batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128[,causal=0][,page=16]`.
 
     Heads and head dim may come from `model=NAME` (or the --model preset) instead; batch
     defaults to 1 and causal to true. `seqlens=97/1025/3` makes a ragged batch (batch and
-    kv_len default to its count and its longest length).
+    kv_len default to its count and its longest length). `page=16` reads the KV cache in pages
+    of 16 tokens through a block table (0, the default: contiguous).
     """
     values = key_values(text, SHAPE_KEYS, "shape")
     name = values.pop("model", model)
@@ -174,7 +202,7 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
             args[key] = value.lower() in ("1", "true", "yes")
         else:
             try:
-                args[key] = int(value)
+                args["page_size" if key == "page" else key] = int(value)
             except ValueError:
                 raise ValueError(f"shape: {key} must be an integer, got {value!r}") from None
     missing = [k for k in ("q_heads", "kv_heads", "q_len", "kv_len", "head_dim") if k not in args]

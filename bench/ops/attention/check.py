@@ -11,6 +11,8 @@ from ....kernels import attention
 from ...instruments.gate import relative_error
 from ...instruments.roofline import TORCH_DTYPES
 from .cases import AttentionCase
+from .cost import ELEMENT_BYTES
+from .pages import keys_in_order, make_pages
 
 # The reference takes query rows and keys in chunks so its scratch stays near this size.
 REFERENCE_SCORE_BYTES = 1 << 30
@@ -26,10 +28,12 @@ class CaseInputs:
     k: torch.Tensor
     v: torch.Tensor
     cache_seqlens: torch.Tensor | None = None  # int32 [B] for a ragged case
+    block_table: torch.Tensor | None = None  # int32 [B, max_pages] for a paged case (k, v are then its pools)
 
 
 def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> CaseInputs:
-    """Standard-normal q, k, v in the case's dtype, from a fixed seed (never zeros)."""
+    """Standard-normal q, k, v in the case's dtype, from a fixed seed (never zeros); for a paged case, k and v are
+    pools of pages in shuffled order with their block table (bench/ops/attention/pages.py)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = TORCH_DTYPES[case.dtype]
 
@@ -38,6 +42,10 @@ def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> Cas
 
     q = draw(case.q_heads, case.q_len)
     lens = None if case.seqlens is None else torch.tensor(case.seqlens, dtype=torch.int32, device=device)
+    if case.paged:  # with cache_seqlens always, as a server calls it: kv_len need not fill the last page
+        k, v, table = make_pages(case, gen, dtype, device)
+        lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
+        return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table)
     return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len), lens)
 
 
@@ -52,8 +60,9 @@ def reference_dtype(case: AttentionCase, device: torch.device) -> torch.dtype:
 
 
 def _kv_chunk_bytes(case: AttentionCase, keys: int, elem: int) -> int:
-    """One upcast chunk of K and of V."""
-    return 2 * case.batch * case.kv_heads * keys * case.head_dim * elem
+    """One upcast chunk of K and of V (a paged case gathers it in its own dtype first, with an int64 index)."""
+    gathered = (case.head_dim * ELEMENT_BYTES[case.dtype] + 8) if case.paged else 0
+    return 2 * case.batch * case.kv_heads * keys * (case.head_dim * elem + gathered)
 
 
 def _row_bytes(case: AttentionCase, keys: int, elem: int) -> int:
@@ -120,8 +129,7 @@ def reference(case: AttentionCase, inputs: CaseInputs, device: torch.device) -> 
             end = longest - sq + stop if case.causal else longest
             for k0 in range(0, end, keys):
                 k1 = min(k0 + keys, end)
-                k = inputs.k[:, :, k0:k1].to(dtype)
-                v = inputs.v[:, :, k0:k1].to(dtype)
+                k, v = (t.to(dtype) for t in keys_in_order(inputs, case, k0, k1))
                 s = torch.matmul(q, k.transpose(-1, -2)).view(b, hkv, group, r, k1 - k0).mul_(scale)
                 del k
                 # a chunk every row of every sequence sees in full needs no mask
@@ -162,9 +170,9 @@ def naive_in_dtype(case: AttentionCase, inputs: CaseInputs) -> torch.Tensor:
             stop = min(start + rows, case.q_len)
             # query i keeps keys j <= L - Sq + i: cutting the keys at L - Sq + stop keeps the causal mask exact
             keys = keys_b - case.q_len + stop if case.causal else keys_b
-            out[b:b + 1, :, start:stop] = attention(
-                inputs.q[b:b + 1, :, start:stop], inputs.k[b:b + 1, :, :keys], inputs.v[b:b + 1, :, :keys],
-                impl="naive", causal=case.causal)
+            k, v = keys_in_order(inputs, case, 0, keys, slice(b, b + 1))
+            out[b:b + 1, :, start:stop] = attention(inputs.q[b:b + 1, :, start:stop], k, v, impl="naive",
+                                                    causal=case.causal)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .cases import AttentionCase
+from .pages import table_read_bytes
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -27,10 +28,15 @@ def flops(case: AttentionCase) -> float:
 
 
 def min_bytes(case: AttentionCase) -> float:
-    """Read q, k, v once and write o once; K/V counted by kv heads (GQA) and by the keys each sequence uses."""
+    """Read q, k, v once and write o once; K/V counted by kv heads (GQA) and by the keys each sequence uses.
+
+    A paged cache adds its block-table reads (4 bytes per page a sequence holds). Its K/V are counted by the keys
+    read, as for a contiguous cache: the tail of a sequence's last page is never read (every kernel masks it), so
+    the same case at every page size moves the same K/V bytes and their GB/s compare directly."""
     elem = ELEMENT_BYTES[case.dtype]
     d = case.head_dim
-    return float(elem * 2 * d * (case.batch * case.q_heads * case.q_len + case.kv_heads * sum(case.lengths)))
+    kv = case.kv_heads * sum(case.lengths)
+    return float(elem * 2 * d * (case.batch * case.q_heads * case.q_len + kv) + table_read_bytes(case))
 
 
 def intensity(case: AttentionCase) -> float:

@@ -12,6 +12,7 @@ from ...instruments.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit
 from .cases import AttentionCase
 from .check import reference_dtype, reference_scratch_bytes
 from .cost import ELEMENT_BYTES
+from .pages import gather_bytes, pool_bytes
 
 FLASH_ATTN_MAX_SPLITS = 128  # flash_attn_with_kvcache keeps up to this many fp32 split-KV partials
 HOST_MASK_BYTES = 1 + 4  # a host mask per (query, key): the bool, and SDPA's float copy of it
@@ -40,8 +41,11 @@ def output_bytes(case: AttentionCase) -> int:
 
 
 def input_bytes(case: AttentionCase) -> int:
-    """q, k and v as allocated (K/V at the cache length kv_len), plus cache_seqlens for a ragged case."""
+    """q, k and v as allocated (K/V at the cache length kv_len, or a paged case's pools and block table), plus
+    cache_seqlens for a ragged case."""
     kv = 2 * case.batch * case.kv_heads * case.kv_len * case.head_dim * _elem(case)
+    if case.paged:
+        kv = pool_bytes(case, _elem(case))
     lens = 4 * case.batch if _seqlens(case) is not None else 0
     return _rows(case) * case.head_dim * _elem(case) + kv + lens
 
@@ -65,7 +69,12 @@ def _naive(case: AttentionCase, device: torch.device) -> int:
     per_pair = 8 + (elem if elem < 4 else 0)
     mask_rows = case.batch if _seqlens(case) is not None else 1
     mask = 3 * mask_rows * case.q_len * case.kv_len  # the bool keep mask, its inverse, one intermediate
-    return _pairs(case) * per_pair + mask
+    return _pairs(case) * per_pair + mask + _gather(case)
+
+
+def _gather(case: AttentionCase) -> int:
+    """A paged case on a gather route (naive, SDPA): contiguous K/V copied in the call, and the row index."""
+    return gather_bytes(case, _elem(case)) if case.paged else 0
 
 
 def _sdpa_common(case: AttentionCase, device: torch.device) -> int:
@@ -82,8 +91,9 @@ def _sdpa_common(case: AttentionCase, device: torch.device) -> int:
 
 
 def _flash(case: AttentionCase, device: torch.device) -> int:
-    need = _sdpa_common(case, device)
-    if device.type == "cuda" and case.dtype != "float32" and (case.q_len == 1 or _seqlens(case) is not None):
+    need = _sdpa_common(case, device) + _gather(case)  # flash_attn reads the pages in place: an upper bound there
+    if device.type == "cuda" and case.dtype != "float32" and (case.q_len == 1 or _seqlens(case) is not None
+                                                              or case.paged):
         # flash_attn's with_kvcache route may split the keys: fp32 partials of the output and the lse
         need = max(need, FLASH_ATTN_MAX_SPLITS * _rows(case) * (case.head_dim + 1) * 4)
     return need

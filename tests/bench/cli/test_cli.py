@@ -82,6 +82,9 @@ def test_run_by_hand_shape(tmp_path):
     (["run", "--retry-failed", "--out", "x"], "retry-failed: goes with --resume"),
     (["run", "--plugin", "no_such_module_here"], "plugin: cannot import 'no_such_module_here': ModuleNotFoundError"),
     (["ceilings", "--dtype", "float8"], "dtype: unknown dtype 'float8'"),
+    (["run", "--shape", "q_len=1,kv_len=64,q_heads=2,kv_heads=1,head_dim=8,page=-16"],
+     "page_size: must be a non-negative int"),
+    (["phases", "--page-size", "-16", "--out", "x"], "page-size: must be a non-negative number of tokens"),
 ])
 def test_bad_command_lines(args, message, capsys):
     assert main(args) == 2

@@ -19,7 +19,7 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("hopper") / "builds.json"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "phasebench.bench.session.hopper_build", "--json", str(out), "--jobs", "2"]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400, stdin=subprocess.DEVNULL)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -45,6 +45,20 @@ def test_autotune_lists_are_all_compiled(report):
     gemv = {hopper_build._label({"BLOCK_M": 16, **c.kwargs}, c.num_warps, c.num_stages)
             for c in triton_linear.GEMV_CONFIGS}
     assert gemv <= labels("splitk_gemv_kernel")
+
+
+def test_paged_kernels_are_built_for_both_ways_of_reading_the_table(report):
+    # pages of 16 take one table entry per key, pages of 256 one per key block; 64 at verify rows mixes them by BLOCK_N
+    from phasebench.kernels.attention import triton_decode
+
+    paged = {(b["kernel"], b["flags"].rsplit(" ", 1)[-1]) for b in report["builds"] if " page" in b["flags"]}
+    assert paged >= {("split_kv_kernel", "page16"), ("split_kv_kernel", "page256"), ("split_kv_kernel", "page64"),
+                     ("prefill_kernel", "page16"), ("prefill_kernel", "page256")}
+    every = {hopper_build._label(dict(c.kwargs), c.num_warps, c.num_stages) for c in triton_decode.TUNING_CONFIGS}
+    for page in ("page16", "page256"):
+        built = {b["config"] for b in report["builds"]
+                 if b["kernel"] == "split_kv_kernel" and b["flags"] == f"D128 rows16 seqlens {page}"}
+        assert built == every
 
 
 def test_16_bit_gemm_and_attention_dots_use_wgmma(report):

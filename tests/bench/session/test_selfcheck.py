@@ -13,7 +13,7 @@ from phasebench.bench.session.selfcheck_steps import _junit_counts, merge_junit
 
 from ...conftest import run_cli
 
-SUITES = ("prefill", "chunked", "verify", "decode", "decode-linear", "prefill-linear")
+SUITES = ("prefill", "chunked", "verify", "decode", "decode-linear", "prefill-linear", "paged")
 
 
 def test_plans_fit_their_totals_and_name_every_step():

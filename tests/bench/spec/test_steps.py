@@ -30,7 +30,7 @@ def test_prefill_runs_every_layer_op_at_m_prompt_and_the_head_on_the_last_token(
                                                                    "projection": name}
     (attn,) = uses["attention"]
     assert attn.field_dict == {"batch": 1, "q_heads": 6, "kv_heads": 2, "q_len": 97, "kv_len": 97, "head_dim": 16,
-                               "causal": True}
+                               "causal": True, "page_size": 0}
     assert uses["rmsnorm"][0].count == 2 * TINY.layers and uses["residual_add"][0].count == 2 * TINY.layers
     assert {u.part for u in steps.prefill_step(TINY, 97)} == set(steps.PARTS)
 
@@ -41,13 +41,22 @@ def test_decode_reads_the_cache_once_per_layer_at_m_batch():
     assert all(u.field_dict["m"] == 5 for u in uses["qkv"] + uses["lm_head"] + uses["greedy_pick"])
 
 
+def test_a_paged_cache_pages_the_attention_that_reads_it_and_not_the_prompts_own():
+    decode = [u.field_dict for u in steps.decode_step(TINY, 5, 1025, page_size=16) if u.op == "attention"]
+    assert [d["page_size"] for d in decode] == [16]
+    hybrid = steps.chunked_prefill_steps(TINY, 100, 32, 4, 200, page_size=64)
+    assert {u.field_dict["page_size"] for s in hybrid for u in s if u.op == "attention"} == {64}
+    prompt = [u.field_dict for u in steps.prefill_step(TINY, 97) if u.op == "attention"]
+    assert [p["page_size"] for p in prompt] == [0]
+
+
 def test_chunked_prefill_covers_the_prompt_with_hybrid_steps():
     chunked = steps.chunked_prefill_steps(TINY, 100, 32, 4, 200)
     assert len(chunked) == 4  # 32 + 32 + 32 + 4
     attn = [[u.field_dict for u in s if u.label == "attention"] for s in chunked]
     assert [a[1]["q_len"] for a in attn] == [32, 32, 32, 4] and [a[1]["kv_len"] for a in attn] == [32, 64, 96, 100]
     assert all(a[0] == {"batch": 4, "q_heads": 6, "kv_heads": 2, "q_len": 1, "kv_len": 201, "head_dim": 16,
-                        "causal": True} for a in attn)
+                        "causal": True, "page_size": 0} for a in attn)
     ms = [[u.field_dict["m"] for u in s if u.label == "qkv"][0] for s in chunked]
     assert ms == [36, 36, 36, 8]
     heads = [[u.field_dict["m"] for u in s if u.label == "lm_head"] for s in chunked]

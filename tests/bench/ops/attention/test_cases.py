@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from phasebench.bench.ops.attention.cases import MODELS, AttentionCase, parse_shape
 from phasebench.bench.spec.models import model_config
@@ -60,8 +62,9 @@ def test_gpu_sweeps_cover_the_ranges_the_issue_names():
     assert min(c.q_len for c in verify) == 2 and max(c.q_len for c in verify) == 16
     full = suite_cases("full", "cuda", "bfloat16")
     ragged = suite_cases("ragged", "cuda", "bfloat16")
+    paged = suite_cases("paged", "cuda", "bfloat16")
     linear = suite_cases("decode-linear", "cuda", "bfloat16") + suite_cases("prefill-linear", "cuda", "bfloat16")
-    assert set(prefill + decode + chunked + verify + ragged + linear) == set(full)
+    assert set(prefill + decode + chunked + verify + ragged + paged + linear) == set(full)
     assert set(suite_cases("full", "cuda", "bfloat16", ops=("attention",))) == set(full) - set(linear)
 
 
@@ -147,3 +150,31 @@ def test_model_presets_give_the_layer_projections_and_custom_models_parse():
         model_config("name=x,hidden=8,intermediate=8,layers=1,q_heads=2,kv_heads=1,head_dim=4")
     with pytest.raises(ValueError, match="q_heads: must be a multiple of kv_heads"):
         model_config("name=y,hidden=8,intermediate=8,layers=1,q_heads=3,kv_heads=2,head_dim=4,vocab=9")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_paged_suite_sets_each_page_size_beside_the_contiguous_case(device):
+    cases = suite_cases("paged", device, "bfloat16")
+    by_shape: dict = {}
+    for c in cases:
+        by_shape.setdefault(c.shape_label.replace(f" page{c.page_size}", ""), set()).add(c.page_size)
+    assert all(sizes == {0, 16, 64, 256} for sizes in by_shape.values()), by_shape
+    assert {c.phase for c in cases} == {"decode", "chunked_prefill"} and any(c.ragged for c in cases)
+
+
+def test_paged_cases_count_their_pages_and_parse():
+    c = AttentionCase(3, 8, 2, 1, 100, 64, True, "float32", seqlens=(100, 1, 33), page_size=16)
+    assert c.paged and c.pages == (7, 1, 3) and c.max_pages == 7
+    assert "page16" in c.shape_label and c.row_fields()["page_size"] == 16
+    dense = AttentionCase(3, 8, 2, 1, 100, 64, True, "float32")
+    assert not dense.paged and dense.pages == () and dense.row_fields()["page_size"] == 0
+    # repr seeds the inputs and names a sweep: a contiguous case's is what it was before the field; a paged one's
+    # differs
+    assert "page_size" not in repr(dense) and repr(c).endswith("page_size=16)")
+    assert c != dataclasses.replace(c, page_size=0)
+    parsed = parse_shape("batch=8,q_heads=32,kv_heads=8,q_len=1,kv_len=8192,head_dim=128,page=16", "bfloat16")
+    assert (parsed.page_size, parsed.max_pages, parsed.phase) == (16, 512, "decode")
+    with pytest.raises(ValueError, match="page_size: must be a non-negative int"):
+        AttentionCase(1, 2, 1, 1, 10, 8, True, "float32", page_size=-16)
+    with pytest.raises(ValueError, match="shape: page must be an integer"):
+        parse_shape("q_len=1,kv_len=3,q_heads=1,kv_heads=1,head_dim=8,page=big", "float32")

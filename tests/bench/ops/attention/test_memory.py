@@ -20,7 +20,7 @@ from ....kernels.reference import reference as textbook
 
 CUDA = torch.device("cuda")  # a device object only: with `free` given nothing may touch CUDA
 CARDS = {"H100": 79e9, "H200": 140e9}  # free bytes on an idle 80 GB and 141 GB card
-SUITES = [(name, None) for name in ("prefill", "chunked", "decode", "verify", "ragged")]
+SUITES = [(name, None) for name in ("prefill", "chunked", "decode", "verify", "ragged", "paged")]
 SUITES += [(name, ("llama-3-70b",)) for name in ("prefill", "decode", "verify")]
 
 
@@ -121,13 +121,15 @@ def test_triton_split_kv_is_charged_the_partials_its_kernel_uses(monkeypatch):
 
 
 @pytest.mark.cuda  # peak device memory is read from the CUDA allocator
+@pytest.mark.parametrize("page", [0, 16])
 @pytest.mark.parametrize("impl", ["naive", "flash", "triton"])
-def test_the_charge_covers_what_an_impl_allocates_on_cuda(impl):
+def test_the_charge_covers_what_an_impl_allocates_on_cuda(impl, page):
     device = torch.device("cuda")
-    case = AttentionCase(2, 8, 2, 97, 1025, 128, True, "bfloat16")
+    case = AttentionCase(2, 8, 2, 97, 1025, 128, True, "bfloat16", page_size=page)
     x = make_inputs(case, device, seed=3)
     ref = reference(case, x, device)
-    call = prepare(x.q, x.k, x.v, impl=impl, causal=case.causal)
+    call = prepare(x.q, x.k, x.v, impl=impl, causal=case.causal, cache_seqlens=x.cache_seqlens,
+                   block_table=x.block_table)
     call.run()  # compiled, autotuned (a 256 MiB benchmark buffer while it tunes) and cuBLAS's workspace taken
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()

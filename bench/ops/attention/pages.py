@@ -1,0 +1,58 @@
+"""A paged case's KV cache as a server holds it: a pool of pages in shuffled order, its block table, and the
+keys read back in order for the reference (a gather of its own, independent of the kernels')."""
+
+from __future__ import annotations
+
+import torch
+
+from .cases import AttentionCase
+
+TABLE_BYTES = 4  # one int32 block-table entry
+
+
+def make_pages(case: AttentionCase, gen: torch.Generator, dtype: torch.dtype, device: torch.device):
+    """K and V pools [num_pages, page_size, Hkv, D] of standard-normal values (the tail of a sequence's last page
+    too: it must never be read) and the int32 block table [B, max_pages]: each sequence holds ceil(length /
+    page_size) pages, drawn as a seeded permutation of the whole pool (a long-running server's fragmentation);
+    the entries past a sequence's pages are 0, as in a zero-initialised table."""
+    total = sum(case.pages)
+    shape = (total, case.page_size, case.kv_heads, case.head_dim)
+    k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    order = torch.randperm(total, generator=gen, device=device).to(torch.int32)
+    table = torch.zeros((case.batch, case.max_pages), dtype=torch.int32, device=device)
+    start = 0
+    for b, count in enumerate(case.pages):
+        table[b, :count] = order[start:start + count]
+        start += count
+    return k, v, table
+
+
+def keys_in_order(inputs, case: AttentionCase, start: int, stop: int, rows: slice = slice(None)):
+    """K and V of keys [start, stop) of the sequences `rows` in BHSD order: a view of a contiguous cache, a copy
+    gathered through the block table of a paged one (keys past a sequence's length come from page 0's slots: the
+    caller masks them)."""
+    if not case.paged:
+        return inputs.k[rows, :, start:stop], inputs.v[rows, :, start:stop]
+    keys = torch.arange(start, stop, device=inputs.k.device)
+    page = inputs.block_table[rows].to(torch.int64)[:, keys // case.page_size]  # [b, keys]
+    slot = (keys % case.page_size)[None, :]
+    return inputs.k[page, slot].permute(0, 2, 1, 3), inputs.v[page, slot].permute(0, 2, 1, 3)
+
+
+def pool_bytes(case: AttentionCase, elem: int) -> int:
+    """The K and V pools as allocated (whole pages) and the block table."""
+    return 2 * sum(case.pages) * case.page_size * case.kv_heads * case.head_dim * elem \
+        + TABLE_BYTES * case.batch * case.max_pages
+
+
+def table_read_bytes(case: AttentionCase) -> int:
+    """The block-table entries a kernel must read: one per page each sequence holds."""
+    return TABLE_BYTES * sum(case.pages)
+
+
+def gather_bytes(case: AttentionCase, elem: int) -> int:
+    """What a gather route allocates in its call: contiguous K and V at the cache length, and its int64 row index
+    (kernels/attention/paged.py)."""
+    keys = case.batch * case.kv_heads * case.kv_len
+    return keys * (2 * case.head_dim * elem + 8)
