@@ -16,6 +16,7 @@ from ..sweep.selection import (
     build_cases,
     case_argv,
     case_ops,
+    check_counts,
     check_seconds,
     check_writable,
     default_dtype,
@@ -70,6 +71,7 @@ def cmd_list(args) -> int:
 
 def cmd_run(args) -> int:
     check_seconds(args, "time_budget", "sample_time", "case_timeout")
+    check_counts(args, "retry_noisy", minimum=0)
     if args.ray is not None or args.workers is not None:
         load_plugins(args.plugin)
         if args.time_budget is not None or args.sample_time is not None:
@@ -107,7 +109,7 @@ def cmd_run(args) -> int:
         df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
                            timer=timer, refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture,
                            profiled=args.cuda_profiler_range, time_budget_s=args.time_budget, started=STARTED,
-                           isolation=isolation))
+                           isolation=isolation, retry_noisy=args.retry_noisy))
     except ResumeError as err:
         raise UsageError(str(err)) from None
     if shard is not None:
@@ -224,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds of timed samples per case and impl (default 0.5 on CUDA, 0.3 on the host)")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
     add_isolation_arguments(run)
+    run.add_argument("--retry-noisy", type=int, default=0, metavar="N",
+                     help="after the sweep, measure the rows timed on a busy machine again, up to N times each; a "
+                          "quiet row replaces its noisy one (default 0)")
     run.add_argument("--time-budget", type=float, metavar="S",
                      help="wall seconds for the whole command, start-up included: cases are taken spread over the "
                           "sweep, and the rows that would overrun are recorded as skipped (--resume --retry-failed "
@@ -292,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="wall seconds for the whole command: the ops that would overrun are recorded skipped "
                              "(the scenarios that need them left blank), time kept for the reference and tables")
     add_isolation_arguments(phases)
+    phases.add_argument("--retry-noisy", type=int, default=2, metavar="N",
+                        help="measure the ops timed on a busy machine again at the end, up to N times each (default "
+                             "2): the composition takes quiet rows only")
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
     phases.add_argument("--interference", nargs="+", metavar="DIR",
                         help="`phasebench interference` folders: their measured stretches replace the co-located "

@@ -34,6 +34,7 @@ def parse_op_impls(items) -> dict[str, str]:
 def cmd_phases(args) -> int:
     check_seconds(args, "sample_time", "case_timeout", "time_budget")
     check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch")
+    check_counts(args, "retry_noisy", minimum=0)
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
@@ -69,7 +70,7 @@ def cmd_phases(args) -> int:
                                 reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
                                 references=references)
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
-    cfg.time_budget_s, cfg.started = args.time_budget, STARTED
+    cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
     try:

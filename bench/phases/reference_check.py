@@ -7,6 +7,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from ...analysis import phase_model as pm
@@ -15,8 +16,9 @@ from ..spec.models import DecoderConfig
 from ..sweep.worker import IN_PROCESS, Isolation, Worker
 
 REFERENCES = ("phasebench", "transformers")
-TIMERS = {"cpu": TimerConfig(warmup_s=0.05, budget_s=0.5, min_samples=3, max_samples=20, flush_l2=False),
+TIMERS = {"cpu": TimerConfig(warmup_s=0.1, budget_s=1.0, min_samples=5, max_samples=20, flush_l2=False),
           "cuda": TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=5, max_samples=50)}
+DRIFT_PCT = 10.0  # the reference timed before and after the ops further apart than this: the machine moved
 LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "host gaps between ops (Python, launches, "
             "allocation), which the composition never sees", "sampling beyond the greedy pick")
 START_S = 300.0  # a worker's imports, and a decoder's weights drawn on the host
@@ -84,9 +86,8 @@ def time_references(plan: ReferencePlan) -> list[dict]:
             with probe.watch() as seen:
                 timing = time_call(call, device, timer)
             rows.append({"reference": kind, "implementation": name, "phase": phase, "batch": batch,
-                         "tokens": tokens, "ms": timing.median_ms, "p20_ms": timing.percentile_ms(20),
-                         "p80_ms": timing.percentile_ms(80), "samples": timing.count, "noisy": seen.noisy,
-                         "noise_reason": seen.reason})
+                         "tokens": tokens, "ms": timing.median_ms, "samples_ms": list(timing.samples_ms),
+                         "noisy": seen.noisy, "noise_reason": seen.reason})
         del decoder
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -107,9 +108,10 @@ def timed(plan: ReferencePlan, isolation: Isolation = IN_PROCESS) -> list[dict]:
 
 
 def reference_table(before: list[dict], after: list[dict], measured: pm.Measured, plan: ReferencePlan) -> pd.DataFrame:
-    """One row per (reference, phase, batch): the reference timed before and after the ops, their mean as
-    reference_ms, the composition of the same layers from the measured rows, and the error (negative: the
-    composition is faster than the real pass)."""
+    """One row per (reference, phase, batch): the reference timed before and after the ops, the median of both
+    brackets' samples as reference_ms, the composition of the same layers from the measured rows, and the error
+    (negative: the composition is faster than the real pass). A row is noisy when the machine was busy during
+    either bracket, or when the brackets' medians lie more than DRIFT_PCT apart (the machine moved meanwhile)."""
     small = dataclasses.replace(plan.model, layers=plan.layers)
     later = {(r["reference"], r["phase"], r["batch"]): r for r in after}
     rows = []
@@ -120,17 +122,21 @@ def reference_table(before: list[dict], after: list[dict], measured: pm.Measured
             composed = pm.ttft(measured, small, first["tokens"])
         else:
             composed = pm.tpot(measured, small, first["batch"], first["tokens"], plan.page_size)
-        times = [r["ms"] for r in (first, second) if r.get("ms") is not None]
-        reference_ms = sum(times) / len(times) if times else float("nan")
+        samples = [*first.get("samples_ms", ()), *second.get("samples_ms", ())]
+        reference_ms = float(np.median(samples)) if samples else float("nan")
+        reasons = [r["noise_reason"] for r in (first, second) if r.get("noisy") and r.get("noise_reason")]
+        drift = pm.model_error(second["ms"], first["ms"]) if first.get("ms") and second.get("ms") else float("nan")
+        if abs(drift) > DRIFT_PCT:
+            reasons.append(f"the reference moved {drift:+.0f}% between before and after the ops")
         rows.append({"reference": first["reference"], "implementation": first.get("implementation", ""),
                      "phase": first["phase"], "layers": plan.layers, "batch": first["batch"],
                      "tokens": first["tokens"], "reference_ms": reference_ms,
                      "reference_before_ms": first.get("ms"), "reference_after_ms": second.get("ms"),
-                     "reference_p20_ms": first.get("p20_ms"), "reference_p80_ms": first.get("p80_ms"),
-                     "samples": first.get("samples"),
-                     "noisy": bool(first.get("noisy") or second.get("noisy")),
-                     "noise_reason": "; ".join(dict.fromkeys(r.get("noise_reason") or "" for r in (first, second)
-                                                             if r.get("noise_reason"))),
+                     "drift_pct": drift,
+                     "reference_p20_ms": float(np.percentile(samples, 20)) if samples else float("nan"),
+                     "reference_p80_ms": float(np.percentile(samples, 80)) if samples else float("nan"),
+                     "samples": len(samples), "noisy": bool(reasons),
+                     "noise_reason": "; ".join(dict.fromkeys(reasons)),
                      "composed_ms": composed.total_ms, "error_pct": pm.model_error(composed.total_ms, reference_ms),
                      "error": first.get("error", ""), "left_out": "; ".join(LEFT_OUT)})
     return pd.DataFrame(rows)

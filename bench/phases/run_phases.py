@@ -25,8 +25,9 @@ CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": E
 # The host sizes keep `phasebench phases` to about two minutes on 2 cores; a GPU takes the real ones.
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
             reference_layers=2, reference_batches=(1, 8))
-# short per-op sampling on the host: about 190 ops to measure in two minutes
-HOST_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.15, min_samples=3, max_samples=200, flush_l2=False, cold=True)
+# per-op sampling on the host: one call's time varies by about 15% here, so every op gets a warm-up call and at least
+# 5 samples (with 3, the median of a 25 ms GEMV read 32 ms in one run and threw a decode step's composition 15% off)
+HOST_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.25, min_samples=5, max_samples=200, flush_l2=False, cold=True)
 GPU = dict(prompts=(512, 2048, 8192), batches=(1, 4, 16, 64, 128, 256), context=4096, chunks=(256, 512, 1024, 2048),
            chunk_batch=32, reference_layers=4, reference_batches=(1, 16))
 
@@ -62,6 +63,7 @@ class PhasesConfig:
     on_row: object = None
     isolation: Isolation = IN_PROCESS  # where the ops are measured (the reference decoder runs here)
     time_budget_s: float | None = None  # wall seconds for the whole verb, from `started` (time.monotonic())
+    retry_noisy: int = 0  # rounds that measure the noisy ops again (the composition takes quiet rows only)
     started: float | None = None
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
@@ -139,7 +141,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - reference_reserve_s(cfg.time_budget_s)
     rows = run(RunConfig(cases, impls, cfg.device, cfg.out_dir / "ops", suite="phases", timer=timer,
                          on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget,
-                         started=cfg.started)) if cases else pd.DataFrame()
+                         started=cfg.started, retry_noisy=cfg.retry_noisy)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
     after = timed(plan, cfg.isolation)
     tables = compose(df, cfg)

@@ -103,8 +103,8 @@ HOST = SelfcheckPlan(
              "ncu": 6, "report": 10},
     minimum_s={"env": 4, "tests": 12, "ceilings": 3, "interference": 6, "phases": 10, "profile": 6, "ncu": 4,
                "report": 5},
-    models=(TINY_MODEL,), suites={s: 1 / len(GPU_SUITE_SHARES) for s in GPU_SUITE_SHARES}, sample_time=0.02, startup_s=5,
-    teardown_s=2,
+    models=(TINY_MODEL,), suites={s: 1 / len(GPU_SUITE_SHARES) for s in GPU_SUITE_SHARES}, sample_time=0.02,
+    startup_s=5, teardown_s=2,
     # the host suites' sizes: causal prefill 64, decode at 256 keys for batches 1 and 4
     phases_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "1", "4", "--context", "255", "--chunk", "32",
                  "--chunk-batch", "4", "--reference-layers", "1", "--reference-batch", "1", "4"),

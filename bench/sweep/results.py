@@ -144,6 +144,13 @@ class ResultsStore:
             os.fsync(fh.fileno())
         self.done.add(row_key(row))
 
+    def replace(self, row: dict) -> None:
+        """`row` in place of the row of the same measurement (row_key): the CSV rewritten without it, then `row`
+        appended (its samples' later line wins in samples.jsonl)."""
+        key = row_key(row)
+        self._rewrite([r for r in self._read_rows() if row_key(r) != key])
+        self.append(row)
+
     def frame(self) -> pd.DataFrame:
         if not self.csv_path.exists():
             return pd.DataFrame(columns=COLUMNS)

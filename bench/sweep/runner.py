@@ -69,6 +69,7 @@ class RunConfig:
     started: float | None = None  # time.monotonic() the budget counts from (default: when run() starts)
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
+    retry_noisy: int = 0  # rounds, at the end of the sweep, that measure again the rows timed on a busy machine
     # in a worker process (bench.sweep.worker) that a crash or a hang costs one failed row, or in this one; the
     # worker imports the plugins itself, so kernels registered only in this process are not there
     isolation: Isolation = IN_PROCESS
@@ -140,6 +141,24 @@ class TimeBudget:
         self.durations.setdefault(impl, []).append(seconds)
 
 
+def retry_noisy(noisy: list, rounds: int, measure_one: Callable[..., dict], store: ResultsStore) -> dict:
+    """Measure the noisy rows again, up to `rounds` times each, after the rest of the sweep (the machine may be
+    quiet by then): a quiet row replaces its noisy one in the store; one still noisy keeps the first. Returns the
+    counts for run.json."""
+    retried, quiet = len(noisy), 0
+    for _ in range(rounds):
+        still = []
+        for case, impl, base in noisy:
+            again = measure_one(case, impl, base)
+            if again["status"] == "ok" and not again.get("noisy"):
+                store.replace(again)
+                quiet += 1
+            else:
+                still.append((case, impl, base))
+        noisy = still
+    return {"rounds": rounds, "noisy": retried, "quiet_on_retry": quiet}
+
+
 def _snapshot(device: torch.device) -> dict:
     from ..instruments.contention import snapshot
 
@@ -176,26 +195,34 @@ def run(cfg: RunConfig):
         plan = [(case, impls_for(case, cfg.impls)) for case in cases]
         total = sum(len(impls) for _, impls in plan)
         index = 0
+        def measure_one(case, impl: str, base: dict) -> dict:
+            """The row of (case, impl) from its base row: measured, or skipped when the time budget says so."""
+            refusal = budget.refusal(impl) if budget is not None else None
+            if refusal:
+                row = {**base, "status": "skipped", "reason": refusal}
+            else:
+                started = time.monotonic()
+                row = executor.measure(case, impl, dict(base))
+                if budget is not None:
+                    budget.record(impl, time.monotonic() - started)
+            return {**row, "time": now(), "profiled": cfg.profiled}
+
+        noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
             for case, impls in plan:
                 for impl in impls:
                     index += 1
-                    row = base_row(case, impl, run_id, cfg.suite, ceil, label)
-                    if store.is_done(row):
+                    base = base_row(case, impl, run_id, cfg.suite, ceil, label)
+                    if store.is_done(base):
                         continue
-                    refusal = budget.refusal(impl) if budget is not None else None
-                    if refusal:
-                        row.update(status="skipped", reason=refusal)
-                    else:
-                        started = time.monotonic()
-                        row = executor.measure(case, impl, row)
-                        if budget is not None:
-                            budget.record(impl, time.monotonic() - started)
-                    row["time"], row["profiled"] = now(), cfg.profiled
+                    row = measure_one(case, impl, base)
                     store.append(row)
+                    if row["status"] == "ok" and row.get("noisy"):
+                        noisy.append((case, impl, base))
                     if cfg.on_row:
                         cfg.on_row(row, index, total)
+            meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
         except KeyboardInterrupt:
             meta["interrupted"] = True
             raise

@@ -114,14 +114,15 @@ def check_seconds(args, *flags: str, zero_ok: tuple[str, ...] = ("case_timeout",
             raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
 
 
-def check_counts(args, *flags: str) -> None:
-    """Each given option among `flags` (argparse names; an int or a list of ints) at least 1, else a one-line
-    UsageError: checked before anything is written."""
+def check_counts(args, *flags: str, minimum: int = 1) -> None:
+    """Each given option among `flags` (argparse names; an int or a list of ints) at least `minimum`, else a
+    one-line UsageError: checked before anything is written."""
+    what = "a positive whole number" if minimum == 1 else f"a whole number of at least {minimum}"
     for flag in flags:
         value = getattr(args, flag, None)
         for item in value if isinstance(value, (list, tuple)) else [value]:
-            if item is not None and not item >= 1:
-                raise UsageError(f"{flag.replace('_', '-')}: must be a positive whole number, got {item}")
+            if item is not None and not item >= minimum:
+                raise UsageError(f"{flag.replace('_', '-')}: must be {what}, got {item}")
 
 
 def add_isolation_arguments(verb) -> None:

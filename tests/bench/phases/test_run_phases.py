@@ -24,27 +24,35 @@ def _latency(use) -> float:
     return 0.01 * (f.get("m") or f["batch"] * f["q_len"]) + 0.001 * f.get("kv_len", 0)
 
 
-def test_the_reference_table_sets_the_mean_of_both_timings_beside_the_composition():
+def test_the_reference_table_pools_both_brackets_and_flags_drift_beside_the_composition():
     plan = ReferencePlan(TINY, 2, "cpu", "float32", prompt=64, batches=(1, 8), context=48)
     small = dataclasses.replace(TINY, layers=2)
     uses = step_defs.distinct_uses([step_defs.prefill_step(small, 64), step_defs.decode_step(small, 1, 48),
                                     step_defs.decode_step(small, 8, 48)])
     measured = pm.Measured(op_rows(uses, _latency), model=TINY.name, dtype="float32")
-    before = [{"reference": "phasebench", "phase": p, "batch": b, "tokens": t, "ms": 10.0 * (i + 1),
-               "noisy": False, "noise_reason": ""} for i, (p, b, t) in enumerate(plan.scenarios)]
-    after = [dict(r, ms=r["ms"] * 1.2, noisy=r["batch"] == 8, noise_reason="busy host" * (r["batch"] == 8))
-             for r in before]
+
+    def timed(ms, samples, noisy=False):
+        return {"ms": ms, "samples_ms": samples, "noisy": noisy, "noise_reason": "busy host" * noisy}
+
+    before = [{"reference": "phasebench", "phase": p, "batch": b, "tokens": t, **timed(10.0, [9.0, 10.0, 11.0])}
+              for p, b, t in plan.scenarios]
+    after = [dict(before[0], **timed(10.5, [10.0, 10.5, 11.0])),  # within 10%: quiet
+             dict(before[1], **timed(10.0, [10.0, 10.0, 10.0], noisy=True)),  # busy while timed
+             dict(before[2], **timed(14.0, [13.0, 14.0, 15.0]))]  # moved 40% between the brackets
     table = reference_table(before, after, measured, plan).set_index(["phase", "batch"])
     assert list(table.index) == [("prefill", 1), ("decode", 1), ("decode", 8)]
+    prefill = table.loc[("prefill", 1)]
+    assert prefill["reference_ms"] == pytest.approx(10.25) and prefill["samples"] == 6 and not prefill["noisy"]
+    assert prefill["drift_pct"] == pytest.approx(5.0)
+    assert table.loc[("decode", 1), "noisy"] and table.loc[("decode", 1), "noise_reason"] == "busy host"
     decode8 = table.loc[("decode", 8)]
-    assert decode8["reference_ms"] == pytest.approx(33.0) and decode8["reference_after_ms"] == pytest.approx(36.0)
+    assert decode8["noisy"] and "moved +40%" in decode8["noise_reason"] and decode8["reference_ms"] == 12.0
     composed = pm.tpot(measured, small, 8, 48).total_ms
     assert decode8["composed_ms"] == pytest.approx(composed)
-    assert decode8["error_pct"] == pytest.approx(100 * (composed - 33.0) / 33.0)
-    assert decode8["noisy"] and decode8["noise_reason"] == "busy host" and not table.loc[("prefill", 1), "noisy"]
+    assert decode8["error_pct"] == pytest.approx(100 * (composed - 12.0) / 12.0)
     unbuilt = [{"reference": "transformers", "phase": "prefill", "batch": 1, "tokens": 64, "error": "no transformers"}]
     row = reference_table(unbuilt, [], measured, plan).iloc[0]
-    assert pd.isna(row["reference_ms"]) and row["error"] == "no transformers"
+    assert pd.isna(row["reference_ms"]) and row["error"] == "no transformers" and not row["noisy"]
 
 
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):

@@ -321,3 +321,28 @@ def test_a_row_is_expected_to_take_as_long_as_the_longest_of_its_impl():
     assert budget.refusal("slow").startswith("time budget: 3.0 s of 10 s left, a slow row takes about 4.0 s")
     budget.record("one", 0.1)
     assert budget.expected("one") == pytest.approx(0.5)  # one row of its own: still the median of all
+
+
+def test_noisy_rows_are_measured_again_and_a_quiet_one_replaces_its_noisy_row(tmp_path):
+    from phasebench.bench.sweep.results import ResultsStore
+    from phasebench.bench.sweep.runner import retry_noisy
+
+    store = ResultsStore(tmp_path)
+    cases = [AttentionCase(1, 2, 1, 1, 17 + i, 16, True, "float32") for i in range(3)]
+    base = [{"op": "attention", "impl": "naive", "model": "", "device": "cpu", "mode": "compiled",
+             "timer": "perf_counter_ns", "status": "ok", **c.row_fields()} for c in cases]
+    for row in base:
+        store.append({**row, "noisy": True, "latency_ms": 9.0})
+    outcomes = {17: [False], 18: [True, True, True], 19: [True, False]}  # quiet on the 1st, never, on the 2nd retry
+    calls = []
+
+    def measure_one(case, impl, row):
+        calls.append(case.kv_len)
+        return {**row, "noisy": outcomes[case.kv_len].pop(0), "latency_ms": 1.0}
+
+    counts = retry_noisy(list(zip(cases, ["naive"] * 3, base, strict=True)), 2, measure_one, store)
+    assert counts == {"rounds": 2, "noisy": 3, "quiet_on_retry": 2}
+    assert sorted(calls) == [17, 18, 18, 19, 19]  # a row that came out quiet is not measured again
+    rows = store.frame().set_index("kv_len")
+    assert len(rows) == 3 and rows.loc[[17, 19], "latency_ms"].tolist() == [1.0, 1.0]
+    assert rows.loc[18, "latency_ms"] == 9.0 and rows.loc[18, "noisy"]  # still noisy: the first row stays
