@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import SCHEMA_VERSION, load, load_profile
 from phasebench.bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS
-
-from ..conftest import REPO
 
 
 def test_run_folder_with_csv_only(tmp_path, rows, helpers):
