@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -117,10 +118,13 @@ class CaseState:
 
     def __init__(self, case, device: torch.device):
         self.case, self.device = case, device
-        self.op = operator_of(case)
-        self.standard = Checked(self.op, case, device, lambda: self.op.make_inputs(case, device, case_seed(case)))
-        self.stressed = None if self.op.stress is None else Checked(
-            self.op, case, device, lambda: self.op.stress(case, self.standard.inputs))
+        op = self.op = operator_of(case)
+        # the makers close over the op and the standard inputs, never over self: a cycle would keep a case's tensors
+        # alive after the next case took its place, until Python's cycle collector ran (rarely, in a sweep)
+        standard = self.standard = Checked(op, case, device, functools.partial(op.make_inputs, case, device,
+                                                                               case_seed(case)))
+        self.stressed = None if op.stress is None else Checked(op, case, device,
+                                                               lambda: op.stress(case, standard.inputs))
         self._copies: list = []
 
     @property

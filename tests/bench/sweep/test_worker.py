@@ -206,3 +206,39 @@ def oob(q, k, v, *, causal=False, scale=None, cache_seqlens=None):
 
 register("attention", "oob", oob, devices=("cuda",), dtypes=("float16", "bfloat16"))
 """
+
+
+@pytest.mark.parametrize("op", ["linear", "attention"])
+def test_a_case_frees_its_tensors_when_the_next_case_takes_its_place_without_the_cycle_collector(op):
+    """A repeated sweep (the phases check's rounds) measured the same cases again and again: tensors kept alive by
+    reference cycles grew the worker by a case's inputs per case until rows were skipped for memory."""
+    import gc
+    import weakref
+
+    from phasebench.bench.instruments.roofline import Ceilings
+    from phasebench.bench.ops.attention.cases import AttentionCase
+    from phasebench.bench.ops.linear.cases import LinearCase
+    from phasebench.bench.sweep.measure import base_row
+    from phasebench.bench.sweep.runner import CPU_TIMER
+
+    cases = {"linear": [LinearCase(3, 97, 131, "float32", "decode"), LinearCase(5, 61, 33, "float32", "decode")],
+             "attention": [AttentionCase(2, 4, 2, 1, 77, 16, True, "float32"),
+                           AttentionCase(1, 2, 1, 9, 9, 8, True, "float32")]}[op]
+    impl = "torch" if op == "linear" else "naive"
+    ceil = Ceilings(device="cpu", kind="cpu", peak_gbps=10.0, peak_tflops={"float32": 0.1})
+    worker.open_device(torch.device("cpu"), CPU_TIMER, False)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        row = worker.measure_row(cases[0], impl, base_row(cases[0], impl, "r", "s", ceil, "perf_counter_ns"))
+        assert row["status"] == "ok", row.get("reason")
+        state = worker._STATE["state"]
+        held = [weakref.ref(t) for t in vars(state.inputs).values() if isinstance(t, torch.Tensor)]
+        held.append(weakref.ref(state))
+        del state
+        worker.measure_row(cases[1], impl, base_row(cases[1], impl, "r", "s", ceil, "perf_counter_ns"))
+        assert all(ref() is None for ref in held)
+    finally:
+        if was_enabled:
+            gc.enable()
+        worker.close_device()
