@@ -234,10 +234,14 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
 # ---------------------------------------------------------------- tables and text
 
 
+ROUND_COLUMNS = ("round_error_min_pct", "round_error_max_pct")
+
+
 def reference_table(tables: dict) -> pd.DataFrame:
     """The composition against real forward passes: per reference implementation, phase and batch the reference
     and composed ms, the gap, error_pct (negative: the composition is faster than the real pass), whether the
-    reference was timed on a busy machine, and what the composition leaves out."""
+    reference was timed on a busy machine, and what the composition leaves out; with the range of the rounds'
+    own errors where the check ran in rounds."""
     columns = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "gap_ms",
                "error_pct", "noisy", "left_out"]
     reference = tables.get("reference")
@@ -248,7 +252,8 @@ def reference_table(tables: dict) -> pd.DataFrame:
     for column, value in defaults.items():
         table[column] = table[column].fillna(value) if column in table else value
     table["left_out"] = table["left_out"].fillna("").astype(str)
-    return table[columns].reset_index(drop=True)
+    rounds = [c for c in ROUND_COLUMNS if c in table]  # tables written before the interleaved rounds lack them
+    return table[columns + rounds].reset_index(drop=True)
 
 
 def _number(value) -> str:
@@ -319,7 +324,7 @@ def phases_summary(tables: dict) -> str:
     if len(reference):
         out += ["", "Composition against a real forward pass (error_pct < 0: the composition is faster):",
                 _text(reference, ("reference", "phase", "layers", "batch", "tokens", "reference_ms", "composed_ms",
-                                  "gap_ms", "error_pct", "noisy"))]
+                                  "gap_ms", "error_pct", *ROUND_COLUMNS, "noisy"))]
         left_out = "; ".join(dict.fromkeys(s for s in reference["left_out"] if s))
         if left_out:
             out.append(f"left out of the composition: {left_out}")

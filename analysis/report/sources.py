@@ -28,6 +28,7 @@ class Kind:
     read: Callable[[Path], object] | None = None
     rows: bool = True
     comparable: bool = False
+    rows_in: str = ""  # the subfolder that holds the rows (a phases folder's ops/; its check/ repeats some of them)
 
 
 def _is_phases(path: Path) -> bool:
@@ -40,7 +41,7 @@ def _is_interference(path: Path) -> bool:
 
 # One more kind is one more line here (and a section that reads `sources.of(kind)`), before "results".
 KINDS: list[Kind] = [
-    Kind("phases", _is_phases, read=load_phases),
+    Kind("phases", _is_phases, read=load_phases, rows_in="ops"),
     Kind("interference", _is_interference, read=load_interference, rows=False),  # its rows are its own section's
     Kind("results", lambda path: True, comparable=True),  # run folders, results files, pytest-benchmark JSON
 ]
@@ -82,7 +83,8 @@ def read_sources(*paths) -> Sources:
         if kind.read is not None:
             found.setdefault(kind.name, []).append(kind.read(path))
         if kind.rows:
-            with_rows.append(path.parent if path.is_file() and kind.read is not None else path)
+            folder = path.parent if path.is_file() and kind.read is not None else path
+            with_rows.append(folder / kind.rows_in if kind.rows_in and (folder / kind.rows_in).is_dir() else folder)
     rows = load(*with_rows) if with_rows else conform(pd.DataFrame())  # e.g. only interference folders
     return Sources(rows=rows, found=found, paths=sorted_paths)
 

@@ -286,12 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     phases.add_argument("--reference", nargs="+", choices=("phasebench", "transformers"), metavar="IMPL",
                         help="real forward passes to check the composition against: phasebench's decoder (always) "
                              "and transformers' LlamaForCausalLM with random weights where installed")
+    phases.add_argument("--reference-rounds", type=int, metavar="N",
+                        help="rounds of the check's ops, each between two timings of the real forward pass, so "
+                             "that both sides see the same machine (default 5; 1 with --time-budget)")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
     phases.add_argument("--page-size", type=int, metavar="P",
                         help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
                              "contiguous); the prompt's own attention stays contiguous")
     phases.add_argument("--sample-time", type=float, metavar="S",
-                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.15 on the host)")
+                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.25 on the host)")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)
     phases.add_argument("--time-budget", type=float, metavar="S",
                         help="wall seconds for the whole command: the ops that would overrun are recorded skipped "

@@ -33,7 +33,8 @@ def parse_op_impls(items) -> dict[str, str]:
 
 def cmd_phases(args) -> int:
     check_seconds(args, "sample_time", "case_timeout", "time_budget")
-    check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch")
+    check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
+                 "reference_rounds")
     check_counts(args, "retry_noisy", minimum=0)
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
@@ -68,7 +69,8 @@ def cmd_phases(args) -> int:
                                 chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
                                 reference_layers=args.reference_layers, dtype=args.dtype, page_size=args.page_size,
                                 reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
-                                references=references)
+                                references=references,
+                                reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)

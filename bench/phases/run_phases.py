@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
 from ..sweep.worker import IN_PROCESS, Isolation
-from .reference_check import ReferencePlan, reference_table, timed
+from . import reference_check as check
+from .reference_check import ReferencePlan
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
 # The host sizes keep `phasebench phases` to about two minutes on 2 cores; a GPU takes the real ones.
@@ -67,6 +69,7 @@ class PhasesConfig:
     started: float | None = None
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
+    reference_rounds: int = check.ROUNDS  # rounds of the check's ops, interleaved with the reference's brackets
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -92,8 +95,11 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
 
 
 def reference_reserve_s(budget_s: float) -> float:
-    """Of a time budget, what the ops leave for the reference forward pass, the composition and the tables."""
+    """Of a time budget, what the ops leave for the reference check, the composition and the tables."""
     return max(3.0, 0.2 * budget_s)
+
+
+TABLES_S = 1.0  # of the reserve, what the check leaves for the composition and the tables
 
 
 def case_of(use: step_defs.OpUse, dtype: str, model: str):
@@ -126,6 +132,20 @@ def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
                          tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
 
 
+def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The real forward passes timed in brackets around rounds of the ops they compose to (DIR/check), so that a
+    machine that drifts moves both sides alike; the reference table and the brackets."""
+    plan = reference_plan(cfg)
+    cases = [case_of(u, cfg.dtype, cfg.model.name) for u in plan.uses()]
+    budget = None if cfg.time_budget_s is None else cfg.time_budget_s - TABLES_S
+    brackets, rows = check.run_check(plan, cases, impls, cfg.out_dir / "check", timer=timer, isolation=cfg.isolation,
+                                     rounds=cfg.reference_rounds, time_budget_s=budget, started=cfg.started,
+                                     on_row=cfg.on_row)
+    frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
+    return check.reference_table(brackets, frame(rows), per_round, plan), check.brackets_table(brackets)
+
+
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Measure (or reuse) the ops, check a real forward pass, compose, and write every table under out_dir."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,17 +156,13 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
     impls = {op: [name] for op, name in cfg.impls.items()}
     timer = cfg.timer or ops_timer(cfg.device)
-    plan = reference_plan(cfg)
-    before = timed(plan, cfg.isolation)  # the real forward passes bracket the ops: timed before and after them
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - reference_reserve_s(cfg.time_budget_s)
     rows = run(RunConfig(cases, impls, cfg.device, cfg.out_dir / "ops", suite="phases", timer=timer,
                          on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget,
                          started=cfg.started, retry_noisy=cfg.retry_noisy)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
-    after = timed(plan, cfg.isolation)
     tables = compose(df, cfg)
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
-    tables["reference"] = reference_table(before, after, measured, plan)
+    tables["reference"], tables["reference_brackets"] = reference_check(cfg, timer, impls)
     for name, table in tables.items():
         table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
     (cfg.out_dir / "phases.json").write_text(json.dumps({
@@ -154,5 +170,6 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
-        "references": cfg.references, "measured_cases": len(cases)}, indent=1))
+        "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases)},
+        indent=1))
     return tables

@@ -70,6 +70,10 @@ class RunConfig:
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
     retry_noisy: int = 0  # rounds, at the end of the sweep, that measure again the rows timed on a busy machine
+    rounds: int = 1  # times the whole plan is measured, each time appending its rows (repeats, pooled by a median)
+    # called as between_rounds(executor, k) before the first round, between rounds and after the last (rounds + 1
+    # calls): what the sweep is interleaved with, on the sweep's own device and worker
+    between_rounds: Callable[[Executor, int], None] | None = field(default=None, repr=False)
     # in a worker process (bench.sweep.worker) that a crash or a hang costs one failed row, or in this one; the
     # worker imports the plugins itself, so kernels registered only in this process are not there
     isolation: Isolation = IN_PROCESS
@@ -165,9 +169,18 @@ def _snapshot(device: torch.device) -> dict:
     return snapshot(device)  # /proc and nvidia-smi only: the parent of a worker never touches the device
 
 
+def check_rounds(cfg: RunConfig) -> None:
+    """Repeated rounds append every row again: nothing to resume or to replace by key."""
+    if cfg.rounds < 1:
+        raise ValueError(f"rounds: at least 1, got {cfg.rounds}")
+    if cfg.rounds > 1 and (cfg.resume or cfg.retry_noisy):
+        raise ValueError("rounds: repeated rounds neither resume nor retry noisy rows (each round is a repeat)")
+
+
 def run(cfg: RunConfig):
-    """Measure every (case, impl) not already in cfg.out_dir; returns all rows there as a DataFrame. A Ctrl-C keeps
-    every row written and closes run.json as interrupted."""
+    """Measure every (case, impl) not already in cfg.out_dir, in cfg.rounds rounds; returns all rows there as a
+    DataFrame. A Ctrl-C keeps every row written and closes run.json as interrupted."""
+    check_rounds(cfg)
     device = cfg.device
     timer = cfg.timer or default_timer(device)
     options = measurement_options(device, timer, cfg.profiled)
@@ -185,7 +198,7 @@ def run(cfg: RunConfig):
                 "interrupted": False, "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options,
                 **executor.metadata(), "cold_operands": cold_policy(device, timer),
                 "selection": _joined(sweep, previous), "isolation": executor.describe(),
-                "ceilings": ceil.to_json(), "state_before": state_before, "state_after": None}
+                "ceilings": ceil.to_json(), "rounds": cfg.rounds, "state_before": state_before, "state_after": None}
         store.write_run(meta)
         label = HarnessSampler(timer, device.type).label
         budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
@@ -193,7 +206,7 @@ def run(cfg: RunConfig):
         if budget is not None:
             cases = [cases[i] for i in spread_order(len(cases))]
         plan = [(case, impls_for(case, cfg.impls)) for case in cases]
-        total = sum(len(impls) for _, impls in plan)
+        total = cfg.rounds * sum(len(impls) for _, impls in plan)
         index = 0
         def measure_one(case, impl: str, base: dict) -> dict:
             """The row of (case, impl) from its base row: measured, or skipped when the time budget says so."""
@@ -210,18 +223,23 @@ def run(cfg: RunConfig):
         noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
-            for case, impls in plan:
-                for impl in impls:
-                    index += 1
-                    base = base_row(case, impl, run_id, cfg.suite, ceil, label)
-                    if store.is_done(base):
-                        continue
-                    row = measure_one(case, impl, base)
-                    store.append(row)
-                    if row["status"] == "ok" and row.get("noisy"):
-                        noisy.append((case, impl, base))
-                    if cfg.on_row:
-                        cfg.on_row(row, index, total)
+            for round_index in range(cfg.rounds):
+                if cfg.between_rounds:
+                    cfg.between_rounds(executor, round_index)
+                for case, impls in plan:
+                    for impl in impls:
+                        index += 1
+                        base = base_row(case, impl, run_id, cfg.suite, ceil, label)
+                        if round_index == 0 and store.is_done(base):
+                            continue
+                        row = measure_one(case, impl, base)
+                        store.append(row)
+                        if row["status"] == "ok" and row.get("noisy"):
+                            noisy.append((case, impl, base))
+                        if cfg.on_row:
+                            cfg.on_row(row, index, total)
+            if cfg.between_rounds:
+                cfg.between_rounds(executor, cfg.rounds)
             meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
         except KeyboardInterrupt:
             meta["interrupted"] = True

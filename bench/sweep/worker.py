@@ -322,7 +322,8 @@ class Executor:
         else:
             close_device()
 
-    def _call(self, fn, *args, timeout=None, doing="running"):
+    def call(self, fn, *args, timeout=None, doing="running"):
+        """fn(*args) where the cases run (the worker, or here); a dead or hung worker raises WorkerError."""
         if not self.isolate:
             return fn(*args)
         return self.worker.call(fn, *args, timeout=timeout, doing=doing)
@@ -335,7 +336,7 @@ class Executor:
         self._init = (fn, (*args[:3], capture))
         if self.isolate:
             self.worker.init = self._init
-        self._call(open_capture, capture, timeout=START_S, doing="opening the profiler")
+        self.call(open_capture, capture, timeout=START_S, doing="opening the profiler")
 
     def describe(self) -> dict:
         """For run.json: where the cases ran, how many workers were started, the case timeout."""
@@ -347,20 +348,20 @@ class Executor:
                                    f"longest row, at least {FLOOR_S:g} s"}
 
     def ceilings(self, dtypes, refresh: bool = False):
-        return self._call(device_ceilings, tuple(dtypes), refresh, timeout=START_S, doing="measuring the ceilings")
+        return self.call(device_ceilings, tuple(dtypes), refresh, timeout=START_S, doing="measuring the ceilings")
 
     def metadata(self) -> dict:
-        return self._call(device_metadata, timeout=START_S, doing="reading the device")
+        return self.call(device_metadata, timeout=START_S, doing="reading the device")
 
     def autotune(self) -> list:
         with contextlib.suppress(WorkerError):
-            return self._call(autotune, timeout=START_S, doing="reading the autotune winners")
+            return self.call(autotune, timeout=START_S, doing="reading the autotune winners")
         return []
 
     def measure(self, case, impl: str, row: dict) -> dict:
         started = time.monotonic()
         try:
-            out = self._call(measure_row, case, impl, row, timeout=self.clock.limit(impl),
+            out = self.call(measure_row, case, impl, row, timeout=self.clock.limit(impl),
                              doing="measuring this case")
         except WorkerError as err:
             out = {**row, "status": "failed", "reason": f"{err}; the worker was replaced"}

@@ -140,6 +140,11 @@ def test_reference_table_gives_the_error_and_what_is_left_out():
     assert table.loc["prefill", "error_pct"] == pytest.approx(100.0)
     assert table.loc["decode", "gap_ms"] == pytest.approx(0.25 * composed["decode"])
     assert "host gaps" in table.loc["decode", "left_out"] and table.loc["decode", "layers"] == 2
+    assert "round_error_min_pct" not in table  # a table written before the rounds
+    rounds = tables_for()
+    rounds["reference"] = rounds["reference"].assign(round_error_min_pct=[-4.5, 2.0], round_error_max_pct=[3.5, 9.0])
+    assert reference_table(rounds)["round_error_max_pct"].tolist() == [3.5, 9.0]
+    assert "round_error_min_pct" in phases_summary(rounds)
 
 
 def test_summary_names_every_table(tables):

@@ -99,6 +99,7 @@ def test_run_folders_phases_folders_and_pytest_benchmark_json_together(tmp_path,
     phases = write_phases(tmp_path / "phases", phase_tables())
     ops = helpers.make_rows(rng, run_id="ph", device="AMD EPYC 9654", device_kind="cpu", dtype="float32")
     helpers.write_run(phases / "ops", ops)
+    helpers.write_run(phases / "check", ops.iloc[:3])  # the reference check's rounds repeat some ops: not counted
     found = read_sources(run, bench, phases)
     assert {kind: [p.name for p in paths] for kind, paths in found.paths.items()} == {
         "results": ["run", "bench.json"], "phases": ["phases"]}

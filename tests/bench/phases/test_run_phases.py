@@ -1,5 +1,5 @@
-"""`phasebench phases` end to end on a tiny model, and the reference check's table from timings taken before and
-after the ops."""
+"""`phasebench phases` end to end on a tiny model, and the reference check's table from brackets of the reference
+interleaved with rounds of the ops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 from phasebench.analysis import phase_model as pm
 from phasebench.bench.phases.reference_check import ReferencePlan, reference_table
-from phasebench.bench.spec import steps as step_defs
 
 from ...analysis.phase_rows import TINY, op_rows
 from ...conftest import run_cli
@@ -24,35 +23,47 @@ def _latency(use) -> float:
     return 0.01 * (f.get("m") or f["batch"] * f["q_len"]) + 0.001 * f.get("kv_len", 0)
 
 
-def test_the_reference_table_pools_both_brackets_and_flags_drift_beside_the_composition():
+def test_the_reference_table_compares_rounds_with_their_brackets_so_a_shared_drift_cancels():
     plan = ReferencePlan(TINY, 2, "cpu", "float32", prompt=64, batches=(1, 8), context=48)
     small = dataclasses.replace(TINY, layers=2)
-    uses = step_defs.distinct_uses([step_defs.prefill_step(small, 64), step_defs.decode_step(small, 1, 48),
-                                    step_defs.decode_step(small, 8, 48)])
-    measured = pm.Measured(op_rows(uses, _latency), model=TINY.name, dtype="float32")
+    scale = (1.0, 1.2, 1.4)  # the machine slows 40% over the rounds of the ops
 
-    def timed(ms, samples, noisy=False):
-        return {"ms": ms, "samples_ms": samples, "noisy": noisy, "noise_reason": "busy host" * noisy}
+    def rows(k):
+        return op_rows(plan.uses(), lambda use: _latency(use) * scale[k])
 
-    before = [{"reference": "phasebench", "phase": p, "batch": b, "tokens": t, **timed(10.0, [9.0, 10.0, 11.0])}
-              for p, b, t in plan.scenarios]
-    after = [dict(before[0], **timed(10.5, [10.0, 10.5, 11.0])),  # within 10%: quiet
-             dict(before[1], **timed(10.0, [10.0, 10.0, 10.0], noisy=True)),  # busy while timed
-             dict(before[2], **timed(14.0, [13.0, 14.0, 15.0]))]  # moved 40% between the brackets
-    table = reference_table(before, after, measured, plan).set_index(["phase", "batch"])
+    per_round = [pm.Measured(rows(k), model=TINY.name, dtype="float32") for k in range(3)]
+    measured = pm.Measured(pd.concat([rows(k) for k in range(3)]), model=TINY.name, dtype="float32")
+    composed = {(p, b): plan.composed(per_round[0], p, b, t).total_ms for p, b, t in plan.scenarios}
+    # the reference slows alike between its brackets: every round agrees, the row is quiet
+    moves = {("prefill", 1): (1.0, 1.1, 1.3, 1.5),
+             ("decode", 1): (1.0, 1.0, 1.0, 1.0),  # the ops moved, the reference did not: the rounds disagree
+             ("decode", 8): (1.0, 1.1, 1.3, 1.5)}
+    brackets = [{"reference": "phasebench", "implementation": "ours", "bracket": k, "phase": p, "batch": b,
+                 "tokens": t, "ms": composed[p, b] * moves[p, b][k], "samples_ms": [composed[p, b] * moves[p, b][k]],
+                 "noisy": (p, b) == ("decode", 8) and k > 0, "noise_reason": "busy host"}
+                for k in range(4) for p, b, t in plan.scenarios]
+    table = reference_table(brackets, measured, per_round, plan).set_index(["phase", "batch"])
     assert list(table.index) == [("prefill", 1), ("decode", 1), ("decode", 8)]
     prefill = table.loc[("prefill", 1)]
-    assert prefill["reference_ms"] == pytest.approx(10.25) and prefill["samples"] == 6 and not prefill["noisy"]
-    assert prefill["drift_pct"] == pytest.approx(5.0)
-    assert table.loc[("decode", 1), "noisy"] and table.loc[("decode", 1), "noise_reason"] == "busy host"
+    assert prefill["reference_ms"] == pytest.approx(1.2 * composed["prefill", 1])  # median of the 4 brackets
+    assert prefill["composed_ms"] == pytest.approx(1.2 * composed["prefill", 1])  # each op's median over 3 rounds
+    assert prefill["error_pct"] == pytest.approx(0.0, abs=1e-9) and prefill["drift_pct"] == pytest.approx(50.0)
+    assert prefill["round_error_min_pct"] == pytest.approx(100 * (1 / 1.05 - 1)) and prefill["round_error_max_pct"] \
+        == pytest.approx(0.0, abs=1e-9)
+    assert not prefill["noisy"] and prefill["samples"] == 4 and prefill["brackets"] == 4 and prefill["rounds"] == 3
+    decode1 = table.loc[("decode", 1)]
+    assert decode1["noisy"] and decode1["noise_reason"] == ("the rounds disagree: errors +0% to +40%, interquartile "
+                                                            "range 20 points")
+    assert decode1["composed_ms"] == pytest.approx(pm.tpot(measured, small, 1, 48).total_ms)
+    assert decode1["error_pct"] == pytest.approx(20.0)
     decode8 = table.loc[("decode", 8)]
-    assert decode8["noisy"] and "moved +40%" in decode8["noise_reason"] and decode8["reference_ms"] == 12.0
-    composed = pm.tpot(measured, small, 8, 48).total_ms
-    assert decode8["composed_ms"] == pytest.approx(composed)
-    assert decode8["error_pct"] == pytest.approx(100 * (composed - 12.0) / 12.0)
-    unbuilt = [{"reference": "transformers", "phase": "prefill", "batch": 1, "tokens": 64, "error": "no transformers"}]
-    row = reference_table(unbuilt, [], measured, plan).iloc[0]
+    assert decode8["noisy"] and decode8["noise_reason"].startswith("busy in 3 of 4 brackets (busy host)")
+    assert decode8["error_pct"] == pytest.approx(0.0, abs=1e-9)
+    unbuilt = [{"reference": "transformers", "bracket": k, "phase": "prefill", "batch": 1, "tokens": 64,
+                "error": "no transformers"} for k in range(2)]
+    row = reference_table(unbuilt, measured, per_round, plan).iloc[0]
     assert pd.isna(row["reference_ms"]) and row["error"] == "no transformers" and not row["noisy"]
+    assert row["brackets"] == 0 and pd.isna(row["error_pct"])
 
 
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):
@@ -60,7 +71,8 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     out = tmp_path / "phases"
     proc = run_cli("phases", "--model", SMALL, "--prompt", "16", "48", "--batch", "1", "2", "--context", "31",
                    "--chunk", "16", "--chunk-batch", "2", "--reference-batch", "1", "2", "--sample-time", "0.02",
-                   *(["--reference", *references] if references else []), "--out", str(out), timeout=600)
+                   "--reference-rounds", "2", *(["--reference", *references] if references else []),
+                   "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "reference"):
         assert (out / f"{name}.csv").is_file(), name
@@ -70,7 +82,12 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     assert set(reference["reference"]) == {"phasebench", *references}
     for _, rows in reference.groupby("reference"):
         assert sorted(zip(rows["phase"], rows["batch"], strict=True)) == [("decode", 1), ("decode", 2), ("prefill", 1)]
-        assert (rows["reference_before_ms"] > 0).all() and (rows["reference_after_ms"] > 0).all()
+        assert (rows["brackets"] == 3).all() and (rows["rounds"] == 2).all() and (rows["reference_ms"] > 0).all()
+    brackets = pd.read_csv(out / "reference_brackets.csv")
+    assert sorted(set(brackets["bracket"])) == [0, 1, 2] and (brackets["samples"] >= 3).all()
+    check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
+    assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
+    assert json.loads((out / "check" / "run.json").read_text())["rounds"] == 2
     # a composition is a number exactly where none of its ops was left out as noisy
     decode = pd.read_csv(out / "decode.csv")
     assert (decode["tpot_ms"].notna() | (decode["noisy_left_out"] > 0)).all()

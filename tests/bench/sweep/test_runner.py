@@ -346,3 +346,39 @@ def test_noisy_rows_are_measured_again_and_a_quiet_one_replaces_its_noisy_row(tm
     rows = store.frame().set_index("kv_len")
     assert len(rows) == 3 and rows.loc[[17, 19], "latency_ms"].tolist() == [1.0, 1.0]
     assert rows.loc[18, "latency_ms"] == 9.0 and rows.loc[18, "noisy"]  # still noisy: the first row stays
+
+
+def test_rounds_repeat_every_row_between_calls_on_the_sweep_worker(tmp_path):
+    import json
+    import os
+
+    from phasebench.bench.sweep.worker import Isolation
+
+    events = []
+
+    def between(executor, k):
+        events.append(("between", k, executor.call(os.getpid, timeout=60)))
+
+    def on_row(row, index, total):
+        events.append(("row", index, total))
+
+    cases = [AttentionCase(1, 2, 1, 1, 19, 16, True, "float32"), AttentionCase(1, 3, 3, 5, 5, 8, False, "float32")]
+    df = run(tmp_path, ["naive"], cases=cases, rounds=3, between_rounds=between, on_row=on_row,
+             isolation=Isolation(isolate=True))
+    assert len(df) == 6 and (df["status"] == "ok").all()
+    assert [e[:2] for e in events] == [("between", 0), ("row", 1), ("row", 2), ("between", 1), ("row", 3),
+                                       ("row", 4), ("between", 2), ("row", 5), ("row", 6), ("between", 3)]
+    pids = {e[2] for e in events if e[0] == "between"}
+    assert len(pids) == 1 and pids != {os.getpid()}  # the rows' own worker, never this process
+    assert {e[2] for e in events if e[0] == "row"} == {6}
+    assert df["kv_len"].tolist() == [19, 5] * 3  # each round appends the plan again, in order
+    assert json.loads((tmp_path / "run.json").read_text())["rounds"] == 3
+
+
+@pytest.mark.parametrize("given, message", [(dict(rounds=0), "rounds: at least 1, got 0"),
+                                            (dict(rounds=2, resume=True), "neither resume"),
+                                            (dict(rounds=2, retry_noisy=1), "neither resume")])
+def test_rounds_refuse_what_repeats_cannot_mean(tmp_path, given, message):
+    with pytest.raises(ValueError, match=message):
+        run(tmp_path, ["naive"], **given)
+    assert not (tmp_path / "results.csv").exists()
