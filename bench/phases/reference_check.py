@@ -18,7 +18,7 @@ from ..instruments.timing import TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import RunConfig, impls_for, run
-from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
+from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError, release_case
 
 REFERENCES = ("phasebench", "transformers")
 # one bracket's sampling; every bracket's samples are pooled, so a bracket needs few
@@ -98,15 +98,18 @@ def _built(kind: str, plan: ReferencePlan):
 def time_bracket(plan: ReferencePlan, bracket: int, last: bool) -> list[dict]:
     """Each implementation's forward passes timed here, watched by the contention probe: one row per (kind,
     scenario) of this bracket; an implementation that cannot be built gives rows that say why. The decoders are
-    built at the first bracket and freed after the last."""
+    built at the first bracket and freed after the last; the ops' last case is freed first (its inputs would crowd
+    the reference's memory), and the implementations take turns at going first (the first after the ops is
+    timed in other conditions than the second)."""
     from ..instruments.contention import ContentionProbe
     from ..instruments.timing import time_call
 
     device = torch.device(plan.device)
     probe, timer = ContentionProbe(device), TIMERS["cuda" if device.type == "cuda" else "cpu"]
+    release_case()
     rows = []
     try:
-        for kind in plan.kinds:
+        for kind in plan.kinds if bracket % 2 == 0 else plan.kinds[::-1]:
             decoder = _built(kind, plan)
             if isinstance(decoder, str):
                 rows += [{"reference": kind, "bracket": bracket, "phase": p, "batch": b, "tokens": t,

@@ -114,6 +114,12 @@ def measure_row(case, impl: str, row: dict) -> dict:
     return out
 
 
+def release_case() -> None:
+    """Drop the case held for its next impl (its inputs, copies and reference), e.g. before other work between rounds
+    of a sweep; the next measure_row builds its case afresh."""
+    _STATE.update(case=None, state=None)
+
+
 def _serve(conn, plugins) -> None:
     """The worker's loop: load the plugins, then run each (fn, args, kwargs) sent and send back what it gave."""
     import faulthandler

@@ -108,3 +108,35 @@ def test_a_time_budget_bounds_the_ops_and_keeps_time_for_the_reference(tmp_path)
     assert ops["reason"].str.startswith("time budget").all()
     reference = pd.read_csv(out / "reference.csv")
     assert len(reference) == 2 and (reference["reference_ms"] > 0).all() and reference["composed_ms"].isna().all()
+
+
+def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_going_first(monkeypatch):
+    from phasebench.bench.phases import reference_check as rc
+    from phasebench.bench.sweep import worker
+
+    calls = []
+
+    class Fake:
+        def __init__(self, kind):
+            self.kind, self.name = kind, f"fake {kind}"
+
+        def prefill(self, batch, tokens):
+            calls.append((self.kind, "prefill", batch))
+
+        def decode_step(self, batch, tokens):
+            calls.append((self.kind, "decode", batch))
+
+    monkeypatch.setattr(rc, "_decoder", lambda kind, plan: Fake(kind))
+    plan = ReferencePlan(TINY, 2, "cpu", "float32", prompt=16, batches=(1, 3), context=9,
+                         kinds=("phasebench", "transformers"))
+    worker._STATE.update(case="held", state="inputs of the ops' last case")
+    try:
+        first = rc.time_bracket(plan, 0, last=False)
+        assert worker._STATE["state"] is None and worker._STATE["case"] is None
+        second = rc.time_bracket(plan, 1, last=True)
+    finally:
+        worker._STATE.clear()
+    assert [r["reference"] for r in first][::3] == ["phasebench", "transformers"]
+    assert [r["reference"] for r in second][::3] == ["transformers", "phasebench"]
+    assert all(r["samples_ms"] and r["ms"] > 0 and r["bracket"] in (0, 1) for r in first + second)
+    assert {c[0] for c in calls} == {"phasebench", "transformers"} and not rc._BUILT  # freed after the last
