@@ -192,7 +192,8 @@ def phases_headline(tables: dict) -> dict:
     found["left_out"] = sum(int((pd.to_numeric(table["missing"], errors="coerce") > 0).sum()) for table in points)
     found["interactive"] = _interactive(tables.get("interactive"))
     reference = reference_table(tables)
-    found["composition"] = reference[["phase", "layers", "error_pct"]] if len(reference) else None
+    found["composition"] = reference[["reference", "phase", "layers", "batch", "error_pct", "noisy"]] if len(
+        reference) else None
     return found
 
 

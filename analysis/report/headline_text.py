@@ -133,10 +133,23 @@ def _phases_block(found: dict) -> tuple[str, list]:
         items.append(("p", [_interactive_sentence(limits)]))
     composition = found.get("composition")
     if composition is not None:
-        parts = ", ".join(f"{row['phase']} {cell_float(row['error_pct']):+.1f}% ({key_text(row['layers'])} layers)"
-                          for row in composition.to_dict("records"))
-        items.append(("p", [f"Composition against a real forward pass: {parts}."]))
+        items.append(("p", [_composition_sentence(composition)]))
     return "Phases · " + " · ".join(setting), items
+
+
+def _composition_sentence(composition: pd.DataFrame) -> str:
+    """The composition's error per real forward pass, per phase and batch, noisy ones said so."""
+    groups = []
+    for reference, rows in composition.groupby("reference", sort=False):
+        cells = []
+        for row in rows.to_dict("records"):
+            where = row["phase"] if row["phase"] == "prefill" else f"{row['phase']} batch {key_text(row['batch'])}"
+            cells.append(f"{where} {cell_float(row['error_pct']):+.1f}%" + (" (noisy)" if cell_true(row["noisy"])
+                                                                               else ""))
+        layers = "/".join(dict.fromkeys(key_text(v) for v in rows["layers"]))
+        groups.append(f"{reference} ({layers} layers) {', '.join(cells)}")
+    return ("Composition against a real forward pass (negative: the composition is faster): " + "; ".join(groups)
+            + ".")
 
 
 def _interactive_sentence(limits: pd.DataFrame) -> str:
