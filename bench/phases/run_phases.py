@@ -24,7 +24,8 @@ from . import reference_check as check
 from .reference_check import ReferencePlan
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
-# The host sizes keep `phasebench phases` to about two minutes on 2 cores; a GPU takes the real ones.
+# The host sizes keep `phasebench phases` to minutes on 2 cores (2 for a 1B model, 8 for llama-3-8b); a GPU takes
+# the real ones.
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
             reference_layers=2, reference_batches=(1, 8))
 # per-op sampling on the host: one call's time varies by about 15% here, so every op gets a warm-up call and at least
