@@ -25,7 +25,9 @@ SMALL_MODEL = DecoderConfig(hidden=64, intermediate=96, layers=2, q_heads=2, kv_
                             name="interference-small")
 CPU = torch.device("cpu")
 LARGE, SMALL = 128, 16  # prompt tokens: a prefill of tens of ms, and one of a few
-BUSY = 1.0  # CPUs (of 2) other processes used in a window, beyond which no stretch of ours can be told apart
+# CPUs (of 2) other processes used in a window, beyond which no stretch of ours can be told apart: with a second
+# test run beside it (0.66 of the CPUs in use) the large prefill stretched the decode only 1.27x
+BUSY = 0.5
 
 
 @pytest.fixture(scope="module")
