@@ -39,7 +39,7 @@ section { margin-top: 18px; min-width: 0; }
 .hl-block p { margin: 3px 0; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #d4d4d4; padding: 2px 7px; white-space: nowrap; text-align: left; vertical-align: top; }
-th { background: #eef0f3; }
+th { background: #eef0f3; } thead th { white-space: normal; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.long { white-space: normal; min-width: 16em; max-width: 42em; }
 table.hl { background: #fff; } table.hl td:nth-child(n+6) { white-space: normal; }
