@@ -9,5 +9,5 @@ session/      the GPU session: self-check, wheels, Hopper builds, the ncu target
 cli/          the `phasebench` command line, the one place that wires bench, kernels, profiles and analysis
 
 The pytest-benchmark suite (conftest.py, bench_params.py, test_kernels_bench.py) stays here for `pytest bench`;
-cases.py and cost.py keep the attention contract names of DESIGN.md. Importing this package loads no torch.
+cases.py and cost.py keep the attention contract names of docs/design.md. Importing this package loads no torch.
 """
