@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec.schema import CASE_FIELDS, cell_true, key_text
-from .._figures import flag, interpreter, ok_rows, ordered_impls, ordered_ops, ordered_phases, performance_rows
-from ..phases import reference_table, saturation_text
+from ..figures.kit import flag, interpreter, ok_rows, ordered_impls, ordered_ops, ordered_phases, performance_rows
+from ..phases.figures import reference_table, saturation_text
 from .tables import report_rows
 
 GROUP_BY = ("device", "mode", "timer", "profiled", "dtype")

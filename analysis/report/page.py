@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .._figures import op_rows
-from ..linear_plots import layer_tokens_per_second, linear_sweep
-from ..phase_plots import phase_comparison, tokens_per_second
-from ..roofline_plot import roofline
-from ..scaling_plots import decode_scaling, prefill_scaling
-from ..speedup import speedup
+from ..figures.kit import op_rows
+from ..figures.linear import layer_tokens_per_second, linear_sweep
+from ..figures.prefill_decode import phase_comparison, tokens_per_second
+from ..figures.roofline import roofline
+from ..figures.scaling import decode_scaling, prefill_scaling
+from ..figures.speedup import speedup
 from .context import Context, Section
 from .tables import profiled, report_rows, runs_table
 

@@ -30,8 +30,8 @@ def cmd_interference(args) -> int:
           f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}, {cfg.rounds} rounds of "
           f"{cfg.window_s:g} s windows -> {cfg.out_dir}", file=sys.stderr, flush=True)
     rows = run_interference(cfg)
-    from ...analysis.interference import interference_summary
-    from ...analysis.interference_plots import write_interference_figures
+    from ...analysis.interference.figures import write_interference_figures
+    from ...analysis.interference.rows import interference_summary
 
     print(interference_summary(rows))
     figures = write_interference_figures(rows, cfg.out_dir)

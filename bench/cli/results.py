@@ -57,7 +57,7 @@ def cmd_phases(args) -> int:
             raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
     check_writable(out)
-    from ...analysis import phase_model as pm
+    from ...analysis.phases import model as pm
     from ..phases.run_phases import PhasesConfig, ops_timer, run_phases
     from ..sweep.console import Progress
 
@@ -81,7 +81,7 @@ def cmd_phases(args) -> int:
 
             reuse = load(*args.reuse)
         if args.interference:
-            from ...analysis.interference import load_interference
+            from ...analysis.interference.rows import load_interference
 
             cfg.interference = load_interference(*args.interference)
     except (ValueError, FileNotFoundError) as err:
@@ -89,7 +89,7 @@ def cmd_phases(args) -> int:
     paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}) -> {out}", file=sys.stderr)
     tables = run_phases(cfg, reuse)
-    from ...analysis.phases import phases_summary, write_phase_figures
+    from ...analysis.phases.figures import phases_summary, write_phase_figures
 
     print(phases_summary(tables))
     figures = write_phase_figures(tables, out)
@@ -127,8 +127,8 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     from ...analysis import load
-    from ...analysis.compare import compare, parse_threshold, regression_line, regressions
-    from ...analysis.compare_output import format_comparison
+    from ...analysis.comparison.display import format_comparison
+    from ...analysis.comparison.pairs import compare, parse_threshold, regression_line, regressions
 
     try:
         threshold = parse_threshold(args.threshold)

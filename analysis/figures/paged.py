@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ._figures import (
+from .kit import (
     GROUP_FIELDS,
     SERIES_GID,
     floats,

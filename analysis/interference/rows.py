@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..bench.spec.interference import (
+from ...bench.spec.interference import (
     CSV_NAME,
     INTERFERENCE_SCHEMA,
     MODES,
@@ -16,8 +16,8 @@ from ..bench.spec.interference import (
     STRING_COLUMNS,
     conform_interference,
 )
-from .load import DataFileError
-from .phase_model import USER_TARGETS
+from ..loading.results import DataFileError
+from ..phases.model import USER_TARGETS
 
 SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "stretch", "p90_stretch",
          "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
