@@ -27,7 +27,7 @@ from ..sweep.selection import (
     resolve_impls,
 )
 from . import STARTED
-from .interference import add_interference_verb
+from .interference_verb import add_interference_verb
 from .results import cmd_compare, cmd_phases, cmd_report
 from .session import add_session_verbs
 from .sweeps import cmd_merge, cmd_run_ray, shard_of_run

@@ -12,7 +12,7 @@ from ..sweep.selection import UsageError, check_seconds, check_writable, resolve
 def cmd_interference(args) -> int:
     check_seconds(args, "window")
     device = resolve_device(args.device)
-    from ..phases.interference import HOST_MODEL, InterferenceConfig, run_interference
+    from ..phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
     from ..spec.models import model_config
 
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")
