@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...bench.spec.interference import (
+from ...bench.spec.interference_schema import (
     CSV_NAME,
     INTERFERENCE_SCHEMA,
     MODES,
