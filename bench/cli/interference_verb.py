@@ -6,7 +6,8 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, check_seconds, check_writable, resolve_device
+from ..sweep.selection import UsageError, resolve_device
+from .options import check_seconds, check_writable
 
 
 def cmd_interference(args) -> int:

@@ -12,22 +12,26 @@ from pathlib import Path
 
 from ..sweep.selection import (
     UsageError,
-    add_isolation_arguments,
     build_cases,
-    case_argv,
     case_ops,
-    check_counts,
-    check_seconds,
-    check_writable,
     default_dtype,
-    isolation_of,
     load_plugins,
-    out_dir_for,
     resolve_device,
     resolve_impls,
 )
 from . import STARTED
 from .interference_verb import add_interference_verb
+from .options import (
+    WARM_HELP,
+    add_case_arguments,
+    add_isolation_arguments,
+    check_counts,
+    check_seconds,
+    check_writable,
+    isolation_of,
+    out_dir_for,
+    selection_of,
+)
 from .results import cmd_compare, cmd_phases, cmd_report
 from .session import add_session_verbs
 from .sweeps import cmd_merge, cmd_run_ray, shard_of_run
@@ -80,7 +84,7 @@ def cmd_run(args) -> int:
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
-    cases, suite = build_cases(args, device)
+    cases, suite = build_cases(selection_of(args), device)
     impls = resolve_impls(args.impl, device, case_ops(cases))
     out = out_dir_for(args)
     if args.resume and not args.out:
@@ -154,28 +158,12 @@ def cmd_ceilings(args) -> int:
     return 0
 
 
-def add_case_arguments(verb: argparse.ArgumentParser) -> None:
-    verb.add_argument("--suite", default="quick",
-                      help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
-                           "prefill-linear, full")
-    verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
-    verb.add_argument("--impl", nargs="+", metavar="I",
-                      help="implementations (default: all available here); each case runs those its operator has")
-    verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
-    verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
-    verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
-    verb.add_argument("--plugin", action="append", metavar="MODULE",
-                      help="import MODULE (or a .py file) first, so the kernels it registers can be named with --impl")
-    verb.add_argument("--shape", action="append", metavar="K=V,...",
-                      help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
-
-
 def cmd_profile(args) -> int:
     check_seconds(args, "case_timeout")
     isolation = isolation_of(args, start=args.tool == "torch" or args.tool is None)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
-    cases, suite = build_cases(args, device)
+    cases, suite = build_cases(selection_of(args), device)
     impls = resolve_impls(args.impl, device, case_ops(cases))
     from ...profiles import capture
 
@@ -185,7 +173,7 @@ def cmd_profile(args) -> int:
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("profile-%Y%m%d-%H%M%S")
     check_writable(out)
     if tool == "nsys":
-        program = [sys.executable, "-m", "phasebench.bench.cli", "run", *case_argv(args),
+        program = [sys.executable, "-m", "phasebench.bench.cli", "run", *selection_of(args).argv(),
                    "--out", str(out / "run"), "--cuda-profiler-range", *isolation.argv()]
         profile_path = capture.run_nsys(out / "profile", program)
     else:
@@ -200,10 +188,6 @@ def cmd_profile(args) -> int:
     print(capture.format_summary(summary))
     print(f"\nprofile: {profile_path}; tables: {out}/kernels, ranges, summary (.parquet, .csv); rows: {out}/run")
     return 0
-
-
-WARM_HELP = ("host: time each op with warm caches (default: the weights and the KV cache cold, read from memory "
-             "as a forward pass streams them)")
 
 
 def build_parser() -> argparse.ArgumentParser:

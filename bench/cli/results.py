@@ -6,16 +6,9 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from ..sweep.selection import (
-    UsageError,
-    check_counts,
-    check_seconds,
-    check_writable,
-    isolation_of,
-    load_plugins,
-    resolve_device,
-)
+from ..sweep.selection import UsageError, load_plugins, resolve_device
 from . import STARTED
+from .options import check_counts, check_seconds, check_writable, isolation_of
 
 
 def parse_op_impls(items) -> dict[str, str]:
