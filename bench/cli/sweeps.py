@@ -86,3 +86,13 @@ def cmd_merge(args) -> int:
         missing = ", ".join(f"{k}/{sweep['of']}" for k in sweep["missing"])
         print(f"warning: shard(s) {missing} missing", file=sys.stderr)
     return 0
+
+
+def add_merge_verb(verbs) -> None:
+    """The `merge` verb and its options."""
+    merge = verbs.add_parser("merge", help="join the shard folders of one sweep into one result set")
+    merge.add_argument("shards", nargs="+", metavar="DIR",
+                       help="shard folders (`phasebench run --shard K/N --out DIR`)")
+    merge.add_argument("--out", required=True, help="folder for the merged results")
+    merge.add_argument("--partial", action="store_true", help="merge even with shards missing or unfinished")
+    merge.set_defaults(func=cmd_merge)
