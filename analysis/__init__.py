@@ -1,4 +1,7 @@
-"""phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
+"""phasebench.analysis: result rows read back, drawn and reported (data only, no torch). By topic: loading (run
+folders, results files, pytest-benchmark JSON), figures (the kit and the figures of result rows), phases (the phase
+model, a `phasebench phases` folder and its figures), interference, comparison and report; the notebooks and the
+committed sample/ sit beside them. The names below are the public API."""
 
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .comparison.display import comparison_figure

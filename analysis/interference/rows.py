@@ -25,7 +25,7 @@ SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "
 
 def load_interference(*sources) -> pd.DataFrame:
     """The rows of `phasebench interference --out DIR` folders (or their interference.csv files), in one frame
-    typed by bench.spec.interference, with `source` (the file) and, from run.json beside it, `git_commit` and
+    typed by bench.spec.interference_schema, with `source` (the file) and, from run.json beside it, `git_commit` and
     `torch_version`. A missing path raises FileNotFoundError; a malformed file DataFileError, one line led by
     the path."""
     paths = [Path(p) for s in sources for p in (s if isinstance(s, (list, tuple)) else [s])]

@@ -35,7 +35,7 @@ class Section:
 class Context:
     """What every section may read: `df` the rows shown (profiled ones left out unless asked), `found` what the
     sources of each kind hold (analysis.report.sources: {kind: [what its read returned, ...]}), `comparison` a
-    frame of analysis.compare or None, `out` the folder, and `paths` every file written so far by name."""
+    frame of analysis.comparison's compare or None, `out` the folder, and `paths` every file written so far by name."""
 
     df: pd.DataFrame
     out: Path

@@ -71,7 +71,7 @@ def write_report(
     include_profiled; they then form groups of their own. `phases` (load_phases of a `phasebench phases` folder,
     or a list of them) adds the phases to the headline, their figures and a Phases section; `found` gives what
     sources of other kinds hold ({kind: [...]}, as analysis.report.sources.Sources.found reads them);
-    `comparison` (a frame of analysis.compare.compare) adds a Comparison section, comparison.png and
+    `comparison` (a frame of analysis.comparison.pairs.compare) adds a Comparison section, comparison.png and
     comparison.csv."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

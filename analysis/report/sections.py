@@ -135,7 +135,7 @@ def linear_section(ctx: Context) -> Section | None:
 
 
 def comparison_section(ctx: Context) -> Section | None:
-    """New against base (analysis.compare), only when a comparison was made: its figure, the pairs, the status
+    """New against base (analysis.comparison), only when a comparison was made: its figure, the pairs, the status
     changes, and the rows on one side only as counts with their lists folded."""
     if ctx.comparison is None:
         return None

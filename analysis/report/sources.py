@@ -90,7 +90,7 @@ def read_sources(*paths) -> Sources:
 
 
 def comparison_of(sources: Sources, *, force: bool = False) -> tuple[pd.DataFrame | None, str]:
-    """(the comparison, "") of exactly two comparable sources (analysis.compare) when they share a measurement
+    """(the comparison, "") of exactly two comparable sources (analysis.comparison) when they share a measurement
     (a pair, or a row whose status changed), or always with `force`; else (None, why not). `force` with another
     number of sources, or sources compare refuses, raises ValueError."""
     from ..comparison.pairs import compare
