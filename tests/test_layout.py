@@ -211,3 +211,12 @@ def test_every_package_says_what_it_holds_and_every_module_stays_small():
     assert not missing, f"modules without a docstring: {missing}"
     assert not long, f"modules past {MAX_LINES} lines: {long}"
 
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject lists each package by name (package-dir maps the four folders): one left out is missing from a
+    wheel, though an editable install still finds it."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert packages == listed, {"not listed": sorted(packages - listed), "no such package": sorted(listed - packages)}
