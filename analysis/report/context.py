@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .performance_figures import figures
+
 FOLD_OVER = 12  # a table of more rows starts folded
 WIDE_INCHES = 10.0  # a figure at least this wide takes the page's whole width
 LONG_TEXT = 40  # a text cell longer than this wraps instead of widening its column
@@ -34,7 +36,7 @@ class Section:
 class Context:
     """What every section may read: `df` the rows shown (profiled ones left out unless asked), `found` what the
     sources of each kind hold (analysis.report.sources: {kind: [what its read returned, ...]}), `comparison` a
-    frame of analysis.compare or None, `out` the folder, and `paths` every file written so far by name."""
+    frame of analysis.comparison's compare or None, `out` the folder, and `paths` every file written so far by name."""
 
     df: pd.DataFrame
     out: Path
@@ -51,10 +53,8 @@ class Context:
         return list(self.found.get(kind, []))
 
     def performance_figures(self) -> dict:
-        """The figures of the rows (report.figures), drawn once for every section that shows one."""
+        """The figures of the rows (performance_figures.figures), drawn once for every section that shows one."""
         if self._figures is None:
-            from .page import figures
-
             self._figures = figures(self.df, datasheet=self.datasheet, baseline=self.baseline)
         return self._figures
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ...analysis import phase_model as pm
+from ...analysis.phases import model as pm
 from ..instruments.timing import TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig

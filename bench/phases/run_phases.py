@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...analysis import phase_model as pm
+from ...analysis.phases import model as pm
 from ..instruments.timing import TimerConfig
 from ..ops.attention.cases import AttentionCase
 from ..ops.elementwise.cases import ElementwiseCase

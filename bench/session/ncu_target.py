@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, build_cases, load_plugins, resolve_device
+from ..sweep.selection import Selection, UsageError, build_cases, load_plugins, resolve_device
 
 
 def parse_args(argv):
@@ -30,9 +30,8 @@ def main(argv=None) -> int:
     try:
         load_plugins(args.plugin)
         device = resolve_device(args.device)
-        selection = argparse.Namespace(suite="custom", op=None, model=args.model, shape=[args.shape],
-                                       dtype=args.dtype)
-        (case,), _ = build_cases(selection, device)
+        (case,), _ = build_cases(Selection(suite="custom", model=args.model, shape=(args.shape,), dtype=args.dtype),
+                                 device)
     except (UsageError, ValueError) as err:
         print(f"ncu_target: error: {err}", file=sys.stderr)
         return 2

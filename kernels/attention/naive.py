@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
@@ -44,11 +44,11 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
     return torch.matmul(probs, v).view(b, hq, sq, d)
 
 
-def _plan(req: AttentionRequest) -> AttentionCall:
+def _plan(req: AttentionRequest) -> PlannedCall:
     if req.paged:  # the pages copied into contiguous K/V inside the call, then the same math
         gather = gatherer(req)
-        return AttentionCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
-    return AttentionCall("naive", "torch-matmul", lambda: naive_attention(req))
+        return PlannedCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
+    return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
 NAIVE = add_builtin(Impl(

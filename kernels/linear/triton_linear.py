@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .. import buffers
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
 from .request import LinearRequest, validate_linear
 
@@ -263,9 +263,9 @@ def triton_linear(x, w, *, path: str | None = None, split_k: int | None = None) 
     return _run(req, path, split_k)
 
 
-def _plan(req: LinearRequest) -> AttentionCall:
+def _plan(req: LinearRequest) -> PlannedCall:
     path = choose_path(req.m)
-    return AttentionCall("triton", backend_name(path), lambda: _run(req, path, None))
+    return PlannedCall("triton", backend_name(path), lambda: _run(req, path, None))
 
 
 TRITON_LINEAR = add_builtin(Impl(

@@ -22,8 +22,8 @@ from phasebench.analysis import (
     ttft_figure,
     write_report,
 )
-from phasebench.analysis import phase_model as pm
-from phasebench.analysis._figures import SERIES_GID
+from phasebench.analysis.figures.kit import SERIES_GID
+from phasebench.analysis.phases import model as pm
 from phasebench.bench.cli.main import main
 from phasebench.bench.spec import steps as step_defs
 
@@ -226,7 +226,7 @@ def test_phases_whose_every_op_was_left_out_draw_no_data_and_write(tmp_path):
     for draw in (ttft_figure, decode_figure, chunk_figure):
         fig = draw(blank)
         assert any("composed" in t.get_text() for ax in fig.axes for t in ax.texts), draw.__name__
-    from phasebench.analysis.phases import write_phase_figures
+    from phasebench.analysis.phases.figures import write_phase_figures
 
     assert all(p.stat().st_size > 1000 for p in write_phase_figures(blank, tmp_path))
 
@@ -263,7 +263,7 @@ def test_the_composition_of_the_reference_layers_matches_the_model_scaled():
 
 
 def test_the_phases_module_imports_without_torch():
-    code = ("import sys, phasebench.analysis.phases, phasebench.analysis.phase_model; "
+    code = ("import sys, phasebench.analysis.phases.figures, phasebench.analysis.phases.model; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton') or m == 'matplotlib.pyplot']; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 import pytest
-from phasebench.analysis import phase_model as pm
+from phasebench.analysis.phases import model as pm
 from phasebench.bench.phases.reference_check import ReferencePlan, reference_table
 
 from ...analysis.phase_rows import TINY, op_rows

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ._figures import (
+from .kit import (
     CEILING_GID,
     SERIES_GID,
     floats,

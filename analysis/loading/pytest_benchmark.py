@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..bench.spec.schema import cell_float
+from ...bench.spec.schema import cell_float
 
 
 def is_pytest_benchmark(path: Path) -> bool:

@@ -7,8 +7,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ..bench.spec.schema import CASE_FIELDS
-from ._figures import (
+from ...bench.spec.schema import CASE_FIELDS
+from .kit import (
     GROUP_FIELDS,
     categories,
     floats,

@@ -9,9 +9,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
-from ._figures import SERIES_GID, floats, new_figure, no_data
-from .phase_model import SATURATION_MARGIN, USER_TARGETS
-from .phases_folder import as_bool
+from ..figures.kit import SERIES_GID, floats, new_figure, no_data
+from .folder import as_bool
+from .model import SATURATION_MARGIN, USER_TARGETS
 from .remedies import remedy_lines
 
 PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",

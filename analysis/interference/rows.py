@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..bench.spec.interference import (
+from ...bench.spec.interference_schema import (
     CSV_NAME,
     INTERFERENCE_SCHEMA,
     MODES,
@@ -16,8 +16,8 @@ from ..bench.spec.interference import (
     STRING_COLUMNS,
     conform_interference,
 )
-from .load import DataFileError
-from .phase_model import USER_TARGETS
+from ..loading.results import DataFileError
+from ..phases.model import USER_TARGETS
 
 SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "stretch", "p90_stretch",
          "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
@@ -25,7 +25,7 @@ SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "
 
 def load_interference(*sources) -> pd.DataFrame:
     """The rows of `phasebench interference --out DIR` folders (or their interference.csv files), in one frame
-    typed by bench.spec.interference, with `source` (the file) and, from run.json beside it, `git_commit` and
+    typed by bench.spec.interference_schema, with `source` (the file) and, from run.json beside it, `git_commit` and
     `torch_version`. A missing path raises FileNotFoundError; a malformed file DataFileError, one line led by
     the path."""
     paths = [Path(p) for s in sources for p in (s if isinstance(s, (list, tuple)) else [s])]

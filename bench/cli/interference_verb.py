@@ -6,13 +6,14 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, check_seconds, check_writable, resolve_device
+from ..sweep.selection import UsageError, resolve_device
+from .options import check_seconds, check_writable
 
 
 def cmd_interference(args) -> int:
     check_seconds(args, "window")
     device = resolve_device(args.device)
-    from ..phases.interference import HOST_MODEL, InterferenceConfig, run_interference
+    from ..phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
     from ..spec.models import model_config
 
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")
@@ -30,8 +31,8 @@ def cmd_interference(args) -> int:
           f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}, {cfg.rounds} rounds of "
           f"{cfg.window_s:g} s windows -> {cfg.out_dir}", file=sys.stderr, flush=True)
     rows = run_interference(cfg)
-    from ...analysis.interference import interference_summary
-    from ...analysis.interference_plots import write_interference_figures
+    from ...analysis.interference.figures import write_interference_figures
+    from ...analysis.interference.rows import interference_summary
 
     print(interference_summary(rows))
     figures = write_interference_figures(rows, cfg.out_dir)

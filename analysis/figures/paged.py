@@ -1,5 +1,5 @@
 """Paged KV caches: achieved GB/s and % of the measured roof against page size, each case's contiguous cache as
-the reference line, per impl; the table beside it and the report's section (self-contained: report.py calls it)."""
+the reference line, per impl; the table beside it and what the report's section (report/paged_section.py) shows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ._figures import (
+from .kit import (
     GROUP_FIELDS,
     SERIES_GID,
     floats,

@@ -9,9 +9,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from ..bench.spec.schema import cell_float, cell_true, key_text
-from ._figures import GROUP_FIELDS, new_figure, no_data
-from .compare import BY, SIDE_FIELDS, VERDICTS
+from ...bench.spec.schema import cell_float, cell_true, key_text
+from ..figures.kit import GROUP_FIELDS, new_figure, no_data
+from .pairs import BY, SIDE_FIELDS, VERDICTS
 
 __all__ = ["comparison_figure", "comparison_note", "comparison_tables", "format_comparison", "no_pair_hint",
            "pair_labels"]

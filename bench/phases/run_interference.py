@@ -18,7 +18,7 @@ import torch
 from ..instruments.contention import ContentionProbe, snapshot
 from ..instruments.roofline import TORCH_DTYPES
 from ..instruments.timing import TimerConfig, Timing, time_call
-from ..spec.interference import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, conform_interference
+from ..spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, conform_interference
 from ..spec.models import DecoderConfig
 from ..sweep.measure import one_line
 from ..sweep.metadata import run_metadata

@@ -9,9 +9,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ._figures import SERIES_GID, floats, new_figure, no_data
-from .interference import mode_label, ordered
-from .phase_model import USER_TARGETS
+from ..figures.kit import SERIES_GID, floats, new_figure, no_data
+from ..phases.model import USER_TARGETS
+from .rows import mode_label, ordered
 
 MODE_COLORS = {"alone": "#2ca02c", "colocated": "#d62728", "protected": "#1f77b4"}
 MECHANISM_STYLES = ("-", "--", ":", "-.")

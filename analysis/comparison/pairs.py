@@ -11,7 +11,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from ..bench.spec.schema import (
+from ...bench.spec.schema import (
     CASE_FIELDS,
     SAMPLES_COLUMN,
     cell_float,
@@ -21,7 +21,7 @@ from ..bench.spec.schema import (
     read_samples,
     sample_key,
 )
-from ._figures import GROUP_FIELDS
+from ..figures.kit import GROUP_FIELDS
 
 __all__ = ["BY", "KINDS", "VERDICTS", "compare", "parse_threshold", "regression_line", "regressions",
            "with_samples"]
@@ -120,7 +120,7 @@ def _side(source) -> pd.DataFrame:
     if isinstance(source, pd.DataFrame):
         frame = source if "status" in source.columns and "impl" in source.columns else conform(source)
     else:
-        from .load import load
+        from ..loading.results import load
 
         frame = load(source)
     return with_samples(frame)

@@ -14,8 +14,8 @@ from phasebench.analysis import load_interference
 from phasebench.bench.cli.main import main
 from phasebench.bench.phases import corunner
 from phasebench.bench.phases.corunner import CoRunnerError, Placement, PrefillSpec, ProcessCoRunner, split_cpus
-from phasebench.bench.phases.interference import HOST_MODEL, InterferenceConfig, plan_modes, run_interference
-from phasebench.bench.spec.interference import INTERFERENCE_COLUMNS, MODES
+from phasebench.bench.phases.run_interference import HOST_MODEL, InterferenceConfig, plan_modes, run_interference
+from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, MODES
 from phasebench.bench.spec.models import DecoderConfig
 
 # the host preset (hidden 512, 2 layers): big enough that both sides' ops use both cores (a hidden-256 decoder's

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bench.spec.schema import (
+from ...bench.spec.schema import (
     LINEAR_COLUMNS,
     PROFILE_FLOAT_COLUMNS,
     PROFILE_INT_COLUMNS,
@@ -21,8 +21,8 @@ from ..bench.spec.schema import (
     coerce_columns,
     conform,
 )
-from ..profiles.names import ALL_FIELDS as CASE_KEY_FIELDS
-from ..profiles.names import parse_case_key  # pure Python: no torch behind it
+from ...profiles.names import ALL_FIELDS as CASE_KEY_FIELDS
+from ...profiles.names import parse_case_key  # pure Python: no torch behind it
 from .pytest_benchmark import benchmark_rows, derive_figures, is_pytest_benchmark
 
 __all__ = ["DataFileError", "load", "load_profile"]

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..bench.spec.schema import PHASES, cell_true
+from ...bench.spec.schema import PHASES, cell_true
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.

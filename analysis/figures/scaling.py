@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ._figures import (
+from .kit import (
     CEILING_GID,
     LINESTYLES,
     SERIES_GID,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .load import DataFileError
+from ..loading.results import DataFileError
 
 # What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {

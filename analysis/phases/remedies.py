@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .phase_model import USER_TARGETS
+from .model import USER_TARGETS
 
 OPTION_COLUMNS = ("option", "remedy", "itl_ms", "tokens_per_s_per_user", "ttft_ms", "source")
 # what each option of the colocated table is, as a remedy

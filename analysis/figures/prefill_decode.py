@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ._figures import (
+from .kit import (
     categories,
     floats,
     impl_colors,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..bench.spec import steps as step_defs
-from ..bench.spec.models import DecoderConfig
+from ...bench.spec import steps as step_defs
+from ...bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share

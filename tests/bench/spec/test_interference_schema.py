@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from phasebench.bench.spec.interference import INTERFERENCE_COLUMNS, conform_interference
+from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, conform_interference
 
 
 def test_a_failed_row_gets_every_column_typed_and_blank():
