@@ -67,9 +67,15 @@ def test_scrub_poisons_each_output_tensor_and_spares_the_inputs():
 
 @pytest.mark.cuda  # the caching allocator hands the block of a freed tensor to the next request of its size
 def test_a_freed_cuda_block_handed_back_holds_nan_not_the_answer():
-    answer = torch.randn(4096, 128, device="cuda").to(torch.bfloat16)
-    where = answer.data_ptr()
-    scrub(answer)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no other free block of this size: a 24 MiB request gets a segment of its own
+    shape = (6145, 2048)
+    answer = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    where, kept = answer.data_ptr(), answer.clone()
     del answer
-    again = torch.empty(4096, 128, dtype=torch.bfloat16, device="cuda")
-    assert again.data_ptr() == where and torch.isnan(again).all()
+    again = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    assert again.data_ptr() == where and torch.equal(again, kept)  # unscrubbed, the answer is handed back
+    scrub(again)
+    del again
+    last = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    assert last.data_ptr() == where and torch.isnan(last).all()
