@@ -168,10 +168,10 @@ def test_a_row_above_its_measured_roof_is_a_finding(tmp_path, monkeypatch, capsy
     state = {}
 
     def memoized(req):
-        def call():  # computes once per query, then hands back the same (right) output without reading K/V again
+        def call():  # computes once per query, then hands back a copy of the (right) output without reading K/V
             if id(req.q) not in state:
                 state[id(req.q)] = naive_attention(req)
-            return state[id(req.q)]
+            return state[id(req.q)].clone()  # a copy: the gate NaN-fills each output it has judged
         return PlannedCall("memo", "fake", call)
 
     monkeypatch.setitem(IMPLS, "memo", fake("memo", memoized))
