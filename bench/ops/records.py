@@ -32,6 +32,10 @@ class Operator:
     # checked after the standard inputs; None for an operator without such a regime
     stress: Callable[[object, object], object] | None = None
     stress_note: str = ""  # what the stress inputs are, for the reason of a row that fails on them
+    # case -> (bytes read, bytes written), summing to min_bytes: the row's roof is the floor of each at its measured
+    # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
+    # bandwidth (its rows say so in roof_model)
+    moved_bytes: Callable[[object], tuple[float, float]] | None = None
 
 
 OPERATORS: dict[str, Operator] = {}
