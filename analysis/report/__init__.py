@@ -1,6 +1,6 @@
 """The report: the answer first (the headline), figures, then tables; one self-contained HTML page and its PNGs.
 
-headline (the answer as a frame, markdown or HTML), tables (summary, status, correctness, flagged rows),
+headline (the answer as a frame, markdown or HTML), tables (summary, ceilings, status, correctness, flagged rows),
 sources (the kinds of paths a report reads), context and sections (the page as a list of sections), page
 (write_report)."""
 
@@ -11,6 +11,7 @@ from .sections import HEADLINE_BLOCKS, SECTIONS
 from .sources import KINDS, Kind, Sources, comparison_of, read_sources
 from .tables import (
     above_roof_rows,
+    ceilings_table,
     correctness_table,
     noisy_rows,
     not_ok_rows,
@@ -32,6 +33,7 @@ __all__ = [
     "Section",
     "Sources",
     "above_roof_rows",
+    "ceilings_table",
     "comparison_of",
     "correctness_table",
     "figures",
