@@ -24,6 +24,7 @@ def test_each_stream_moves_what_it_counts():
     """A reduction reads the whole buffer (dot: two halves, an odd element left), a fill writes it, a copy reads
     and writes it; each call computes what it should (against float64), so the bytes counted are the bytes moved."""
     buffers = ceiling_measures.StreamBuffers(CPU, nbytes=4 * 100_003)
+    buffers.src.copy_(torch.rand(100_003, generator=torch.Generator().manual_seed(7)) + 0.25)  # drawn values
     src = buffers.src.double()
     half = 50_001
     dot, moved = buffers.call("dot")
