@@ -29,7 +29,9 @@ from ._figures import (
 _CEILING_SHADES = ("0.1", "0.45", "0.3", "0.6", "0.2", "0.5")
 ROW_ROOF_GID = "row_roof"  # each row's own roof: min(peak, FLOPs / its read and write floor)
 # The bandwidth slopes drawn per (device, dtype): read is the roof of decode and GEMV, write and copy lighter.
-_STREAMS = (("read", "read_gbps", 1.6, 1.0), ("write", "write_gbps", 0.9, 0.45), ("copy", "peak_gbps", 0.9, 0.6))
+# (stream, column, width, alpha, line style when it does not lead); the leading one is solid.
+_STREAMS = (("read", "read_gbps", 1.6, 1.0, "-"), ("write", "write_gbps", 0.9, 0.6, ":"),
+            ("copy", "peak_gbps", 0.9, 0.6, "-."))
 
 
 def roofline(
@@ -48,9 +50,9 @@ def roofline(
     drawn hollow, labelled with their share of it (gid "above_roof"). For each (device, dtype) in a
     panel the measured ceilings (medians of the rows' read_gbps, write_gbps, peak_gbps (the copy) and
     peak_tflops) are drawn as three roofs: read solid with its ridge point marked (the roof of decode and
-    GEMV), write and copy lighter (files before schema 5 have the copy alone); each row's own roof,
-    min(peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s)), is a grey dash at its intensity
-    (gid "row_roof"); datasheet ceilings are dashed. `datasheet` is either
+    GEMV), write dotted and copy dash-dotted, lighter (files before schema 5 have the copy alone, solid);
+    each row's own roof, min(peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s)), is a grey
+    dash at its intensity (gid "row_roof"); datasheet ceilings are dashed. `datasheet` is either
     {"peak_gbps": float, "peak_tflops": {dtype: float}} (applies to every device, the layout of run.json
     ceilings.datasheet; its bandwidth compares with the read roof) or a dict of those keyed by device
     name; without it the loader's datasheet_gbps/datasheet_tflops columns are used, and nothing is drawn
@@ -103,12 +105,12 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
         shade = _CEILING_SHADES[index % len(_CEILING_SHADES)]
         name = f"{ceiling['device']} · {ceiling['dtype']}"
         main = "read" if np.isfinite(ceiling["read"]) else "copy"  # a file before schema 5 has the copy alone
-        for stream, _, width, alpha in _STREAMS:
+        for stream, _, width, alpha, style in _STREAMS:
             if not np.isfinite(ceiling[stream]) and stream != main:
                 continue  # a stream the rows lack (files before schema 5 have the copy alone)
             lead = stream == main
-            handle = _draw_roof(ax, ceiling[stream], ceiling["tflops"], x_low, x_high, shade, "-", width,
-                                (4, 4), ridge=lead, alpha=alpha)
+            handle = _draw_roof(ax, ceiling[stream], ceiling["tflops"], x_low, x_high, shade, "-" if lead else style,
+                                1.6 if lead else width, (4, 4), ridge=lead, alpha=1.0 if lead else alpha)
             if handle is not None:
                 handle.set_label(f"{name} {stream} ({_describe_roof(ceiling[stream], ceiling['tflops'])})")
                 ceiling_handles.append(handle)
@@ -164,7 +166,7 @@ def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
         found.append({
             "device": device or "(unknown device)",
             "dtype": dtype,
-            **{stream: _median(group, column) for stream, column, _, _ in _STREAMS},
+            **{stream: _median(group, column) for stream, column, *_ in _STREAMS},
             "tflops": _median(group, "peak_tflops"),
             "sheet_gbps": sheet_gbps,
             "sheet_tflops": sheet_tflops,
@@ -201,7 +203,7 @@ def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
     xs = floats(rows["intensity"])
     xs = list(xs[np.isfinite(xs) & (xs > 0)])
     for ceiling in ceilings:
-        pairs = [(ceiling[stream], ceiling["tflops"]) for stream, _, _, _ in _STREAMS]
+        pairs = [(ceiling[stream], ceiling["tflops"]) for stream, *_ in _STREAMS]
         for gbps, tflops in pairs + [(ceiling["sheet_gbps"], ceiling["sheet_tflops"])]:
             if np.isfinite(gbps) and np.isfinite(tflops):
                 xs.append(tflops * 1e3 / gbps)  # ridge point

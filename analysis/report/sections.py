@@ -27,9 +27,9 @@ from .tables import (
 
 CAPTIONS = {
     "roofline": "Each point is one ok row; the roofs are the ceilings measured on the machine: the bandwidth slopes "
-                "of a read stream (solid, with its ridge point: the roof of decode and GEMV), a write and a copy "
-                "(lighter); a grey dash is each row's own roof, FLOPs over its floor of read bytes / read GB/s + "
-                "write bytes / write GB/s; dashed roofs are the datasheet figures; hollow points are rows above "
+                "of a read stream (solid, with its ridge point: the roof of decode and GEMV), a write (dotted) and a "
+                "copy (dash-dotted); a grey dash is each row's own roof, FLOPs over its floor of read bytes / read "
+                "GB/s + write bytes / write GB/s; dashed roofs are the datasheet figures; hollow points are rows above "
                 "their roof (findings).",
     "phase_comparison": "Latency and percentage of the measured roofline per implementation, prefill against "
                         "decode; a bar is the median.",

@@ -375,6 +375,7 @@ def test_the_roofline_draws_read_write_and_copy_slopes_and_each_rows_roof(findin
         xs = np.asarray(line.get_xdata())
         np.testing.assert_allclose(line.get_ydata(), np.minimum(xs * gbps / 1e3, peak))
     assert roofs[0].get_linewidth() > roofs[1].get_linewidth()  # read leads; write and copy lighter
+    assert [line.get_linestyle() for line in roofs] == ["-", ":", "-."]
     (ridge,) = [line for line in ax.get_lines() if line.get_gid() == "ceiling" and len(line.get_xdata()) == 1]
     np.testing.assert_allclose(ridge.get_xdata(), [peak * 1e3 / read])  # the ridge of the read roof
     (marks,) = [c for c in ax.collections if c.get_gid() == "row_roof"]
