@@ -183,6 +183,8 @@ def cache_dir() -> Path:
 CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_samples=200, flush_l2=False)
 # the host measures its ceilings in every run: a shorter timer keeps that near a second per figure
 HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
+# a stream keeps its best sample (ceiling_measures.measure_stream): five of them at least, on the host's long calls
+HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=5, max_samples=100, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -306,7 +308,7 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
         source = "cached" if entry is not None else "measured"
         if entry is None:
             def measure_all():
-                streams = measure_streams(device, timer)
+                streams = measure_streams(device, timer if gpu else HOST_STREAM_TIMER)
                 figures = {d: _measure_dtype(device, d, timer, use_file) for d in wanted}
                 return streams, figures, stream_probe(device) if use_file else {}
 
