@@ -8,7 +8,6 @@ import numpy as np
 # How a row's roof was found (its `roof_model` column).
 READ_WRITE = "read+write"  # the floor of its read and write bytes at the read, write (and copy) ceilings
 COPY = "copy"  # all its bytes at the copy bandwidth: a file of schema 4 or older, or an operator without the split
-ROOF_MODELS = (READ_WRITE, COPY)
 
 
 def _seconds(nbytes, gbps):
