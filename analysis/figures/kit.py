@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ...bench.spec.schema import PHASES, cell_true
+from ...bench.spec.schema import ABOVE_ROOF_PCT, PHASES, cell_true
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.
@@ -22,6 +22,7 @@ LINESTYLES = ("-", "--", ":", "-.")
 GROUP_FIELDS = ("device", "mode", "timer", "profiled")
 SERIES_GID = "series"  # gid of lines that carry data (tests and callers can find them)
 CEILING_GID = "ceiling"
+FINDING_GID = "above_roof"  # rows above their roof, drawn hollow with their share of the roof
 
 _PALETTE = (
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
@@ -84,31 +85,70 @@ def interpreter(rows: pd.DataFrame) -> pd.Series:
 
 
 def performance_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
-    """The ok rows a performance figure or median may use: not interpreter-mode, not noisy, not above their roof."""
+    """The ok rows a median, a line or a best-of may use: not interpreter-mode, not noisy, not above their roof."""
     rows = ok_rows(df, phase)
     return rows[~interpreter(rows) & ~flag(rows, "noisy") & ~flag(rows, "above_roof")]
 
 
+def finding_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """The quiet compiled ok rows above their measured roof: findings, drawn hollow and labelled, never in a median."""
+    rows = ok_rows(df, phase)
+    return rows[~interpreter(rows) & ~flag(rows, "noisy") & flag(rows, "above_roof")]
+
+
+def shown_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """What a figure draws: the performance rows and the findings (above_roof tells them apart)."""
+    rows = ok_rows(df, phase)
+    return rows[~interpreter(rows) & ~flag(rows, "noisy")]
+
+
+def draw_findings(ax, xs, ys, rows: pd.DataFrame | None, *, color="0.2", marker="o", size: float = 40) -> None:
+    """Rows above their roof as hollow markers (gid "above_roof"), each labelled with its share of the roof (`rows`'
+    pct_roofline; None: a point that stands for several rows, labelled "above roof")."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if not len(xs):
+        return
+    ax.scatter(xs, ys, facecolors="none", edgecolors=color, marker=marker, s=size, linewidths=1.4, zorder=5,
+               gid=FINDING_GID)
+    known = rows is not None and "pct_roofline" in rows.columns
+    pcts = floats(rows["pct_roofline"]) if known else np.full(len(xs), np.nan)
+    for x, y, pct in zip(xs, ys, pcts, strict=True):
+        if np.isfinite(x) and np.isfinite(y):
+            text = f"{pct:.0f}%" if np.isfinite(pct) else "above roof"
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="xx-small", color=color,
+                        gid=FINDING_GID)
+
+
+def finding_handle():
+    """The legend entry of the hollow markers."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], linestyle="", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+                  label=f"hollow: above its roof (> {ABOVE_ROOF_PCT:g}%, a finding)")
+
+
 def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
-    """A title suffix that counts the ok rows performance_rows() left out, and why."""
+    """A title suffix that counts the ok rows a figure leaves out (interpreter-mode, noisy) and the rows above their
+    roof it draws hollow."""
     rows = ok_rows(df, phase)
     in_interpreter = interpreter(rows)
     counts = {
         "interpreter-mode rows (correctness only)": int(in_interpreter.sum()),
         "noisy rows (device contended)": int((flag(rows, "noisy") & ~in_interpreter).sum()),
-        "rows above their roof (findings)": int((flag(rows, "above_roof") & ~flag(rows, "noisy")
-                                                 & ~in_interpreter).sum()),
     }
     parts = [f"{count} {what}" for what, count in counts.items() if count]
-    return f"\n(left out: {'; '.join(parts)})" if parts else ""
+    above = len(finding_rows(df, phase))
+    notes = [f"left out: {'; '.join(parts)}"] if parts else []
+    notes += [f"hollow: {above} above {'their' if above != 1 else 'its'} roof"] if above else []
+    return f"\n({'; '.join(notes)})" if notes else ""
 
 
 def no_performance(title: str, df: pd.DataFrame, phase: str | None = None) -> Figure:
-    """The 'no data' figure when performance_rows() is empty, saying whether ok rows were left out."""
+    """The 'no data' figure when shown_rows() is empty, saying whether ok rows were left out."""
     what = f"ok {phase} rows" if phase else "rows with status 'ok'"
     if ok_rows(df, phase).empty:
         return no_data(title, f"no {what}")
-    return no_data(title, f"every one of the {what} is interpreter-mode, noisy or above its roof")
+    return no_data(title, f"every one of the {what} is interpreter-mode or noisy")
 
 
 def group_fields(df: pd.DataFrame) -> list[str]:

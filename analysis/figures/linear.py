@@ -6,11 +6,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ...bench.spec.roof import roof_of_row
 from .kit import (
     CEILING_GID,
     LINESTYLES,
     SERIES_GID,
     describe,
+    draw_findings,
+    flag,
     floats,
     group_fields,
     groups,
@@ -25,53 +28,23 @@ from .kit import (
     op_rows,
     ordered_impls,
     performance_rows,
+    shown_rows,
 )
+from .linear_roof import crossing_m, element_bytes, linear_intensity, linear_roof, weight_floor_ms
+
+__all__ = ["crossing_m", "layer_tokens_per_second", "layer_tokens_per_second_table", "linear_crossings",
+           "linear_intensity", "linear_roof", "linear_sweep", "weight_floor_ms"]
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 LAYER_PROJECTIONS = ("qkv", "o", "gate_up", "down")  # one decoder layer; the lm_head runs once per step
 RIDGE_GID = "ridge"  # the vertical line at the M where intensity reaches the ridge
 FLOOR_GID = "floor"  # the time to read the weights once at the measured bandwidth
-# Only used where a row's bytes cannot give its element size.
-_ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 CROSSING_COLUMNS = (
-    "n", "k", "rows", "noisy", "ridge_intensity", "crossing_m", "m_min", "m_max",
+    "n", "k", "rows", "noisy", "above_roof", "ridge_intensity", "crossing_m", "m_min", "m_max",
     "memory_bound_at_min_m", "compute_bound_at_max_m", "tflops_at_max_m", "gbps_at_min_m",
     "weight_floor_ms", "latency_at_min_m_ms", "floor_pct",
 )
-
-
-# ---------------------------------------------------------------- the cost model of x [M, K] · w [N, K]
-
-
-def linear_intensity(m, n, k, elem):
-    """FLOP per byte of the minimum traffic: 2·M·N·K / (elem·(M·K + N·K + M·N))."""
-    m, n, k, elem = (np.asarray(v, dtype=float) for v in (m, n, k, elem))
-    return 2 * m * n * k / (elem * (m * k + n * k + m * n))
-
-
-def crossing_m(ridge, n, k, elem) -> float:
-    """The M at which linear_intensity(M, N, K) equals `ridge` (FLOP/B); inf where it never does
-    (its limit for large M, 2·N·K / (elem·(N + K)), stays at or under the ridge)."""
-    # 2MNK = ridge·elem·(MK + NK + MN)  =>  M = ridge·elem·N·K / (2NK - ridge·elem·(N + K))
-    scale = ridge * elem
-    denominator = 2.0 * n * k - scale * (n + k)
-    if not np.isfinite(scale) or scale <= 0:
-        return np.nan
-    return float(scale * n * k / denominator) if denominator > 0 else np.inf
-
-
-def weight_floor_ms(n, k, elem, gbps):
-    """Milliseconds to read the weights once (elem·N·K bytes) at `gbps`."""
-    return np.asarray(elem, dtype=float) * n * k / (np.asarray(gbps, dtype=float) * 1e6)
-
-
-def element_bytes(rows: pd.DataFrame) -> np.ndarray:
-    """Bytes per element of each linear row, from its bytes and shape (the dtype's size where bytes is missing)."""
-    m, n, k = floats(rows["m"]), floats(rows["n"]), floats(rows["k"])
-    from_bytes = floats(rows["bytes"]) / (m * k + n * k + m * n)
-    by_dtype = rows["dtype"].map(_ELEMENT_BYTES).to_numpy(dtype=float, na_value=np.nan)
-    return np.where(np.isfinite(from_bytes) & (from_bytes > 0), from_bytes, by_dtype)
 
 
 # ---------------------------------------------------------------- rows
@@ -101,13 +74,16 @@ def _median(rows: pd.DataFrame, column: str) -> float:
 
 
 def _roofs(rows: pd.DataFrame) -> dict:
-    """Measured ceilings and the panel's shape: peak TFLOP/s and GB/s, ridge, elem, N, K, crossing M."""
-    tflops, gbps = _median(rows, "peak_tflops"), _median(rows, "peak_gbps")
+    """Measured ceilings and the panel's shape: peak TFLOP/s, read, write and copy GB/s, elem, N, K, the M where
+    it turns compute-bound (crossing), the intensity there (ridge) and the read ceiling that weights stream at."""
+    found = {"tflops": _median(rows, "peak_tflops"), "read": _median(rows, "read_gbps"),
+             "write": _median(rows, "write_gbps"), "copy": _median(rows, "peak_gbps")}
     elem = float(np.nanmedian(element_bytes(rows)))
     n, k = float(rows["n"].iloc[0]), float(rows["k"].iloc[0])
-    ridge = tflops * 1e3 / gbps
-    return {"tflops": tflops, "gbps": gbps, "ridge": ridge, "elem": elem, "n": n, "k": k,
-            "crossing": crossing_m(ridge, n, k, elem)}
+    crossing = crossing_m(n, k, elem, found)
+    ridge = float(linear_intensity(crossing, n, k, elem)) if np.isfinite(crossing) else np.nan
+    stream = found["read"] if np.isfinite(found["read"]) else found["copy"]  # before schema 5, the copy alone
+    return {**found, "elem": elem, "n": n, "k": k, "crossing": crossing, "ridge": ridge, "stream": stream}
 
 
 _PANEL_KEYS = ("model", "dtype", "projection", "n", "k")
@@ -130,12 +106,13 @@ def _per_m(rows: pd.DataFrame, columns) -> pd.DataFrame:
 
 def linear_crossings(df: pd.DataFrame) -> pd.DataFrame:
     """Per (device, mode, timer, profiled, model, projection, dtype, impl) of the ok linear rows
-    (interpreter-mode rows never): the measured ridge (peak_tflops·1000/peak_gbps FLOP/B), the M
-    where the intensity of this N, K crosses it (analytic), the M range measured, whether the
-    smallest M is memory-bound and the largest compute-bound (the rows' `bound`), and over the
-    rows that are not noisy: TFLOP/s at the largest M, GB/s and latency at the smallest, against
-    the weight-streaming floor (elem·N·K bytes at the measured GB/s; floor_pct = 100·floor/latency).
-    `rows` and `noisy` count the rows behind each line."""
+    (interpreter-mode rows never): the M from which this N, K is compute-bound under the measured
+    roof (crossing_m: its FLOPs at the matmul peak reach its floor of elem·(M·K + N·K) bytes read and
+    elem·M·N written at the read and write ceilings) and the intensity there (ridge_intensity), the M
+    range measured, whether the smallest M is memory-bound and the largest compute-bound (the rows'
+    `bound`), and over the rows neither noisy nor above their roof: TFLOP/s at the largest M, GB/s and
+    latency at the smallest, against the weight-streaming floor (elem·N·K bytes at the measured read
+    GB/s; floor_pct = 100·floor/latency). `rows`, `noisy` and `above_roof` count the rows behind each line."""
     fields = group_fields(df) + ["model", "projection", "dtype", "impl"]
     columns = fields + list(CROSSING_COLUMNS)
     rows = ok_rows(op_rows(df, "linear"))
@@ -149,12 +126,13 @@ def linear_crossings(df: pd.DataFrame) -> pd.DataFrame:
         m = floats(part["m"])
         small, large = part[m == np.nanmin(m)], part[m == np.nanmax(m)]
         clean_small, clean_large = small[small.index.isin(clean_index)], large[large.index.isin(clean_index)]
-        floor = float(weight_floor_ms(roof["n"], roof["k"], roof["elem"], roof["gbps"]))
+        floor = float(weight_floor_ms(roof["n"], roof["k"], roof["elem"], roof["stream"]))
         latency = _median(clean_small, "latency_ms")
         found.append({
             **dict(zip(fields, key[:-2], strict=True)),
             "n": int(roof["n"]), "k": int(roof["k"]), "rows": len(part),
-            "noisy": int(len(part) - part.index.isin(clean_index).sum()),
+            "noisy": int(flag(part, "noisy").sum()), "above_roof": int((flag(part, "above_roof")
+                                                                        & ~flag(part, "noisy")).sum()),
             "ridge_intensity": roof["ridge"], "crossing_m": roof["crossing"],
             "m_min": int(np.nanmin(m)), "m_max": int(np.nanmax(m)),
             "memory_bound_at_min_m": _all_bound(small, "memory"),
@@ -190,19 +168,20 @@ def linear_sweep(df: pd.DataFrame, *, model: str | None = None, projections=None
     """The batch sweep of the linear layers: per projection (a row of panels per (device, mode,
     timer) group, model, dtype and shape), achieved TFLOP/s, GB/s and latency against M (log2),
     one line per impl (the median per M), under the measured roofs as functions of M: the
-    compute ceiling and the bandwidth slope (peak GB/s × intensity(M)), on the GB/s panel the
-    bandwidth ceiling and what the compute ceiling allows, on the latency panel the roofline
-    time and the weight-streaming floor (elem·N·K bytes at the measured GB/s, gid "floor").
-    The vertical line (gid "ridge") is the M where this N, K reaches the measured ridge.
+    compute ceiling and the memory roof (FLOPs / the floor of its reads and writes at the read and
+    write ceilings), on the GB/s panel the GB/s that floor allows and what the compute ceiling
+    allows, on the latency panel the roofline time and the weight-streaming floor (elem·N·K bytes
+    at the measured read GB/s, gid "floor"). The vertical line (gid "ridge") is the M from which
+    this N, K is compute-bound.
 
-    Interpreter-mode and noisy rows are left out (the title counts them). Data lines carry
-    gid "series", roofs gid "ceiling".
+    Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are
+    hollow points, out of the lines. Data lines carry gid "series", roofs gid "ceiling".
     """
     title = "Linear layers against batch size M"
     if model is not None:
         title += f" · {model}"
     linear = _linear(df, model, projections)
-    rows = performance_rows(linear)
+    rows = shown_rows(linear)
     if rows.empty:
         if ok_rows(linear).empty:
             return no_data(title, "no ok linear rows" + (f" for model {model!r}" if model is not None else ""))
@@ -223,39 +202,45 @@ def linear_sweep(df: pd.DataFrame, *, model: str | None = None, projections=None
 def _sweep_row(axes, rows: pd.DataFrame) -> None:
     roof = _roofs(rows)
     colors = impl_colors(rows["impl"].unique())
+    found = flag(rows, "above_roof")
     measured = _per_m(rows, [name for name, _ in _SWEEP_METRICS])
     for impl in ordered_impls(rows["impl"].unique()):
-        per_m = _per_m(rows[rows["impl"] == impl], [name for name, _ in _SWEEP_METRICS])
+        mine = rows["impl"] == impl
+        per_m = _per_m(rows[mine & ~found], [name for name, _ in _SWEEP_METRICS])
         for ax, (metric, _) in zip(axes, _SWEEP_METRICS, strict=True):
             ax.plot(per_m.index, per_m[metric], color=colors[impl], marker="o", markersize=4, label=impl,
                     gid=SERIES_GID)
+            above = rows[mine & found]
+            draw_findings(ax, floats(above["m"]), floats(above[metric]), above, color=colors[impl], size=24)
     ms = _m_grid(measured.index.to_numpy(dtype=float), roof["crossing"])
-    intensity = linear_intensity(ms, roof["n"], roof["k"], roof["elem"])
+    roof_s = linear_roof(ms, roof["n"], roof["k"], roof["elem"], roof)[1]
+    moved = roof["elem"] * (ms * roof["k"] + roof["n"] * roof["k"] + ms * roof["n"])
+    floor_s = linear_roof(ms, roof["n"], roof["k"], roof["elem"], {**roof, "tflops": np.inf})[1]
     tflops_ax, gbps_ax, latency_ax = axes
     grey = dict(color="0.35", linewidth=1.2, gid=CEILING_GID)
+    intensity = linear_intensity(ms, roof["n"], roof["k"], roof["elem"])
     if np.isfinite(roof["tflops"]):
         tflops_ax.plot(ms, np.full_like(ms, roof["tflops"]), linestyle="-",
                        label=f"compute ceiling {roof['tflops']:.4g} TFLOP/s", **grey)
         gbps_ax.plot(ms, roof["tflops"] * 1e3 / intensity, linestyle="--", label="compute ceiling as GB/s", **grey)
-    if np.isfinite(roof["gbps"]):
-        tflops_ax.plot(ms, intensity * roof["gbps"] / 1e3, linestyle="--",
-                       label=f"bandwidth slope {roof['gbps']:.4g} GB/s × intensity", **grey)
-        gbps_ax.plot(ms, np.full_like(ms, roof["gbps"]), linestyle="-",
-                     label=f"bandwidth ceiling {roof['gbps']:.4g} GB/s", **grey)
-        floor = float(weight_floor_ms(roof["n"], roof["k"], roof["elem"], roof["gbps"]))
+    if np.isfinite(floor_s).all():
+        what = "read/write floor" if np.isfinite(roof["read"]) else "copy"
+        tflops_ax.plot(ms, 2 * ms * roof["n"] * roof["k"] / floor_s / 1e12, linestyle="--",
+                       label=f"memory roof: FLOPs / {what} time", **grey)
+        gbps_ax.plot(ms, moved / floor_s / 1e9, linestyle="-",
+                     label=f"memory roof: bytes / {what} time (read {roof['read']:.4g}, write {roof['write']:.4g}, "
+                           f"copy {roof['copy']:.4g} GB/s)", **grey)
+        floor = float(weight_floor_ms(roof["n"], roof["k"], roof["elem"], roof["stream"]))
         latency_ax.axhline(floor, color="0.2", linestyle=":", linewidth=1.4, gid=FLOOR_GID,
                            label=f"weight-streaming floor {floor:.3g} ms")
-    if np.isfinite(roof["tflops"]) and np.isfinite(roof["gbps"]):
-        flops = 2 * ms * roof["n"] * roof["k"]
-        moved = roof["elem"] * (ms * roof["k"] + roof["n"] * roof["k"] + ms * roof["n"])
-        roof_ms = np.maximum(flops / (roof["tflops"] * 1e9), moved / (roof["gbps"] * 1e6))
-        latency_ax.plot(ms, roof_ms, linestyle="--", label="roofline time", **grey)
+    if np.isfinite(roof_s).all() and np.isfinite(roof["tflops"]):
+        latency_ax.plot(ms, roof_s * 1e3, linestyle="--", label="roofline time", **grey)
         if np.isfinite(roof["crossing"]):
             for ax in axes:
                 ax.axvline(roof["crossing"], color="#444", linestyle="-.", linewidth=1.1, gid=RIDGE_GID,
-                           label=f"ridge {roof['ridge']:.3g} FLOP/B at M ≈ {roof['crossing']:.3g}")
+                           label=f"compute-bound from M ≈ {roof['crossing']:.3g} ({roof['ridge']:.3g} FLOP/B)")
         else:
-            tflops_ax.text(0.02, 0.02, f"intensity never reaches the ridge ({roof['ridge']:.3g} FLOP/B)",
+            tflops_ax.text(0.02, 0.02, "memory-bound at every M under the measured roof",
                            transform=tflops_ax.transAxes, fontsize="x-small", color="0.35")
     for ax, (_, label) in zip(axes, _SWEEP_METRICS, strict=True):
         ax.set_xscale("log", base=2)
@@ -287,22 +272,23 @@ def layer_tokens_per_second_table(df: pd.DataFrame, model: str | None = None) ->
     profiled, model, dtype, impl, M) the median latency of each of qkv, o, gate_up and down
     (ok rows, not interpreter-mode, not noisy), their sum layer_ms and tokens_per_s =
     M / layer_ms; only the M values where all four projections were measured.
-    roofline_tokens_per_s is what the measured roofline allows (every projection at
-    max(FLOPs / peak TFLOP/s, bytes / peak GB/s))."""
+    roofline_tokens_per_s is what the measured roofline allows (every projection at its roof
+    time, max(FLOPs / peak TFLOP/s, its read and write floor): bench.spec.roof); above_roof where
+    a row of the sum stood above its roof (a finding: the figure draws the point hollow)."""
     keys = group_fields(df) + ["model", "dtype", "impl", "m"]
     per_projection = [f"{name}_ms" for name in LAYER_PROJECTIONS]
-    columns = keys + per_projection + ["layer_ms", "tokens_per_s", "roofline_tokens_per_s"]
-    rows = performance_rows(_linear(df, model, LAYER_PROJECTIONS))
+    columns = keys + per_projection + ["layer_ms", "tokens_per_s", "roofline_tokens_per_s", "above_roof"]
+    rows = shown_rows(_linear(df, model, LAYER_PROJECTIONS))
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    flops, moved = floats(rows["flops"]), floats(rows["bytes"])
-    roof_ms = np.maximum(flops / (floats(rows["peak_tflops"]) * 1e9), moved / (floats(rows["peak_gbps"]) * 1e6))
-    rows = rows.assign(_roof_ms=roof_ms)
-    medians = rows.groupby(keys + ["projection"], dropna=False, observed=True)[["latency_ms", "_roof_ms"]].median()
+    rows = rows.assign(_roof_ms=roof_of_row(rows)[1] * 1e3, _above=flag(rows, "above_roof"))
+    grouped = rows.groupby(keys + ["projection"], dropna=False, observed=True)
+    medians = grouped[["latency_ms", "_roof_ms"]].median()
     latency = medians["latency_ms"].unstack("projection").reindex(columns=list(LAYER_PROJECTIONS))
     roof = medians["_roof_ms"].unstack("projection").reindex(columns=list(LAYER_PROJECTIONS))
+    above = grouped["_above"].any().unstack("projection").reindex(columns=list(LAYER_PROJECTIONS))
     complete = latency.notna().all(axis=1)
-    latency, roof = latency[complete], roof[complete]
+    latency, roof, above = latency[complete], roof[complete], above[complete]
     if latency.empty:
         return pd.DataFrame(columns=columns)
     table = latency.set_axis(per_projection, axis=1)
@@ -310,6 +296,7 @@ def layer_tokens_per_second_table(df: pd.DataFrame, model: str | None = None) ->
     m = table.index.get_level_values("m").to_numpy(dtype=float)
     table["tokens_per_s"] = m / (table["layer_ms"].to_numpy() / 1e3)
     table["roofline_tokens_per_s"] = m / (roof.sum(axis=1, min_count=len(LAYER_PROJECTIONS)).to_numpy() / 1e3)
+    table["above_roof"] = above.fillna(False).astype(bool).any(axis=1).to_numpy()
     table = table.reset_index()
     table.columns.name = None
     return table.sort_values(keys, kind="stable").reset_index(drop=True)[columns]
@@ -320,7 +307,8 @@ def layer_tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsi
     one line per impl (split by model and dtype where several), one panel per (device, mode,
     timer) group, with the measured roofline's tokens/s dashed (gid "ceiling"). Only M values
     where all four projections were measured; interpreter-mode and noisy rows are left out
-    (the title counts them). See layer_tokens_per_second_table for the numbers."""
+    (the title counts them); a point whose sum holds a row above its roof is hollow and labelled.
+    See layer_tokens_per_second_table for the numbers."""
     title = "Tokens/s of one decoder layer's projections (qkv + o + gate_up + down)"
     if model is not None:
         title += f" · {model}"
@@ -330,7 +318,7 @@ def layer_tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsi
         if ok_rows(linear).empty:
             return no_data(title, "no ok qkv/o/gate_up/down linear rows"
                            + (f" for model {model!r}" if model is not None else ""))
-        if performance_rows(linear).empty:
+        if shown_rows(linear).empty:
             return no_performance(title, linear)
         return no_data(title, "no M at which all four projections were measured")
     panels = groups(table)
@@ -347,6 +335,8 @@ def layer_tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsi
                 ax.plot(floats(line["m"]), floats(line["tokens_per_s"]), color=colors[impl], marker="o",
                         markersize=4, linestyle=style_of[tuple(key)], gid=SERIES_GID,
                         label=describe({"impl": impl, **dict(zip(split, key, strict=True))}))
+                hollow = line[line["above_roof"].astype(bool)]
+                draw_findings(ax, floats(hollow["m"]), floats(hollow["tokens_per_s"]), None, color=colors[impl])
         for key, line in (part.groupby(split, sort=True) if split else [((), part)]):
             key = key if isinstance(key, tuple) else (key,)
             per_m = line.groupby("m")["roofline_tokens_per_s"].median().sort_index()

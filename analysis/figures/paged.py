@@ -10,6 +10,8 @@ from matplotlib.figure import Figure
 from .kit import (
     GROUP_FIELDS,
     SERIES_GID,
+    draw_findings,
+    flag,
     floats,
     groups,
     impl_colors,
@@ -19,19 +21,20 @@ from .kit import (
     no_performance,
     op_rows,
     ordered_impls,
-    performance_rows,
+    shown_rows,
 )
 
 # The fields of a case but its page size: rows equal on these measured the same case at another page size.
 CASE = ("model", "dtype", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens")
 TABLE_COLUMNS = ("impl", "case", "page_size", "latency_ms", "gbps", "pct_roofline", "contiguous_gbps",
-                 "vs_contiguous")
+                 "vs_contiguous", "above_roof")
 REFERENCE_GID = "contiguous"  # gid of the contiguous reference lines
 TITLE = "Paged KV cache: bandwidth against page size"
 CAPTION = ("Per implementation, achieved GB/s (top) and % of the measured roofline (bottom) against the page size "
            "of the KV cache, one line per case; the dashed line of the same colour is that case measured with a "
            "contiguous cache. The bytes are the same at every page size (the keys read, plus the block-table "
-           "entries), so the lines compare times. A point is the median of its rows.")
+           "entries), so the lines compare times. A point is the median of its rows; a hollow one a row above its "
+           "roof (a finding, out of the medians).")
 
 
 def _page_sizes(rows: pd.DataFrame) -> np.ndarray:
@@ -47,9 +50,10 @@ def _case_label(values: dict) -> str:
 
 
 def paged_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The attention rows a paged figure may use (performance rows), of the cases measured with at least one
-    page size, their contiguous rows included; with `page_size` (0: contiguous) and a `case` label."""
-    rows = performance_rows(op_rows(df, "attention"))
+    """The attention rows a paged figure shows (quiet compiled ok rows, those above their roof included), of the cases
+    measured with at least one page size, their contiguous rows included; with `page_size` (0: contiguous) and a
+    `case` label."""
+    rows = shown_rows(op_rows(df, "attention"))
     if rows.empty:
         return rows.assign(page_size=[], case=[])
     rows = rows.assign(page_size=_page_sizes(rows))
@@ -61,17 +65,22 @@ def paged_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def paged_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (device, mode, timer, profiled) group, impl, case and page size: median latency, GB/s and % of roof, the
-    contiguous GB/s of the same case and the ratio to it (vs_contiguous, 1 = no cost of the pages)."""
+    """Per (device, mode, timer, profiled) group, impl, case and page size: median latency, GB/s and % of roof over
+    the rows at or under their roof, the contiguous GB/s of the same case and the ratio to it (vs_contiguous, 1 = no
+    cost of the pages), and how many rows stood above their roof (findings, in no median)."""
     rows = paged_rows(df)
     fields = [name for name in GROUP_FIELDS if name in rows.columns]
     columns = [*fields, *TABLE_COLUMNS]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     keys = [*fields, "impl", *[name for name in CASE if name in rows.columns], "case", "page_size"]
-    table = rows.groupby(keys, dropna=False, sort=True)[["latency_ms", "gbps", "pct_roofline"]].median()
+    found = flag(rows, "above_roof")
+    table = rows[~found].groupby(keys, dropna=False, sort=True)[["latency_ms", "gbps", "pct_roofline"]].median()
+    table = table.join(found.groupby([rows[k] for k in keys], dropna=False).sum().rename("above_roof"), how="outer")
     table = table.reset_index()
-    contiguous = table[table["page_size"] == 0].drop(columns=["page_size", "latency_ms", "pct_roofline"])
+    table["above_roof"] = table["above_roof"].fillna(0).astype(int)
+    contiguous = table[table["page_size"] == 0].drop(columns=["page_size", "latency_ms", "pct_roofline",
+                                                              "above_roof"])
     contiguous = contiguous.rename(columns={"gbps": "contiguous_gbps"})
     table = table.merge(contiguous, on=keys[:-1], how="left")
     table["vs_contiguous"] = table["gbps"] / table["contiguous_gbps"]
@@ -84,12 +93,12 @@ def paged_table(df: pd.DataFrame) -> pd.DataFrame:
 def paged_figure(df: pd.DataFrame, *, figsize=None) -> Figure:
     """GB/s (top row) and % of the measured roof (bottom row) against page size (log 2), a column per impl and a
     pair of rows per (device, mode, timer) group; each case's contiguous figure as a dashed line of its colour.
-    Interpreter-mode, noisy and above-roof rows are left out (the title counts them). Data lines carry gid
-    "series", the contiguous lines gid "contiguous"."""
+    Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are hollow points,
+    out of the medians. Data lines carry gid "series", the contiguous lines gid "contiguous"."""
     attention = op_rows(df, "attention")
     rows = paged_rows(df)
     if rows.empty:
-        if performance_rows(attention).empty:
+        if shown_rows(attention).empty:
             return no_performance(TITLE, attention)
         return no_data(TITLE, "no case measured with a paged KV cache (page_size > 0)")
     panels = groups(rows)
@@ -104,8 +113,11 @@ def paged_figure(df: pd.DataFrame, *, figsize=None) -> Figure:
             mine = group[group["impl"] == impl]
             for case in cases:
                 of_case = mine[mine["case"] == case]
-                medians = of_case.groupby("page_size")[["gbps", "pct_roofline"]].median().sort_index()
+                above = flag(of_case, "above_roof")
+                medians = of_case[~above].groupby("page_size")[["gbps", "pct_roofline"]].median().sort_index()
                 for ax, metric in ((gbps_ax, "gbps"), (pct_ax, "pct_roofline")):
+                    draw_findings(ax, floats(of_case.loc[above, "page_size"]).clip(min=1),
+                                  floats(of_case.loc[above, metric]), of_case[above], color=colors[case], size=24)
                     paged = medians[medians.index > 0]
                     if len(paged):
                         ax.plot(paged.index.to_numpy(dtype=float), floats(paged[metric]), marker="o", markersize=4,

@@ -11,6 +11,8 @@ from matplotlib.patches import Patch
 
 from .kit import (
     categories,
+    draw_findings,
+    flag,
     floats,
     impl_colors,
     left_out_note,
@@ -22,7 +24,7 @@ from .kit import (
     op_rows,
     ordered_impls,
     ordered_phases,
-    performance_rows,
+    shown_rows,
     spread,
 )
 
@@ -34,12 +36,13 @@ def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
 
     Each row is one point; the short bar is the median. Device, mode, timer and dtype join
     the impl label when the frame holds several, so no strip pools unlike rows.
-    Interpreter-mode and noisy rows are left out (the title counts them). Attention rows
-    only: other operators' rows are ignored.
+    Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof
+    are drawn hollow and labelled, out of the median. Attention rows only: other operators' rows
+    are ignored.
     """
     title = "Prefill vs decode by implementation (attention)"
     df = op_rows(df, "attention")
-    rows = performance_rows(df)
+    rows = shown_rows(df)
     if rows.empty:
         return no_performance(title, df)
     rows = rows.assign(category=categories(rows))
@@ -52,10 +55,14 @@ def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
         for row, (metric, label, scale) in enumerate(_METRICS):
             ax = axes[row, column]
             for position, (category, impl) in enumerate(order):
-                values = floats(in_phase.loc[in_phase["category"] == category, metric])
-                ax.scatter(position + spread(len(values)), values, color=colors[impl], s=22, alpha=0.8, zorder=3)
-                if np.isfinite(values).any():
-                    ax.hlines(np.nanmedian(values), position - 0.32, position + 0.32, color=colors[impl], linewidth=2.2)
+                strip = in_phase[in_phase["category"] == category]
+                found = flag(strip, "above_roof").to_numpy()
+                values, xs = floats(strip[metric]), position + spread(len(strip))
+                ax.scatter(xs[~found], values[~found], color=colors[impl], s=22, alpha=0.8, zorder=3)
+                draw_findings(ax, xs[found], values[found], strip[found], color=colors[impl], size=22)
+                if np.isfinite(values[~found]).any():
+                    ax.hlines(np.nanmedian(values[~found]), position - 0.32, position + 0.32, color=colors[impl],
+                              linewidth=2.2)
             if metric == "pct_roofline":
                 ax.axhline(100, color="0.5", linestyle=":", linewidth=1)
             ax.set_yscale(scale)
@@ -78,7 +85,8 @@ def tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsize=Non
     pair is the prefill/decode ratio. Attention kernel only, one layer. `model` picks one
     preset; rows with no preset (hand-given shapes) form their own panel. Bars are per impl
     and (where several) device, mode, timer and dtype; interpreter-mode and noisy rows are
-    left out (the title counts them). Other operators' rows are ignored.
+    left out (the title counts them); rows above their roof are hollow dots, out of the bars.
+    Other operators' rows are ignored.
     """
     title = "Prompt vs generated tokens/s (attention, one layer)"
     df = op_rows(df, "attention")
@@ -86,7 +94,7 @@ def tokens_per_second(df: pd.DataFrame, model: str | None = None, *, figsize=Non
         df = df[df["model"] == model]
         title += f" · {model}"
     df = df[df["phase"].isin(["prefill", "decode"])]
-    rows = performance_rows(df)
+    rows = shown_rows(df)
     if rows.empty:
         if not ok_rows(df).empty:
             return no_performance(title, df)
@@ -122,12 +130,15 @@ def _tokens_panel(ax, rows: pd.DataFrame, colors: dict) -> None:
     for position, (category, impl) in enumerate(order):
         medians = {}
         for phase, offset, style in (("prefill", -0.2, {}), ("decode", 0.2, {"hatch": "//", "alpha": 0.45})):
-            values = floats(rows.loc[(rows["category"] == category) & (rows["phase"] == phase), "tokens_per_s"])
-            if not len(values):
+            dots = rows[(rows["category"] == category) & (rows["phase"] == phase)]
+            found = flag(dots, "above_roof").to_numpy()
+            values, xs = floats(dots["tokens_per_s"]), position + offset + spread(len(dots), 0.25)
+            draw_findings(ax, xs[found], values[found], dots[found], size=9)
+            if not (~found).any():
                 continue
-            medians[phase] = np.nanmedian(values)
+            medians[phase] = np.nanmedian(values[~found])
             ax.bar(position + offset, medians[phase], width=0.36, color=colors[impl], edgecolor="0.3", **style)
-            ax.scatter(position + offset + spread(len(values), 0.25), values, color="0.15", s=9, zorder=3)
+            ax.scatter(xs[~found], values[~found], color="0.15", s=9, zorder=3)
         if len(medians) == 2 and medians["decode"] > 0:
             ratio = medians["prefill"] / medians["decode"]
             ax.annotate(f"{ratio:.3g}×", (position, max(medians.values())), textcoords="offset points",

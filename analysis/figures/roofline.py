@@ -10,6 +10,9 @@ from matplotlib.lines import Line2D
 from .kit import (
     CEILING_GID,
     SERIES_GID,
+    draw_findings,
+    finding_handle,
+    flag,
     floats,
     groups,
     impl_colors,
@@ -20,10 +23,15 @@ from .kit import (
     ordered_impls,
     ordered_ops,
     ordered_phases,
-    performance_rows,
+    shown_rows,
 )
 
 _CEILING_SHADES = ("0.1", "0.45", "0.3", "0.6", "0.2", "0.5")
+ROW_ROOF_GID = "row_roof"  # each row's own roof: min(peak, FLOPs / its read and write floor)
+# The bandwidth slopes drawn per (device, dtype): read is the roof of decode and GEMV, write and copy lighter.
+# (stream, column, width, alpha, line style when it does not lead); the leading one is solid.
+_STREAMS = (("read", "read_gbps", 1.6, 1.0, "-"), ("write", "write_gbps", 0.9, 0.6, ":"),
+            ("copy", "peak_gbps", 0.9, 0.6, "-."))
 
 
 def roofline(
@@ -38,18 +46,22 @@ def roofline(
     marker = operator and phase (attention and linear rows have markers of their own), one
     panel per (device, mode, timer) group (titled with it).
 
-    Interpreter-mode and noisy rows are left out (the title counts them). For each
-    (device, dtype) in a panel the measured ceilings (median of the rows' peak_gbps and
-    peak_tflops) are drawn as one solid roof with its ridge point marked; datasheet ceilings
-    are dashed. `datasheet` is either {"peak_gbps": float, "peak_tflops": {dtype: float}}
-    (applies to every device, the layout of run.json ceilings.datasheet) or a dict of those
-    keyed by device name; without it the loader's datasheet_gbps/datasheet_tflops columns
-    are used, and nothing is drawn where they are missing. Points carry gid "series". `legend` "below" puts
-    the legend under each panel in columns (a narrower figure whose plot keeps its width), "right" beside it.
+    Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are
+    drawn hollow, labelled with their share of it (gid "above_roof"). For each (device, dtype) in a
+    panel the measured ceilings (medians of the rows' read_gbps, write_gbps, peak_gbps (the copy) and
+    peak_tflops) are drawn as three roofs: read solid with its ridge point marked (the roof of decode and
+    GEMV), write dotted and copy dash-dotted, lighter (files before schema 5 have the copy alone, solid);
+    each row's own roof, min(peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s)), is a grey
+    dash at its intensity (gid "row_roof"); datasheet ceilings are dashed. `datasheet` is either
+    {"peak_gbps": float, "peak_tflops": {dtype: float}} (applies to every device, the layout of run.json
+    ceilings.datasheet; its bandwidth compares with the read roof) or a dict of those keyed by device
+    name; without it the loader's datasheet_gbps/datasheet_tflops columns are used, and nothing is drawn
+    where they are missing. Points carry gid "series". `legend` "below" puts the legend under each panel
+    in columns (a narrower figure whose plot keeps its width), "right" beside it.
     """
     if legend not in ("right", "below"):
         raise ValueError(f"legend: expected 'right' or 'below', got {legend!r}")
-    rows = performance_rows(df)
+    rows = shown_rows(df)
     if rows.empty:
         return no_performance(title, df)
     panels = groups(rows)
@@ -73,11 +85,18 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
     ax.set_yscale("log")
     rows = rows.assign(_op=_ops(rows))
     for (impl, op, phase), group in rows.groupby(["impl", "_op", "phase"], sort=False):
-        ax.scatter(
-            floats(group["intensity"]), floats(group["tflops"]),
-            color=colors[impl], marker=op_phase_marker(op, phase), s=40, alpha=0.85,
-            edgecolors="white", linewidths=0.6, zorder=3, gid=SERIES_GID,
-        )
+        found = flag(group, "above_roof")
+        if not found.all():
+            ax.scatter(
+                floats(group.loc[~found, "intensity"]), floats(group.loc[~found, "tflops"]),
+                color=colors[impl], marker=op_phase_marker(op, phase), s=40, alpha=0.85,
+                edgecolors="white", linewidths=0.6, zorder=3, gid=SERIES_GID,
+            )
+        draw_findings(ax, floats(group.loc[found, "intensity"]), floats(group.loc[found, "tflops"]), group[found],
+                      color=colors[impl], marker=op_phase_marker(op, phase))
+    if "roof_tflops" in rows.columns:
+        ax.scatter(floats(rows["intensity"]), floats(rows["roof_tflops"]), marker="_", s=90, color="0.35",
+                   linewidths=1.2, zorder=2.5, gid=ROW_ROOF_GID)
 
     ceilings = _ceilings(rows, datasheet)
     x_low, x_high = _x_range(rows, ceilings)
@@ -85,16 +104,27 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
     for index, ceiling in enumerate(ceilings):
         shade = _CEILING_SHADES[index % len(_CEILING_SHADES)]
         name = f"{ceiling['device']} · {ceiling['dtype']}"
-        handle = _draw_roof(ax, ceiling["gbps"], ceiling["tflops"], x_low, x_high, shade, "-", 1.6, (4, 4))
-        if handle is not None:
-            handle.set_label(f"{name} measured ({_describe_roof(ceiling['gbps'], ceiling['tflops'])})")
-            ceiling_handles.append(handle)
+        main = "read" if np.isfinite(ceiling["read"]) else "copy"  # a file before schema 5 has the copy alone
+        for stream, _, width, alpha, style in _STREAMS:
+            if not np.isfinite(ceiling[stream]) and stream != main:
+                continue  # a stream the rows lack (files before schema 5 have the copy alone)
+            lead = stream == main
+            handle = _draw_roof(ax, ceiling[stream], ceiling["tflops"], x_low, x_high, shade, "-" if lead else style,
+                                1.6 if lead else width, (4, 4), ridge=lead, alpha=1.0 if lead else alpha)
+            if handle is not None:
+                handle.set_label(f"{name} {stream} ({_describe_roof(ceiling[stream], ceiling['tflops'])})")
+                ceiling_handles.append(handle)
         handle = _draw_roof(
             ax, ceiling["sheet_gbps"], ceiling["sheet_tflops"], x_low, x_high, shade, "--", 1.0, (4, -10)
         )
         if handle is not None:
             handle.set_label(f"{name} datasheet ({_describe_roof(ceiling['sheet_gbps'], ceiling['sheet_tflops'])})")
             ceiling_handles.append(handle)
+    if "roof_tflops" in rows.columns:
+        ceiling_handles.append(Line2D([], [], linestyle="", marker="_", markersize=10, color="0.35",
+                                      label="a row's own roof (its read and write floor)"))
+    if flag(rows, "above_roof").any():
+        ceiling_handles.append(finding_handle())
 
     ax.set_xlim(x_low, x_high)
     ax.set_xlabel("arithmetic intensity (FLOP/byte, minimum bytes)")
@@ -136,7 +166,7 @@ def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
         found.append({
             "device": device or "(unknown device)",
             "dtype": dtype,
-            "gbps": _median(group, "peak_gbps"),
+            **{stream: _median(group, column) for stream, column, *_ in _STREAMS},
             "tflops": _median(group, "peak_tflops"),
             "sheet_gbps": sheet_gbps,
             "sheet_tflops": sheet_tflops,
@@ -173,7 +203,8 @@ def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
     xs = floats(rows["intensity"])
     xs = list(xs[np.isfinite(xs) & (xs > 0)])
     for ceiling in ceilings:
-        for gbps, tflops in ((ceiling["gbps"], ceiling["tflops"]), (ceiling["sheet_gbps"], ceiling["sheet_tflops"])):
+        pairs = [(ceiling[stream], ceiling["tflops"]) for stream, *_ in _STREAMS]
+        for gbps, tflops in pairs + [(ceiling["sheet_gbps"], ceiling["sheet_tflops"])]:
             if np.isfinite(gbps) and np.isfinite(tflops):
                 xs.append(tflops * 1e3 / gbps)  # ridge point
     if not xs:
@@ -181,18 +212,20 @@ def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
     return min(xs) / 4, max(xs) * 4
 
 
-def _draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset):
-    """Draw min(x * gbps / 1000, tflops) with its ridge point; returns the roof line (or None)."""
+def _draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset, *,
+               ridge: bool = True, alpha: float = 1.0):
+    """Draw min(x * gbps / 1000, tflops), with its ridge point marked if `ridge`; returns the roof line (or None)."""
     has_memory, has_compute = np.isfinite(gbps), np.isfinite(tflops)
-    style_kw = dict(color=shade, linestyle=style, linewidth=width, gid=CEILING_GID, zorder=2)
+    style_kw = dict(color=shade, linestyle=style, linewidth=width, gid=CEILING_GID, zorder=2, alpha=alpha)
     if has_memory and has_compute:
-        ridge = tflops * 1e3 / gbps
-        xs = [x for x in (x_low, ridge, x_high) if x_low <= x <= x_high]
+        at = tflops * 1e3 / gbps
+        xs = [x for x in (x_low, at, x_high) if x_low <= x <= x_high]
         (line,) = ax.plot(xs, np.minimum(np.array(xs) * gbps / 1e3, tflops), **style_kw)
-        ax.plot([ridge], [tflops], marker="o", markersize=6, markerfacecolor="white",
-                markeredgecolor=shade, linestyle="", gid=CEILING_GID, zorder=4)
-        ax.annotate(f"ridge {ridge:.3g}", (ridge, tflops), textcoords="offset points", xytext=text_offset,
-                    fontsize="x-small", color=shade)
+        if ridge:
+            ax.plot([at], [tflops], marker="o", markersize=6, markerfacecolor="white",
+                    markeredgecolor=shade, linestyle="", gid=CEILING_GID, zorder=4)
+            ax.annotate(f"ridge {at:.3g}", (at, tflops), textcoords="offset points", xytext=text_offset,
+                        fontsize="x-small", color=shade)
         return line
     if has_memory:
         (line,) = ax.plot([x_low, x_high], [x_low * gbps / 1e3, x_high * gbps / 1e3], **style_kw)

@@ -11,6 +11,8 @@ from .kit import (
     LINESTYLES,
     SERIES_GID,
     describe,
+    draw_findings,
+    flag,
     floats,
     groups,
     impl_colors,
@@ -19,8 +21,8 @@ from .kit import (
     no_performance,
     op_rows,
     ordered_impls,
-    performance_rows,
     series_fields,
+    shown_rows,
 )
 
 # Fields that, when they vary within one impl, split its rows into separate lines
@@ -32,23 +34,26 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Prefill rows: latency (log) and achieved TFLOP/s against sequence length, one line per
     impl, split (and labelled) by dtype, model or shape where those vary; one row of panels
     per (device, mode, timer) group. Interpreter-mode and noisy rows are left out (the
-    title counts them). Attention rows only.
+    title counts them); rows above their roof are hollow points, out of the lines. Attention rows only.
 
     Lines carry gid "series"; a point is the median of the rows at that length.
     """
     title = "Prefill scaling with sequence length"
     df = op_rows(df, "attention")
-    rows = performance_rows(df, "prefill")
+    rows = shown_rows(df, "prefill")
     if rows.empty:
         return no_performance(title, df, "prefill")
     panels = groups(rows)
     fig, axes = new_figure(len(panels), 2, figsize=figsize or (12.0, 4.6 * len(panels)))
     for (latency_ax, tflops_ax), (label, group) in zip(axes, panels, strict=True):
-        for series in _series(group, "q_len", ("latency_ms", "tflops"), always=()):
+        found = flag(group, "above_roof")
+        for series in _series(group[~found], "q_len", ("latency_ms", "tflops"), always=()):
             style = dict(color=series["color"], linestyle=series["style"], marker="o", markersize=4,
                          label=series["label"], gid=SERIES_GID)
             latency_ax.plot(series["x"], series["latency_ms"], **style)
             tflops_ax.plot(series["x"], series["tflops"], **style)
+        _findings(latency_ax, group[found], "q_len", "latency_ms")
+        _findings(tflops_ax, group[found], "q_len", "tflops")
         for ax in (latency_ax, tflops_ax):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequence length (q_len = kv_len)")
@@ -65,27 +70,31 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
 def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Decode rows: achieved GB/s against KV length, one line per impl × batch (split further
     where dtype, model or heads vary), one panel per (device, mode, timer) group with its
-    measured peak dotted. Interpreter-mode and noisy rows are left out (the title counts them).
+    measured read ceiling dotted (decode reads; the copy lighter). Interpreter-mode and noisy rows
+    are left out (the title counts them); rows above their roof are hollow points, out of the lines.
     Attention rows only.
 
-    Data lines carry gid "series", peak lines gid "ceiling".
+    Data lines carry gid "series", ceiling lines gid "ceiling".
     """
     title = "Decode bandwidth with KV length"
     df = op_rows(df, "attention")
-    rows = performance_rows(df, "decode")
+    rows = shown_rows(df, "decode")
     if rows.empty:
         return no_performance(title, df, "decode")
     panels = groups(rows)
     fig, axes = new_figure(1, len(panels), figsize=figsize or (4.5 + 4.5 * len(panels), 5.5))
     for ax, (label, in_group) in zip(axes[0], panels, strict=True):
-        for series in _series(in_group, "kv_len", ("gbps",), always=("batch",)):
+        found = flag(in_group, "above_roof")
+        for series in _series(in_group[~found], "kv_len", ("gbps",), always=("batch",)):
             ax.plot(series["x"], series["gbps"], color=series["color"], linestyle=series["style"], marker="o",
                     markersize=4, label=series["label"], gid=SERIES_GID)
-        peaks = floats(in_group["peak_gbps"])
-        if np.isfinite(peaks).any():
-            peak = float(np.nanmedian(peaks))
-            ax.axhline(peak, color="0.3", linestyle=":", linewidth=1.2, gid=CEILING_GID,
-                       label=f"measured peak: {peak:.4g} GB/s")
+        _findings(ax, in_group[found], "kv_len", "gbps")
+        for column, what, shade in (("read_gbps", "read", "0.3"), ("peak_gbps", "copy", "0.65")):
+            peaks = floats(in_group[column]) if column in in_group.columns else np.array([np.nan])
+            if np.isfinite(peaks).any():
+                peak = float(np.nanmedian(peaks))
+                ax.axhline(peak, color=shade, linestyle=":", linewidth=1.2, gid=CEILING_GID,
+                           label=f"measured {what}: {peak:.4g} GB/s")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("KV length (tokens)")
         ax.set_ylabel("achieved GB/s (minimum bytes / latency)")
@@ -95,6 +104,13 @@ def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
         ax.legend(loc="best", fontsize="x-small", frameon=False)
     fig.suptitle(title + left_out_note(df, "decode"))
     return fig
+
+
+def _findings(ax, rows: pd.DataFrame, x: str, metric: str) -> None:
+    """The rows above their roof as hollow points in their impl's colour, each with its share of the roof."""
+    colors = impl_colors(rows["impl"].unique())
+    for impl, part in rows.groupby("impl", sort=False):
+        draw_findings(ax, floats(part[x]), floats(part[metric]), part, color=colors[impl], size=24)
 
 
 def _series(rows: pd.DataFrame, x: str, metrics: tuple[str, ...], always: tuple[str, ...]) -> list[dict]:

@@ -11,6 +11,8 @@ from ...bench.spec.schema import CASE_FIELDS
 from .kit import (
     GROUP_FIELDS,
     categories,
+    draw_findings,
+    flag,
     floats,
     impl_colors,
     left_out_note,
@@ -20,7 +22,7 @@ from .kit import (
     ordered_impls,
     ordered_ops,
     ordered_phases,
-    performance_rows,
+    shown_rows,
     spread,
 )
 
@@ -32,18 +34,23 @@ MATCH_FIELDS = CASE_FIELDS + ("dtype",) + GROUP_FIELDS
 def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
     """One row per (case, dtype, device, mode, timer, profiled, impl) that the baseline also
     ran ok in the same group: the median latencies of both (over runs) and speedup =
-    baseline latency / impl latency. Interpreter-mode and noisy rows take no part."""
+    baseline latency / impl latency; `above_roof` where a row of either side stood above its
+    roof (a finding: the figure draws it hollow, out of the median). Interpreter-mode and noisy
+    rows take no part."""
     keys = [name for name in MATCH_FIELDS if name in df.columns]
-    columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup"]
-    rows = performance_rows(df)
+    columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup", "above_roof"]
+    rows = shown_rows(df)
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    per_impl = rows.groupby(keys + ["impl"], dropna=False, observed=True)["latency_ms"].median().reset_index()
+    rows = rows.assign(above_roof=flag(rows, "above_roof"))
+    per_impl = rows.groupby(keys + ["impl"], dropna=False, observed=True).agg(
+        latency_ms=("latency_ms", "median"), above_roof=("above_roof", "any")).reset_index()
     base = per_impl[per_impl["impl"] == baseline].drop(columns="impl")
-    base = base.rename(columns={"latency_ms": "baseline_latency_ms"})
+    base = base.rename(columns={"latency_ms": "baseline_latency_ms", "above_roof": "_base_above"})
     others = per_impl[per_impl["impl"] != baseline]
     matched = others.merge(base, on=keys, how="inner")
     matched["speedup"] = matched["baseline_latency_ms"] / matched["latency_ms"]
+    matched["above_roof"] = matched["above_roof"].astype(bool) | matched["_base_above"].astype(bool)
     matched = matched[np.isfinite(matched["speedup"].to_numpy(dtype=float))]
     return matched[columns].reset_index(drop=True)
 
@@ -54,8 +61,9 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
 
     Cases match on the operator, the case fields (linear: m, n, k, projection), dtype,
     device, mode and timer; one point per matched case, the bar is the median (also written
-    as text). Labels name the group where the frame holds several; panel titles name the
-    operator where the frame holds several.
+    as text); a pair with a row above its roof is hollow and out of the median. Labels name the
+    group where the frame holds several; panel titles name the operator where the frame holds
+    several.
     """
     title = f"Speedup over {baseline} (same case, dtype, device, mode and timer)"
     table = speedup_table(df, baseline)
@@ -78,11 +86,15 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
             key=lambda pair: (rank[pair.impl], pair.category),
         )
         for position, (category, impl) in enumerate(order):
-            values = floats(in_phase.loc[in_phase["category"] == category, "speedup"])
-            ax.scatter(position + spread(len(values)), values, color=colors[impl], s=22, alpha=0.8, zorder=3)
-            median = np.nanmedian(values)
-            ax.hlines(median, position - 0.32, position + 0.32, color=colors[impl], linewidth=2.2)
-            ax.annotate(f"{median:.3g}×", (position + 0.34, median), va="center", fontsize="x-small")
+            strip = in_phase[in_phase["category"] == category]
+            found = strip["above_roof"].to_numpy(dtype=bool)
+            values, xs = floats(strip["speedup"]), position + spread(len(strip))
+            ax.scatter(xs[~found], values[~found], color=colors[impl], s=22, alpha=0.8, zorder=3)
+            draw_findings(ax, xs[found], values[found], None, color=colors[impl], size=22)  # a ratio of two rows
+            if (~found).any():
+                median = np.nanmedian(values[~found])
+                ax.hlines(median, position - 0.32, position + 0.32, color=colors[impl], linewidth=2.2)
+                ax.annotate(f"{median:.3g}×", (position + 0.34, median), va="center", fontsize="x-small")
         ax.axhline(1.0, color="0.4", linestyle=":", linewidth=1)
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from ...bench.spec.roof import pct_of_roof, roof_of_row
 from ...bench.spec.schema import cell_float
 
 
@@ -68,14 +68,16 @@ def benchmark_rows(path: Path) -> pd.DataFrame:
 
 
 def derive_figures(table: pd.DataFrame) -> None:
-    """Fill the figures extra_info did not carry from the cost model columns and the median."""
+    """Fill the figures extra_info did not carry from the cost model columns and the median; the roof from the
+    read and write bytes where they are known, else all the bytes at the copy bandwidth (bench.spec.roof)."""
     seconds = table["latency_ms"] / 1e3
     table["intensity"] = table["intensity"].fillna(table["flops"] / table["bytes"])
     table["tflops"] = table["tflops"].fillna(table["flops"] / seconds / 1e12)
     table["gbps"] = table["gbps"].fillna(table["bytes"] / seconds / 1e9)
-    roof = np.minimum(table["peak_tflops"], table["intensity"] * table["peak_gbps"] / 1e3)
-    table["roof_tflops"] = table["roof_tflops"].fillna(roof)
-    table["pct_roofline"] = table["pct_roofline"].fillna(100 * table["tflops"] / table["roof_tflops"])
-    memory_bound = table["intensity"] * table["peak_gbps"] / 1e3 < table["peak_tflops"]
-    derived_bound = np.where(table["roof_tflops"].isna(), "", np.where(memory_bound, "memory", "compute"))
-    table["bound"] = table["bound"].where(table["bound"] != "", derived_bound)
+    roof_tflops, roof_s, bound, model = roof_of_row(table)
+    blank = table["roof_tflops"].isna().to_numpy()
+    table["roof_tflops"] = table["roof_tflops"].fillna(pd.Series(roof_tflops, index=table.index))
+    table["pct_roofline"] = table["pct_roofline"].fillna(pd.Series(pct_of_roof(roof_s, table["latency_ms"]),
+                                                                   index=table.index))
+    table["bound"] = table["bound"].where(table["bound"] != "", pd.Series(bound, index=table.index))
+    table.loc[blank, "roof_model"] = model[blank]  # a roof derived here says how

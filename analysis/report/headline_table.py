@@ -7,13 +7,23 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec.schema import CASE_FIELDS, cell_true, key_text
-from ..figures.kit import flag, interpreter, ok_rows, ordered_impls, ordered_ops, ordered_phases, performance_rows
+from ..figures.kit import (
+    finding_rows,
+    flag,
+    interpreter,
+    ok_rows,
+    ordered_impls,
+    ordered_ops,
+    ordered_phases,
+    performance_rows,
+)
 from ..phases.figures import reference_table, saturation_text
 from .headline_text import GROUP_BY, Headline
 from .tables import report_rows
 
 COLUMNS = ("device", "mode", "timer", "profiled", "dtype", "op", "phase", "best_impl", "pct_roofline",
-           "max_pct_roofline", "bound", "cases", "shared", "runner_up", "runner_up_pct", "speedup", "note")
+           "max_pct_roofline", "bound", "cases", "shared", "runner_up", "runner_up_pct", "speedup", "above_roof",
+           "max_pct_above_roof", "note")
 COUNTS = ("ok", "noisy", "above_roof", "failed", "incorrect", "skipped")
 _CASE_KEY = ("model", *CASE_FIELDS, "dtype")
 
@@ -51,7 +61,8 @@ def best_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (device, mode, timer, profiled, dtype) group of compiled rows and per op and phase: the impl with the
     highest geometric mean % of the measured roof over the cases every impl measured (each impl's own cases where
     they share none), that mean and the best case's, the bound of its rows, and the runner-up with the geometric
-    mean speedup over it on the cases both measured. Only rows neither noisy nor above their roof count."""
+    mean speedup over it on the cases both measured. Only rows neither noisy nor above their roof count; those above
+    it are marked beside: how many (above_roof), the highest % of roof among them, and a note that says so."""
     out = []
     for group, rows in _groups(df[~interpreter(df)] if "mode" in df else df):
         for op, phase, part in _op_phases(rows):
@@ -60,9 +71,16 @@ def best_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _best(rows: pd.DataFrame) -> dict:
+    above = finding_rows(rows)  # marked beside the best: how many, and the highest share of its roof
+    marks = {"above_roof": len(above), "max_pct_above_roof": float(above["pct_roofline"].max()) if len(above)
+             else float("nan")}
     clean = performance_rows(rows)
     if clean.empty:
-        return {"best_impl": "", "note": _why_none(rows)}
+        return {"best_impl": "", **marks, "note": _why_none(rows)}
+    return {**_best_of(clean), **marks}
+
+
+def _best_of(clean: pd.DataFrame) -> dict:
     key = [name for name in _CASE_KEY if name in clean.columns]
     clean = clean.assign(_case=clean[key].apply(lambda column: column.map(key_text)).agg("\x1f".join, axis=1))
     per_case = clean.groupby(["impl", "_case"], sort=False).agg(
@@ -108,7 +126,7 @@ def _why_none(rows: pd.DataFrame) -> str:
     ok = ok_rows(rows)
     parts = [f"{int(flag(ok, 'noisy').sum())} noisy", f"{int((flag(ok, 'above_roof') & ~flag(ok, 'noisy')).sum())} "
              "above roof", f"{int((rows['status'] != 'ok').sum())} not ok"]
-    return "no quiet ok row: " + ", ".join(part for part in parts if not part.startswith("0 "))
+    return "no quiet ok row at or under its roof: " + ", ".join(part for part in parts if not part.startswith("0 "))
 
 
 def correctness_summary(df: pd.DataFrame) -> pd.DataFrame:

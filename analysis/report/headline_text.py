@@ -94,8 +94,12 @@ def _ops_items(frame: pd.DataFrame, counts: dict) -> list:
     fields = [name for name in GROUP_BY if name in frame.columns]
     mine = frame[(frame[fields].apply(lambda column: column.map(key_text))
                   == [key_text(counts.get(name)) for name in fields]).all(axis=1)]
-    rows = []
+    rows, marks, highest = [], {}, []
     for row in mine.to_dict("records"):
+        above = cell_float(row.get("above_roof"))
+        if math.isfinite(above) and above:  # marked under the table: the findings beside this best, in no mean
+            marks.setdefault(row["op"], []).append(f"{row['phase']} {int(above)}")
+            highest.append(cell_float(row["max_pct_above_roof"]))
         if not row["best_impl"]:
             rows.append([row["op"], row["phase"], "–", "–", "–", "–", row["note"]])
             continue
@@ -108,10 +112,14 @@ def _ops_items(frame: pd.DataFrame, counts: dict) -> list:
         rows.append([row["op"], row["phase"], row["best_impl"],
                      f"{pct(row['pct_roofline'])} · max {pct(row['max_pct_roofline'])}", key_text(row["cases"]),
                      row["bound"], runner])
-    left_out = counts["noisy"] + counts["above_roof"]
-    tail = [" (left out of the figures and medians)"] if left_out else []
-    return [("p", _count_pieces(counts, ("noisy", "above_roof", "failed", "incorrect", "skipped")) + tail),
-            ("table", OPS_HEADER, rows)]
+    tail = [" (in no median)"] if counts["noisy"] + counts["above_roof"] else []
+    items = [("p", _count_pieces(counts, ("noisy", "above_roof", "failed", "incorrect", "skipped")) + tail),
+             ("table", OPS_HEADER, rows)]
+    if marks:
+        where = "; ".join(f"{op} {', '.join(phases)}" for op, phases in marks.items())
+        items.append(("p", [f"Above their roof beside these (findings, hollow in the figures): {where}; up to "
+                            f"{pct(max(highest))} → ", ("the list", LINKS["above_roof"])]))
+    return items
 
 
 def _correctness_items(table: pd.DataFrame, counts: dict) -> list:

@@ -15,6 +15,7 @@ from .interference_section import interference_section
 from .paged_section import paged_section
 from .tables import (
     above_roof_rows,
+    ceilings_table,
     correctness_table,
     noisy_rows,
     not_ok_rows,
@@ -25,18 +26,22 @@ from .tables import (
 )
 
 CAPTIONS = {
-    "roofline": "Each point is one ok row; solid roofs are the ceilings measured on the machine, dashed ones the "
-                "datasheet figures; circles mark the ridge points.",
+    "roofline": "Each point is one ok row; the roofs are the ceilings measured on the machine: the bandwidth slopes "
+                "of a read stream (solid, with its ridge point: the roof of decode and GEMV), a write (dotted) and a "
+                "copy (dash-dotted); a grey dash is each row's own roof, FLOPs over its floor of read bytes / read "
+                "GB/s + write bytes / write GB/s; dashed roofs are the datasheet figures; hollow points are rows above "
+                "their roof (findings).",
     "phase_comparison": "Latency and percentage of the measured roofline per implementation, prefill against "
                         "decode; a bar is the median.",
     "tokens_per_second": "Prompt tokens/s (batch·q_len / latency) against generated tokens/s (batch / latency) "
                          "for the same model preset: the prefill/decode gap.",
     "prefill_scaling": "Prefill latency and TFLOP/s as the sequence grows.",
-    "decode_scaling": "Decode bandwidth as the KV cache grows, against the measured peak.",
+    "decode_scaling": "Decode bandwidth as the KV cache grows, against the measured read ceiling (the copy "
+                      "lighter).",
     "speedup": "Speedup over the baseline implementation on identical cases of one device, mode and timer.",
     "linear_sweep": "Each projection's achieved TFLOP/s, GB/s and latency against M under the measured roofs as "
-                    "functions of M; the dash-dot line is the M where the intensity reaches the measured ridge, "
-                    "the dotted one on the latency panel the time to read the weights once at the measured GB/s.",
+                    "functions of M; the dash-dot line is the M from which it is compute-bound, the dotted one on "
+                    "the latency panel the time to read the weights once at the measured read GB/s.",
     "layer_tokens_per_second": "M / (qkv + o + gate_up + down latency): tokens per second through one decoder "
                                "layer's projections, at the M values where all four were measured.",
     "phases_ttft": "Time to first token of one prompt (layers x the layer at M = prompt tokens, then the head) and "
@@ -51,8 +56,9 @@ CAPTIONS = {
                         "hatched top is what its measured step takes beyond the composition (launch gaps and the "
                         "rest), drawn only when positive.",
 }
-LEFT_OUT = ("Interpreter-mode rows (correctness only), noisy rows (timed while the device was contended) and rows "
-            "above their roof (findings) are left out of every figure; each figure's title counts them.")
+LEFT_OUT = ("Interpreter-mode rows (correctness only) and noisy rows (timed while the device was contended) are left "
+            "out of every figure; rows above their roof (findings) are drawn hollow and labelled, in no median or "
+            "line; each figure's title counts both.")
 
 
 def _phase_suffix(index: int) -> str:
@@ -124,12 +130,13 @@ def linear_section(ctx: Context) -> Section | None:
     """The crossings table, only for rows with linear ones."""
     if op_rows(ctx.df, "linear").empty:
         return None
-    note = ("Per projection and implementation: the measured ridge (peak TFLOP/s · 1000 / peak GB/s, FLOP/B), the M "
-            "at which this N, K reaches it (crossing_m, from 2·M·N·K / (elem·(M·K + N·K + M·N))), the M range "
+    note = ("Per projection and implementation: the M from which this N, K is compute-bound under the measured roof "
+            "(crossing_m: 2·M·N·K at the matmul peak reaches the floor of elem·(M·K + N·K) bytes read and elem·M·N "
+            "written at the read and write ceilings) and the intensity there (ridge_intensity), the M range "
             "measured and whether its ends are memory- and compute-bound. The achieved figures at the smallest and "
-            "largest M, and the latency against the weight-streaming floor (elem·N·K bytes at the measured GB/s; "
-            "floor_pct = 100 · floor / latency), are over the rows that are not noisy; interpreter-mode rows take "
-            "no part.")
+            "largest M, and the latency against the weight-streaming floor (elem·N·K bytes at the measured read "
+            "GB/s; floor_pct = 100 · floor / latency), are over the rows neither noisy nor above their roof; "
+            "interpreter-mode rows take no part.")
     return Section("linear", "Linear layers: where decode turns compute-bound",
                    [folded("Crossings", linear_crossings(ctx.df), note=note)])
 
@@ -173,10 +180,30 @@ def summary_section(ctx: Context) -> Section:
     ctx.paths["summary"] = ctx.out / "summary.csv"
     summary.to_csv(ctx.paths["summary"], index=False)
     note = ("Per group of ok rows (interpreter-mode rows are in the correctness table): how many, how many were "
-            "noisy, and over the ones neither noisy nor above their roof, best and median % of the measured roofline, "
-            "median TFLOP/s and GB/s.")
+            "noisy and how many stood above their roof, over the ones neither noisy nor above their roof best and "
+            "median % of the measured roofline, median TFLOP/s and GB/s, and the highest % of roof of those above "
+            "it (findings, marked here, in no median).")
     return Section("summary", "Summary: by device, mode, timer, operator, phase and implementation",
                    [folded("Summary", summary, note=note)])
+
+
+CEILINGS_NOTE = ("Measured on the machine past its last-level cache (L2 on a GPU), in the run (host) or cached behind "
+                 "a probe (GPU): read_gbps a reduction (the roof of decode and GEMV), write_gbps a fill, copy_gbps a "
+                 "copy counting the bytes read and written (peak_gbps). A row's memory floor is read bytes / "
+                 "read_gbps + write bytes / write_gbps (a read-and-write pair at the copy's rate where that is "
+                 "faster), its roof min(peak_tflops, FLOPs / floor); copy_roof_rows have the copy roof instead (all "
+                 "their bytes at copy_gbps): rows of files before schema 5, or of an operator whose cost model "
+                 "gives no read/write split. `phasebench ceilings` prints each figure with when, how long and under "
+                 "what load it was measured.")
+
+
+def ceilings_section(ctx: Context) -> Section | None:
+    """The read, write and copy ceilings and the matmul peak the rows were judged against."""
+    table = ceilings_table(ctx.df)
+    if table.empty:
+        return None
+    return Section("ceilings", "Ceilings: what each row's roof is made of",
+                   [folded("Ceilings", table, note=CEILINGS_NOTE)])
 
 
 def flagged_section(ctx: Context) -> Section:
@@ -216,6 +243,7 @@ SECTIONS = [
     paged_section,
     linear_section,
     comparison_section,
+    ceilings_section,
     summary_section,
     flagged_section,
     correctness_section,

@@ -7,6 +7,7 @@ import pandas as pd
 from ...bench.spec.schema import STATUSES, cell_true
 from ..figures.kit import (
     GROUP_FIELDS,
+    finding_rows,
     flag,
     interpreter,
     ok_rows,
@@ -17,7 +18,8 @@ from ..figures.kit import (
 )
 
 SUMMARY_COLUMNS = (
-    "ok", "noisy", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
+    "ok", "noisy", "above_roof", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
+    "max_pct_above_roof",
 )
 SUMMARY_BY = GROUP_FIELDS + ("op", "phase", "impl")
 STATUS_BY = ("device", "mode", "op", "phase", "impl")
@@ -41,9 +43,10 @@ def sort_rows(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
     """Per group of ok rows (device, mode, timer, profiled, op, phase and impl by default): the
-    ok count, how many of them are noisy, and best and median pct_roofline, median TFLOP/s
-    and GB/s over the ok rows that are neither noisy nor above their roof. Interpreter-mode rows are not
-    performance and never enter it (see correctness_table)."""
+    ok count, how many of them are noisy and how many quiet ones stand above their roof, best and
+    median pct_roofline, median TFLOP/s and GB/s over the ok rows that are neither noisy nor above
+    their roof, and the highest % of roof among those above it (findings: marked here, never in a
+    median). Interpreter-mode rows are not performance and never enter it (see correctness_table)."""
     by = [name for name in by if name in df.columns]
     ok = ok_rows(df)
     ok = ok[~interpreter(ok)]
@@ -51,12 +54,17 @@ def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
         return pd.DataFrame(columns=by + list(SUMMARY_COLUMNS))
     clean = performance_rows(ok).groupby(by, dropna=False, observed=True)
     table = pd.DataFrame({"ok": ok.groupby(by, dropna=False, observed=True).size()})
-    table["noisy"] = flag(ok, "noisy").groupby([ok[name] for name in by], dropna=False, observed=True).sum()
+    keys = [ok[name] for name in by]
+    table["noisy"] = flag(ok, "noisy").groupby(keys, dropna=False, observed=True).sum()
+    above = (flag(ok, "above_roof") & ~flag(ok, "noisy"))
+    table["above_roof"] = above.groupby(keys, dropna=False, observed=True).sum()
     table["best_pct_roofline"] = clean["pct_roofline"].max()
     table["median_pct_roofline"] = clean["pct_roofline"].median()
     table["median_tflops"] = clean["tflops"].median()
     table["median_gbps"] = clean["gbps"].median()
+    table["max_pct_above_roof"] = finding_rows(ok).groupby(by, dropna=False, observed=True)["pct_roofline"].max()
     table["noisy"] = table["noisy"].fillna(0).astype(int)
+    table["above_roof"] = table["above_roof"].fillna(0).astype(int)
     return sort_rows(table.reset_index(), by)
 
 
@@ -102,9 +110,32 @@ def noisy_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ok rows above their measured roof (findings, never results), with the finding."""
-    rows = ok_rows(df)
-    rows = rows[flag(rows, "above_roof") & ~flag(rows, "noisy") & ~interpreter(rows)]
+    rows = finding_rows(df)
     return _flagged(rows, rows["reason"] if "reason" in rows else "")
+
+
+CEILING_COLUMNS = ("device", "run_id", "dtype", "read_gbps", "write_gbps", "copy_gbps", "peak_tflops", "rows",
+                   "copy_roof_rows")
+
+
+def ceilings_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The ceilings the rows were judged against, per device, run and dtype: read-only, write-only and copy GB/s
+    (medians of the rows' read_gbps, write_gbps and peak_gbps), the matmul TFLOP/s, the rows, and how many of them
+    have the copy roof (a file before schema 5, or an operator whose cost model gives no read/write split)."""
+    rows = df[~interpreter(df)] if len(df) else df
+    if rows.empty or "peak_gbps" not in rows.columns:
+        return pd.DataFrame(columns=list(CEILING_COLUMNS))
+    copied = rows["roof_model"] == "copy" if "roof_model" in rows.columns else pd.Series(True, index=rows.index)
+    rows = rows.assign(copy_gbps=rows["peak_gbps"], _copy=copied)
+    for name in ("read_gbps", "write_gbps"):
+        if name not in rows.columns:
+            rows[name] = float("nan")
+    table = rows.groupby(["device", "run_id", "dtype"], dropna=False, sort=True).agg(
+        read_gbps=("read_gbps", "median"), write_gbps=("write_gbps", "median"), copy_gbps=("copy_gbps", "median"),
+        peak_tflops=("peak_tflops", "median"), rows=("status", "size"), copy_roof_rows=("_copy", "sum"))
+    table = table.reset_index()
+    table["copy_roof_rows"] = table["copy_roof_rows"].astype(int)
+    return table[list(CEILING_COLUMNS)]
 
 
 def _flagged(rows: pd.DataFrame, why) -> pd.DataFrame:

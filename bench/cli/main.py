@@ -123,6 +123,11 @@ def cmd_run(args) -> int:
     return 0
 
 
+STREAM_WORDS = {"read": "read-only: a reduction (dot), the roof of decode and GEMV",
+                "write": "write-only: a fill",
+                "copy": "copy: bytes read + written (peak_gbps, the one figure before schema 5)"}
+
+
 def cmd_ceilings(args) -> int:
     from ..instruments.conditions import describe
     from ..instruments.roofline import ceilings
@@ -144,12 +149,21 @@ def cmd_ceilings(args) -> int:
         print(f"  matmul {d} added at {later['measured_at']}, took {later['duration_s']:.1f} s: "
               f"{describe(later.get('conditions') or {})}")
     sheet = ceil.datasheet
-    print(f"  copy bandwidth   {ceil.peak_gbps:10.1f} GB/s measured"
-          + (f"   {sheet.peak_gbps:10.1f} GB/s datasheet ({sheet.name})" if sheet else ""))
+    for stream, what in STREAM_WORDS.items():
+        gbps = {"read": ceil.read_gbps, "write": ceil.write_gbps, "copy": ceil.copy_gbps}[stream]
+        ds = f"   {sheet.peak_gbps:10.1f} GB/s datasheet ({sheet.name})" if sheet and stream == "read" else ""
+        print(f"  {stream + ' bandwidth':<16} {gbps:10.1f} GB/s measured{ds}   {what}")
+        measured = ceil.bandwidth.get(stream)
+        if measured:
+            kernels = ", ".join(f"{k} {v:.4g}" for k, v in measured.get("kernels", {}).items())
+            print(f"      {kernels} GB/s on 2 buffers of {measured.get('buffer_bytes', 0) / 2**20:.0f} MiB; at "
+                  f"{measured.get('measured_at')}, took {measured.get('duration_s', 0):.1f} s; "
+                  f"{describe(measured.get('conditions') or {})}")
     for d, tf in ceil.peak_tflops.items():
         ds = f"   {sheet.peak_tflops[d]:10.1f} TFLOP/s datasheet" if sheet and d in sheet.peak_tflops else ""
         size = f" at {ceil.matmul_n[d]}^3" if d in ceil.matmul_n else ""
-        print(f"  matmul {d:<9} {tf:10.4g} TFLOP/s measured{size}{ds}   ridge {ceil.ridge(d):.3g} FLOP/B")
+        print(f"  matmul {d:<9} {tf:10.4g} TFLOP/s measured{size}{ds}   ridge {ceil.ridge(d):.3g} FLOP/B (read)")
+    print("  a row's roof: min(matmul peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s))")
     for warning in ceil.warnings:
         print(f"  warning: {warning}")
     return 0

@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .device_memory import HEADROOM, free_bytes
-from .host_cache import COLD_FACTOR, cold_bytes, evictor, last_level_cache
+from .memory.device_memory import HEADROOM, free_bytes
+from .memory.host_cache import COLD_FACTOR, cold_bytes, evictor, last_level_cache
 
 MAX_COPIES = 32
 

@@ -1,25 +1,36 @@
-"""Roofline ceilings measured on this machine (copy bandwidth, matmul FLOP/s per dtype), cached, with datasheets."""
+"""Roofline ceilings measured on this machine (read, write and copy bandwidth, matmul FLOP/s per dtype), cached on a
+GPU behind a probe, with datasheets; a row's roof from them (bench.spec.roof)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from .conditions import driver_version, load_warnings, watch
-from .host_cache import last_level_cache
-from .timing import TimerConfig, time_call
+from ..spec.roof import copy_floor_s, roof, row_roof
+from .ceiling_measures import (
+    STREAMS,
+    TORCH_DTYPES,
+    StreamBuffers,
+    matmul_size,
+    measure_matmul,
+    measure_stream,
+    measure_streams,
+    with_provenance,
+)
+from .conditions import driver_version, load_warnings
+from .timing import TimerConfig
 
 DATASHEET_RANGE = (0.3, 1.1)  # measured / datasheet outside this gets a warning
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+__all__ = ["TORCH_DTYPES", "Ceilings", "ceilings", "matmul_size", "measure_matmul", "measure_stream"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +65,18 @@ def datasheet_for(device_name: str) -> Datasheet | None:
 
 @dataclass
 class Ceilings:
-    """Measured peaks of one device: copy bandwidth (read + write) and matmul TFLOP/s per dtype.
+    """Measured peaks of one device: read-only, write-only and copy bandwidth past the last-level cache (L2 on a
+    GPU), and matmul TFLOP/s per dtype.
 
-    Provenance: `source` is "measured" (in this call) or "cached"; `measured_at` (UTC ISO time),
-    `age_s` (seconds since then, at the call), `duration_s` and `conditions` (see
-    `conditions.watch`) describe the measurement of the bandwidth and the dtypes measured with it;
-    `added` holds the same for each dtype measured later into the cache entry; `warnings` are one-line
-    doubts about the figures (far from the datasheet, measured under load).
+    `read_gbps` is a reduction's (torch.dot, or torch.sum where faster), the ceiling of what reads (a decode, a
+    GEMV); `write_gbps` a fill's; `copy_gbps` (also `peak_gbps`, the one figure before schema 5) a copy's, counting
+    the bytes read plus written. A row's memory roof is its own floor at these (`roof`, bench.spec.roof).
+
+    Provenance: `source` is "measured" (in this call) or "cached"; `measured_at` (UTC ISO time), `age_s` (seconds
+    since then, at the call), `duration_s` and `conditions` (see `conditions.watch`) describe the measurement of the
+    bandwidths and the dtypes measured with them; `bandwidth` holds each stream's own (its kernels' GB/s, the one
+    kept, the buffer size, when, how long, conditions); `added` holds the same for each dtype measured later into
+    the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, measured under load).
     """
 
     device: str
@@ -77,22 +93,44 @@ class Ceilings:
     added: dict[str, dict] = field(default_factory=dict)
     checked: str = ""  # how a cached entry was held against a probe now, or why the figures were measured
     matmul_n: dict[str, int] = field(default_factory=dict)  # the square size each dtype's matmul was measured at
+    read_gbps: float = math.nan  # NaN: not measured (a row's roof then puts its bytes at the copy bandwidth)
+    write_gbps: float = math.nan
+    bandwidth: dict[str, dict] = field(default_factory=dict)  # stream -> its figures and provenance
+
+    @property
+    def copy_gbps(self) -> float:
+        """The copy bandwidth (bytes read plus written), the same figure as peak_gbps."""
+        return self.peak_gbps
 
     def to_json(self) -> dict:
         return {"device": self.device, "kind": self.kind, "peak_gbps": self.peak_gbps,
+                "read_gbps": self.read_gbps, "write_gbps": self.write_gbps, "copy_gbps": self.copy_gbps,
                 "peak_tflops": dict(self.peak_tflops),
                 "datasheet": asdict(self.datasheet) if self.datasheet else None,
                 "source": self.source, "measured_at": self.measured_at, "age_s": self.age_s,
                 "duration_s": self.duration_s, "conditions": dict(self.conditions),
+                "bandwidth": {s: dict(p) for s, p in self.bandwidth.items()},
                 "warnings": list(self.warnings), "added": {d: dict(p) for d, p in self.added.items()},
                 "checked": self.checked, "matmul_n": dict(self.matmul_n)}
 
-    def roof_tflops(self, dtype: str, intensity: float) -> float:
-        return min(self.peak_tflops[dtype], intensity * self.peak_gbps / 1000)
+    def roof(self, dtype: str, flops: float, read_bytes: float | None, write_bytes: float | None,
+             nbytes: float) -> tuple[float, float, str, str]:
+        """(roof_tflops, roof_s, bound, roof_model) of one row: its floor read_bytes / read_gbps + write_bytes /
+        write_gbps (bench.spec.roof.memory_floor_s) against the dtype's matmul peak; without the split (None) or
+        the read and write ceilings, all `nbytes` at the copy bandwidth, roof_model "copy"."""
+        nan = math.nan
+        found = row_roof(flops, nan if read_bytes is None else read_bytes, nan if write_bytes is None else write_bytes,
+                         nbytes, self.peak_tflops[dtype], self.read_gbps, self.write_gbps, self.copy_gbps)
+        return float(found[0]), float(found[1]), str(found[2]), str(found[3])
 
-    def ridge(self, dtype: str) -> float:
-        """Intensity (FLOP/B) where the bandwidth slope meets the compute ceiling."""
-        return self.peak_tflops[dtype] * 1000 / self.peak_gbps
+    def roof_tflops(self, dtype: str, intensity: float) -> float:
+        """The copy roof at an intensity, min(peak, intensity · copy GB/s), as every row had before schema 5."""
+        return float(roof(intensity, copy_floor_s(1.0, self.copy_gbps), self.peak_tflops[dtype])[0])
+
+    def ridge(self, dtype: str, stream: str = "read") -> float:
+        """Intensity (FLOP/B) where a bandwidth slope (read by default: decode's) meets the compute ceiling."""
+        gbps = {"read": self.read_gbps, "write": self.write_gbps, "copy": self.copy_gbps}[stream]
+        return self.peak_tflops[dtype] * 1000 / gbps
 
     def provenance(self) -> str:
         """One line: measured now or cached (and how long ago), when and for how long."""
@@ -142,58 +180,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "phasebench"
 
 
-HOST_COPY_LLCS = 4  # the host copy's buffers are this many times the last-level cache (as the GPU flush is with L2)
-
-
-def _copy_size_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(min(2 << 30, free // 4))
-    return max(256 << 20, HOST_COPY_LLCS * last_level_cache()[0])  # a 480 MiB L3 would hold a 256 MiB copy
-
-
-def measure_bandwidth(device: torch.device, cfg: TimerConfig) -> float:
-    """GB/s of a device copy far beyond the last-level cache, counting the bytes read plus the bytes written."""
-    n = _copy_size_bytes(device) // 4
-    src = torch.rand(n, device=device)
-    dst = torch.empty_like(src)
-    timing = time_call(lambda: dst.copy_(src), device, cfg)
-    return 2 * n * 4 / (timing.median_ms / 1e3) / 1e9
-
-
-MATMUL_SIZES = {"cuda": (1024, 8192), "cpu": (256, 2048)}  # square sizes tried, smallest to largest
-MATMUL_CALL_S = 0.05  # the size grows while one call takes less than this
-
-
-def matmul_size(device: torch.device, dtype: str) -> int:
-    """The largest square size, doubling from the smallest, whose one call still takes under MATMUL_CALL_S (or the
-    largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3."""
-    low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
-    n = low
-    while n < high:
-        a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
-        start = time.perf_counter()
-        torch.matmul(a, a)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if time.perf_counter() - start >= MATMUL_CALL_S:
-            break
-        n *= 2
-    return n
-
-
-def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | None = None) -> float:
-    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32), of size `n` (default matmul_size)."""
-    n = n or matmul_size(device, dtype)
-    a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
-    b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
-    timing = time_call(lambda: torch.matmul(a, b), device, cfg)
-    return 2 * n**3 / (timing.median_ms / 1e3) / 1e12
-
-
 CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_samples=200, flush_l2=False)
 # the host measures its ceilings in every run: a shorter timer keeps that near a second per figure
 HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
+# a stream keeps its best sample (ceiling_measures.measure_stream): five of them at least, on the host's long calls
+HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=5, max_samples=100, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -207,17 +198,6 @@ def versions(device: torch.device) -> dict:
     if device.type == "cuda":
         found.update(cuda=torch.version.cuda, driver=driver_version(device))
     return found
-
-
-def _measure(device: torch.device, fn) -> tuple:
-    """`fn()` and its provenance: when (UTC), how long and under what conditions it ran."""
-    with watch(device) as conditions:
-        epoch, start = time.time(), time.perf_counter()
-        value = fn()
-        duration = time.perf_counter() - start
-    when = datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
-    return value, {"measured_at": when, "measured_at_epoch": epoch, "duration_s": round(duration, 3),
-                   "conditions": conditions}
 
 
 def _read_entry(path: Path, current: dict) -> dict | None:
@@ -238,7 +218,8 @@ def datasheet_warnings(ceil: Ceilings) -> list[str]:
     sheet = ceil.datasheet
     if sheet is None:
         return []
-    checks = [("copy bandwidth", ceil.peak_gbps, sheet.peak_gbps, "GB/s")]
+    # a datasheet's bandwidth is what the memory reads at: it compares with the read stream, not the copy
+    checks = [("read bandwidth", ceil.read_gbps, sheet.peak_gbps, "GB/s")] if math.isfinite(ceil.read_gbps) else []
     checks += [(f"matmul {d}", tf, sheet.peak_tflops[d], "TFLOP/s")
                for d, tf in ceil.peak_tflops.items() if d in sheet.peak_tflops]
     low, high = DATASHEET_RANGE
@@ -252,16 +233,22 @@ def datasheet_warnings(ceil: Ceilings) -> list[str]:
 # The host measures its ceilings in each run (a shared host drifts by tens of percent within the hour, and a probe
 # there is as noisy as the drift); a process reuses what it measured within HOST_REUSE_S (runs called in a loop).
 HOST_REUSE_S = 120.0
-# A GPU keeps its cache, held against a short probe in each run (the same copy, a matmul of half the size, a few
+# A GPU keeps its cache, held against a short probe in each run (the three streams, a matmul of half the size, a few
 # samples): beyond PROBE_TOLERANCE of the probe measured with the entry, the ceilings are measured again.
 PROBE_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.1, min_samples=3, max_samples=20, flush_l2=False)
 PROBE_TOLERANCE = 0.10
 _this_process: dict[str, tuple[float, dict]] = {}  # fingerprint -> (monotonic time, entry) on the host
 
 
+def stream_probe(device: torch.device) -> dict[str, float]:
+    """Quick GB/s of the read, write and copy streams, on one pair of buffers."""
+    buffers = StreamBuffers(device)
+    return {s: measure_stream(device, s, PROBE_TIMER, buffers)["gbps"] for s in STREAMS}
+
+
 def probe(device: torch.device, dtypes, sizes: dict[str, int]) -> dict[str, float]:
-    """Quick figures to hold a cached entry against: the same copy and a matmul of half the entry's size."""
-    return {"copy": measure_bandwidth(device, PROBE_TIMER),
+    """Quick figures to hold a cached entry against: the three streams and a matmul of half the entry's size."""
+    return {**stream_probe(device),
             **{d: measure_matmul(device, d, PROBE_TIMER, n=max(sizes[d] // 2, 1)) for d in dtypes}}
 
 
@@ -275,6 +262,8 @@ def _held(device: torch.device, entry: dict, wanted: list[str]) -> tuple[dict | 
     """A GPU's cache entry if a probe now agrees with the one taken with it, else None; and what the probe found."""
     if not entry.get("probe") or not entry.get("matmul_n"):
         return None, "measured again: the cached entry has no probe to hold it against"
+    if not all(s in entry.get("bandwidth", {}) and s in entry["probe"] and f"{s}_gbps" in entry for s in STREAMS):
+        return None, "measured again: the cached entry has no read and write ceilings (written before schema 5)"
     have = [d for d in wanted if d in entry["peak_tflops"] and d in entry["matmul_n"]]
     what, moved = _drift(entry["probe"], probe(device, have, entry["matmul_n"]))
     if moved <= PROBE_TOLERANCE:
@@ -319,18 +308,19 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
         source = "cached" if entry is not None else "measured"
         if entry is None:
             def measure_all():
-                gbps = measure_bandwidth(device, timer)
+                streams = measure_streams(device, timer if gpu else HOST_STREAM_TIMER)
                 figures = {d: _measure_dtype(device, d, timer, use_file) for d in wanted}
-                return gbps, figures, measure_bandwidth(device, PROBE_TIMER) if use_file else None
+                return streams, figures, stream_probe(device) if use_file else {}
 
-            (gbps, figures, copy_probe), provenance = _measure(device, measure_all)
-            entry = {"device": name, "kind": device.type, "peak_gbps": gbps,
+            (streams, figures, probed), provenance = with_provenance(device, measure_all)
+            entry = {"device": name, "kind": device.type, "peak_gbps": streams["copy"]["gbps"],
+                     **{f"{s}_gbps": streams[s]["gbps"] for s in STREAMS}, "bandwidth": streams,
                      "peak_tflops": {d: f[0] for d, f in figures.items()},
                      "matmul_n": {d: f[1] for d, f in figures.items()}, **provenance, "added": {},
-                     "versions": current, "probe": {"copy": copy_probe, **{d: f[2] for d, f in figures.items()}}}
+                     "versions": current, "probe": {**probed, **{d: f[2] for d, f in figures.items()}}}
         missing = [d for d in wanted if d not in entry["peak_tflops"]]
         for dtype in missing:
-            (tflops, n, probed), entry["added"][dtype] = _measure(device, lambda d=dtype: _measure_dtype(
+            (tflops, n, probed), entry["added"][dtype] = with_provenance(device, lambda d=dtype: _measure_dtype(
                 device, d, timer, use_file))
             entry["peak_tflops"][dtype], entry.setdefault("matmul_n", {})[dtype] = tflops, n
             entry.setdefault("probe", {})[dtype] = probed
@@ -346,7 +336,8 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
                       source=source, measured_at=entry["measured_at"], age_s=age,
                       duration_s=float(entry.get("duration_s") or 0.0),
                       conditions=dict(entry.get("conditions") or {}), added=dict(entry["added"]), checked=checked,
-                      matmul_n=dict(entry.get("matmul_n") or {}))
+                      matmul_n=dict(entry.get("matmul_n") or {}), read_gbps=float(entry["read_gbps"]),
+                      write_gbps=float(entry["write_gbps"]), bandwidth=dict(entry["bandwidth"]))
     result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
     for dtype, provenance in result.added.items():
         result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")

@@ -38,6 +38,10 @@ class Operator:
     # the op also reads it) what a call must write, run before every judged call (the gate's and the last timed
     # one), so that a call which skips a write fails whatever an earlier call left there; None: out of place only
     poison_written: Callable[[object, object], None] | None = None
+    # case -> (bytes read, bytes written), summing to min_bytes: the row's roof is the floor of each at its measured
+    # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
+    # bandwidth (its rows say so in roof_model)
+    moved_bytes: Callable[[object], tuple[float, float]] | None = None
 
 
 OPERATORS: dict[str, Operator] = {}

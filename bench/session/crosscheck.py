@@ -10,7 +10,7 @@ import torch
 import torch.utils.benchmark as tbench
 
 from ...kernels import prepare
-from ..instruments.roofline import CEILING_TIMER, measure_bandwidth, measure_matmul
+from ..instruments.roofline import CEILING_TIMER, measure_matmul, measure_stream
 from ..instruments.timing import time_cpu
 from ..ops.attention.cases import parse_shape
 from ..ops.attention.inputs import make_inputs
@@ -66,7 +66,7 @@ def main() -> None:
         ours, theirs = harness_vs_torch_benchmark(args.shape, impl)
         print(f"{impl:<6} phasebench {ours:.4f} ms  torch.utils.benchmark {theirs:.4f} ms  "
               f"difference {100 * (ours - theirs) / theirs:+.1f}%")
-    ours_bw, np_bw = measure_bandwidth(cpu, CEILING_TIMER), numpy_copy_gbps()
+    ours_bw, np_bw = measure_stream(cpu, "copy", CEILING_TIMER)["gbps"], numpy_copy_gbps()
     print(f"copy   phasebench {ours_bw:.2f} GB/s  numpy {np_bw:.2f} GB/s  "
           f"difference {100 * (ours_bw - np_bw) / np_bw:+.1f}%")
     ours_mm, np_mm = measure_matmul(cpu, "float32", CEILING_TIMER), numpy_matmul_tflops()

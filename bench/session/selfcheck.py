@@ -133,8 +133,10 @@ def format_summary(summary: dict, out: Path) -> list[str]:
     ceil = summary.get("ceilings") or {}
     if ceil.get("peak_gbps"):
         ratios = ceil.get("measured_over_datasheet") or {}
-        lines.append(f"ceilings: copy {ceil['peak_gbps']:.1f} GB/s" + (f" ({ratios['copy']:.2f}x datasheet)"
-                                                                        if "copy" in ratios else ""))
+        streams = [f"{name} {ceil[key]:.1f}" for name, key in (("read", "read_gbps"), ("write", "write_gbps"),
+                                                                ("copy", "peak_gbps")) if ceil.get(key)]
+        lines.append(f"ceilings: {', '.join(streams)} GB/s"
+                     + (f" (read {ratios['read']:.2f}x datasheet)" if "read" in ratios else ""))
         for dtype, tf in ceil["peak_tflops"].items():
             ratio = ratios.get(f"matmul {dtype}")
             lines.append(f"  matmul {dtype}: {tf:.3f} TFLOP/s" + (f" ({ratio:.2f}x datasheet)" if ratio else ""))

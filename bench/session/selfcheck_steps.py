@@ -169,11 +169,12 @@ def step_ceilings(ctx: StepContext, allowance_s: float) -> StepOutcome:
     (ctx.work / "ceilings.json").write_text(json.dumps(ceil, indent=1))
     sheet = ceil.get("datasheet") or {}
     ratios = {}
-    if sheet:
-        ratios["copy"] = ceil["peak_gbps"] / sheet["peak_gbps"]
+    if sheet:  # a datasheet's bandwidth is what the memory reads at: the read stream compares with it
+        ratios["read"] = ceil.get("read_gbps", ceil["peak_gbps"]) / sheet["peak_gbps"]
         ratios.update({f"matmul {d}": tf / sheet["peak_tflops"][d] for d, tf in ceil["peak_tflops"].items()
                        if d in sheet["peak_tflops"]})
-    return outcome_of(result, {"peak_gbps": ceil["peak_gbps"], "peak_tflops": ceil["peak_tflops"],
+    return outcome_of(result, {"peak_gbps": ceil["peak_gbps"], "read_gbps": ceil.get("read_gbps"),
+                               "write_gbps": ceil.get("write_gbps"), "peak_tflops": ceil["peak_tflops"],
                                "datasheet": sheet or None, "measured_over_datasheet": ratios,
                                "warnings": ceil.get("warnings", []), "conditions": ceil.get("conditions", {})})
 

@@ -9,10 +9,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .roof import COPY
+
 # 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
 # 3: above_roof (a compiled row above ABOVE_ROOF_PCT of its measured roof, its finding in `reason`).
 # 4: page_size (an attention case whose KV cache is read in pages through a block table; 0: contiguous).
-SCHEMA_VERSION = 4
+# 5: read_bytes, write_bytes, read_gbps, write_gbps, roof_model: the roof is the row's own floor of its reads and
+#    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
+SCHEMA_VERSION = 5
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -34,9 +38,14 @@ RESULT_COLUMNS = (
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
+    "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
-    "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline", "bound",
+    "tflops", "gbps", "peak_tflops",
+    "peak_gbps",  # the copy bandwidth (read + write bytes), as before schema 5
+    "read_gbps", "write_gbps",  # read-only and write-only bandwidth past the last-level cache
+    "roof_tflops", "pct_roofline", "bound",
+    "roof_model",  # "read+write": the floor of read_bytes and write_bytes; "copy": bytes at peak_gbps (bench.spec.roof)
     "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: left off the figures, the finding in `reason`
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
@@ -66,7 +75,8 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "kind", "timer", "noise_reason", "bound", "status", "reason",
+    "phase", "shape", "dtype", "seqlens", "projection", "kind", "timer", "noise_reason", "bound", "roof_model",
+    "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -76,8 +86,8 @@ INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "s
                "m", "n", "k", "cache_len")
 BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
 FLOAT_COLUMNS = (
-    "flops", "bytes", "intensity", "latency_ms", "latency_p20_ms", "latency_p80_ms",
-    "tflops", "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "pct_roofline",
+    "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
+    "tflops", "gbps", "peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline",
     "max_rel_err", "datasheet_tflops", "datasheet_gbps",
 )
 
@@ -139,7 +149,9 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 
 # What a row that lacks a column (an older schema) or leaves it blank holds; other missing
 # columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
-DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0}
+# roof_model: a row without one (schema 4 or older) kept the roof of all its bytes at the copy bandwidth.
+DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0,
+            "roof_model": COPY}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

@@ -7,6 +7,7 @@ import sys
 
 import pandas as pd
 
+from ..spec.roof import COPY
 from ..spec.schema import ABOVE_ROOF_PCT
 
 
@@ -73,6 +74,12 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
     if len(above):
         example = above.iloc[0]
         lines.append(f"warning: {len(above)} of {int((df['status'] == 'ok').sum())} ok rows stand above "
-                     f"{ABOVE_ROOF_PCT:g}% of their measured roof (left off the figures), e.g. {example['impl']} "
-                     f"{example['shape']}: {str(example['reason']).removeprefix('above roof: ')}")
+                     f"{ABOVE_ROOF_PCT:g}% of their measured roof (findings: drawn hollow in the figures, out of the "
+                     f"medians), e.g. {example['impl']} {example['shape']}: "
+                     f"{str(example['reason']).removeprefix('above roof: ')}")
+    copied = df[df["roof_model"] == COPY] if "roof_model" in df.columns and not df.empty else df.iloc[0:0]
+    if len(copied):
+        ops = ", ".join(sorted(set(copied["op"].astype(str))))
+        lines.append(f"note: {len(copied)} rows ({ops}) have the copy roof (all their bytes at the copy bandwidth): "
+                     "their cost model gives no read/write split")
     return lines

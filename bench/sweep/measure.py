@@ -18,11 +18,12 @@ from ...profiles.nvtx_ranges import nvtx_range
 from ..instruments import cold as cold_operands
 from ..instruments.cold import cold_copies
 from ..instruments.gate import Verdict, judge
-from ..instruments.host_cache import last_level_cache
-from ..instruments.poison import poisoned_allocations, scrub
+from ..instruments.memory.host_cache import last_level_cache
+from ..instruments.memory.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
+from ..spec.roof import COPY, pct_of_roof, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT
 
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
@@ -187,32 +188,38 @@ def gate(state: CaseState, call, impl: str) -> Verdict:
 
 
 def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
-    """A row with the case, its cost and the ceilings filled, no figures yet, status ok."""
+    """A row with the case, its cost and the ceilings filled, no figures yet, status ok. Its roof is the floor of
+    the bytes it reads and writes at the measured read and write ceilings (bench.spec.roof); an operator whose cost
+    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy")."""
     op = operator_of(case)
-    flops, nbytes = op.flops(case), op.min_bytes(case)
-    inten = flops / nbytes
-    peak = ceil.peak_tflops[case.dtype]
-    roof = ceil.roof_tflops(case.dtype, inten)
-    return {
+    flops = op.flops(case)
+    if op.moved_bytes is not None:
+        read, written = op.moved_bytes(case)
+        nbytes = read + written
+    else:
+        read, written, nbytes = math.nan, math.nan, op.min_bytes(case)
+    row = {
         "run_id": run_id, "device": ceil.device, "device_kind": ceil.kind, "suite": suite,
         "impl": impl, "backend": "", "mode": impl_mode(impl), "shape": case.shape_label, **case.row_fields(),
-        "flops": flops, "bytes": nbytes, "intensity": inten,
+        "flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "read_bytes": read, "write_bytes": written,
         "latency_ms": math.nan, "latency_p20_ms": math.nan, "latency_p80_ms": math.nan, "samples": 0,
         "timer": timer, "noisy": False, "noise_reason": "",
-        "tflops": math.nan, "gbps": math.nan, "peak_tflops": peak, "peak_gbps": ceil.peak_gbps,
-        "roof_tflops": roof, "pct_roofline": math.nan, "bound": "memory" if roof < peak else "compute",
-        "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "", "profiled": False,
+        "tflops": math.nan, "gbps": math.nan, "peak_tflops": ceil.peak_tflops[case.dtype],
+        "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
+        "pct_roofline": math.nan, "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "",
+        "profiled": False,
     }
+    roof_tflops, _, bound, model = roof_of_row(row)
+    return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
 
 
 def speed_figures(row: dict, latency_ms: float) -> dict:
-    """Latency, TFLOP/s, GB/s and % of roofline of a row from its median latency."""
+    """Latency, TFLOP/s, GB/s and % of roofline of a row from its median latency: % of roof is the least time its
+    roof allows over the time measured (for an op with no arithmetic, a copy, its share of its memory floor)."""
     seconds = latency_ms / 1e3
-    tflops = row["flops"] / seconds / 1e12
-    gbps = row["bytes"] / seconds / 1e9
-    # an op with no arithmetic (a copy) has a zero roof: its share of the roof is its share of the bandwidth
-    pct = 100 * tflops / row["roof_tflops"] if row["roof_tflops"] > 0 else 100 * gbps / row["peak_gbps"]
-    return {"latency_ms": latency_ms, "tflops": tflops, "gbps": gbps, "pct_roofline": pct}
+    roof_s = float(roof_of_row(row)[1])
+    return {"latency_ms": latency_ms, "tflops": row["flops"] / seconds / 1e12, "gbps": row["bytes"] / seconds / 1e9,
+            "pct_roofline": float(pct_of_roof(roof_s, latency_ms))}
 
 
 def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
@@ -224,8 +231,10 @@ def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
                 "so it reads from cache, not memory (activations a forward pass also keeps warm)")
     if warm:
         return f"above roof: {pct}; timed with warm caches (--warm), its operands partly re-read from cache"
-    return (f"above roof: {pct}; a ceiling measured low (a busy machine?) or a cost model that counts too few "
-            "bytes or FLOPs: a bug to find before it is a result")
+    basis = ("its bytes at the copy bandwidth (its cost model gives no read/write split)"
+             if row.get("roof_model") == COPY else "its read and write bytes at the read and write ceilings")
+    return (f"above roof: {pct} ({basis}); a ceiling measured low (a busy machine?) or a cost model that counts "
+            "too few bytes or FLOPs: a bug to find before it is a result")
 
 
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:

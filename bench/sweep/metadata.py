@@ -58,7 +58,7 @@ def device_info(device: torch.device) -> dict:
                     multiprocessors=props.multi_processor_count, memory_bytes=props.total_memory,
                     l2_bytes=getattr(props, "L2_cache_size", None), cuda=torch.version.cuda, **_nvidia_smi())
     else:
-        from ..instruments.host_cache import last_level_cache
+        from ..instruments.memory.host_cache import last_level_cache
 
         info["name"] = cpu_model()
         info["llc_bytes"], info["llc_source"] = last_level_cache()

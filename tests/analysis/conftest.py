@@ -161,6 +161,49 @@ def make_linear_rows(
     return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
 
 
+# device -> read, write GB/s; with PEAKS' copy, a read plus a write apart is faster than the copy's pair here
+STREAMS = {"NVIDIA H200": (4600.0, 4400.0), "AMD EPYC 9654": (205.0, 170.0)}
+
+
+def with_read_write(rows: pd.DataFrame, above: int = 0, rng: np.random.Generator | None = None) -> pd.DataFrame:
+    """Rows of make_rows or make_linear_rows as schema 5 writes them: their read and write bytes (by hand: q, k, v in
+    and o out; x and w in, y out), the device's read and write ceilings (STREAMS) beside its copy, the roof of their
+    floor (read/R + write/W: the copy is slower here) and latencies under it; `above` ok rows, drawn with `rng`,
+    made 110-190% of their roof and flagged, as the runner flags them."""
+    out = rows.copy()
+    out["above_roof"] = out["above_roof"].astype(object).where(out["above_roof"].notna(), False).astype(bool)
+    out["reason"] = out["reason"].astype(object)
+    elem = out["dtype"].map(ELEMENT_BYTES).astype(float)
+    attention = out["op"] == "attention"
+    q = out["batch"] * out["q_heads"] * out["q_len"] * out["head_dim"]
+    kv = 2 * out["batch"] * out["kv_heads"] * out["kv_len"] * out["head_dim"]
+    x_w, y = out["m"] * out["k"] + out["n"] * out["k"], out["m"] * out["n"]
+    out["read_bytes"] = elem * np.where(attention, q + kv, x_w)
+    out["write_bytes"] = elem * np.where(attention, q, y)
+    out["read_gbps"] = out["device"].map(lambda name: STREAMS[name][0])
+    out["write_gbps"] = out["device"].map(lambda name: STREAMS[name][1])
+    floor = out["read_bytes"] / (out["read_gbps"] * 1e9) + out["write_bytes"] / (out["write_gbps"] * 1e9)
+    out["roof_tflops"] = np.minimum(out["peak_tflops"], out["flops"] / floor / 1e12)
+    out["bound"] = np.where(floor > out["flops"] / (out["peak_tflops"] * 1e12), "memory", "compute")
+    out["roof_model"] = "read+write"
+    ok = out["status"] == "ok"
+    share = out.loc[ok, "pct_roofline"] / 100  # the share of its roof each row had, kept on the new roof
+    out.loc[ok, "latency_ms"] = 1e3 * out.loc[ok, "flops"] / (out.loc[ok, "roof_tflops"] * 1e12 * share)
+    if above:
+        picks = (rng or np.random.default_rng(11)).choice(np.flatnonzero(ok), size=above, replace=False)
+        over = (rng or np.random.default_rng(11)).uniform(1.1, 1.9, size=above)
+        out.loc[out.index[picks], "latency_ms"] = 1e3 * out["flops"].iloc[picks] / (
+            out["roof_tflops"].iloc[picks] * 1e12 * over)
+        out.loc[out.index[picks], "above_roof"] = True
+        out.loc[out.index[picks], "reason"] = "above roof: a finding"
+    seconds = out["latency_ms"] / 1e3
+    out.loc[ok, "tflops"] = out["flops"] / seconds / 1e12
+    out.loc[ok, "gbps"] = out["bytes"] / seconds / 1e9
+    out.loc[ok, "pct_roofline"] = 100 * out["tflops"] / out["roof_tflops"]
+    out.loc[ok, ["latency_p20_ms", "latency_p80_ms"]] = np.c_[seconds[ok] * 990, seconds[ok] * 1010]
+    return out
+
+
 def write_run(folder: Path, rows: pd.DataFrame, *, formats=("csv",), schema: int = 2, datasheet=True,
               profiled: bool | None = None) -> Path:
     """A `phasebench run` output folder: results files plus run.json."""
@@ -266,7 +309,7 @@ def helpers():
     """The builders above, for tests that need several runs or files."""
 
     return SimpleNamespace(make_rows=make_rows, make_linear_rows=make_linear_rows, write_run=write_run,
-                           write_pytest_benchmark=write_pytest_benchmark)
+                           write_pytest_benchmark=write_pytest_benchmark, with_read_write=with_read_write)
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import pytest
 from phasebench.analysis import SCHEMA_VERSION, load, load_profile
 from phasebench.bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS
 
+from ..conftest import REPO
+
 
 def test_run_folder_with_csv_only(tmp_path, rows, helpers):
     folder = helpers.write_run(tmp_path / "run-a", rows, formats=("csv",))
@@ -264,3 +266,54 @@ def test_ragged_seqlens_stay_text_and_flags_are_read(tmp_path, rows, helpers):
 def test_run_json_profiled_marks_every_row(tmp_path, rows, helpers):
     assert load(helpers.write_run(tmp_path / "p", rows, profiled=True))["profiled"].all()
     assert not load(helpers.write_run(tmp_path / "q", rows, profiled=False))["profiled"].any()
+
+
+NEW_IN_5 = ("read_bytes", "write_bytes", "read_gbps", "write_gbps", "roof_model")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_schema_4_files_keep_their_copy_roof_and_say_so(tmp_path, rng, helpers, fmt):
+    rows = helpers.make_rows(rng, not_ok=False).drop(columns=list(NEW_IN_5))
+    folder = helpers.write_run(tmp_path / "v4", rows, formats=(fmt,), schema=4)
+    frame = load(folder)
+    assert list(frame.columns[: len(RESULT_COLUMNS)]) == list(RESULT_COLUMNS)
+    assert frame["roof_model"].eq("copy").all() and frame["read_bytes"].isna().all()
+    assert frame["read_gbps"].isna().all() and frame["write_gbps"].isna().all()
+    # the roof and its share as the file has them: bytes at the copy bandwidth, never recomputed
+    np.testing.assert_allclose(frame["roof_tflops"], rows["roof_tflops"])
+    np.testing.assert_allclose(frame["pct_roofline"], rows["pct_roofline"])
+
+
+def test_schema_5_files_carry_the_split_and_the_three_ceilings(tmp_path, rng, helpers):
+    rows = helpers.with_read_write(helpers.make_rows(rng, not_ok=False))
+    frame = load(helpers.write_run(tmp_path / "v5", rows, schema=5))
+    assert frame["roof_model"].eq("read+write").all()
+    np.testing.assert_allclose(frame["read_bytes"] + frame["write_bytes"], frame["bytes"])
+    np.testing.assert_allclose(frame["read_gbps"], rows["read_gbps"])
+    np.testing.assert_allclose(frame["roof_tflops"], rows["roof_tflops"])
+
+
+def test_pytest_benchmark_rows_derive_the_roof_of_their_split(tmp_path, rng, helpers):
+    """A benchmark file that carries the read and write bytes and ceilings but no roof: the loader computes the
+    floor as the runner would; one without the split (an older suite) gets the copy roof and says so."""
+    rows = helpers.with_read_write(helpers.make_rows(rng, not_ok=False))
+    bare = rows.drop(columns=["roof_tflops", "pct_roofline", "bound", "roof_model"])
+    frame = load(helpers.write_pytest_benchmark(tmp_path / "split.json", bare.assign(
+        roof_tflops=np.nan, pct_roofline=np.nan, bound="", roof_model=""), rng))
+    assert frame["roof_model"].eq("read+write").all()
+    floor = rows["read_bytes"] / (rows["read_gbps"] * 1e9) + rows["write_bytes"] / (rows["write_gbps"] * 1e9)
+    expected = np.minimum(rows["peak_tflops"], rows["flops"] / floor / 1e12)
+    np.testing.assert_allclose(frame["roof_tflops"], expected.to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(frame["pct_roofline"], 100 * frame["tflops"] / frame["roof_tflops"], rtol=1e-12)
+    old = helpers.make_rows(rng, not_ok=False).drop(columns=["roof_tflops", "pct_roofline", "bound"])
+    older = load(helpers.write_pytest_benchmark(tmp_path / "old.json", old.assign(
+        roof_tflops=np.nan, pct_roofline=np.nan, bound=""), rng))
+    assert older["roof_model"].eq("copy").all()
+    np.testing.assert_allclose(older["roof_tflops"], np.minimum(old["peak_tflops"],
+                                                                old["intensity"] * old["peak_gbps"] / 1e3))
+
+
+def test_the_committed_samples_load_with_their_copy_roofs():
+    for sample in sorted({p.parent for p in (REPO / "analysis" / "sample").rglob("results.csv")}):
+        frame = load(sample)
+        assert len(frame) and frame["roof_model"].eq("copy").all(), sample.name  # measured before schema 5

@@ -32,8 +32,13 @@ def two_devices(rng, helpers) -> pd.DataFrame:
     return conform(pd.concat([gpu, cpu], ignore_index=True))
 
 
+def row_collections(ax) -> list:
+    """The scatters that stand for rows (a row's own roof, gid "row_roof", is a mark beside its point)."""
+    return [c for c in ax.collections if isinstance(c, PathCollection) and c.get_gid() != "row_roof"]
+
+
 def scatter_points(ax) -> int:
-    return sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    return sum(len(c.get_offsets()) for c in row_collections(ax))
 
 
 def series_lines(ax) -> list:
@@ -98,8 +103,8 @@ def test_roofline_one_panel_per_group_with_its_roof(two_devices):
 
 
 def plotted_points(fig: Figure) -> set[tuple[float, float]]:
-    return {(round(float(x), 9), round(float(y), 9)) for ax in fig.axes for c in ax.collections
-            if isinstance(c, PathCollection) for x, y in c.get_offsets()}
+    return {(round(float(x), 9), round(float(y), 9)) for ax in fig.axes for c in row_collections(ax)
+            for x, y in c.get_offsets()}
 
 
 def row_points(rows: pd.DataFrame) -> set[tuple[float, float]]:
@@ -293,3 +298,87 @@ def test_plots_without_data_say_so(plot, frame):
     for empty in (nothing_ok, frame.iloc[0:0], frame[frame["phase"] == "chunked_prefill"]):
         fig = plot(empty)
         assert isinstance(fig, Figure) and is_no_data(fig)
+
+
+@pytest.fixture
+def findings(rng, helpers) -> pd.DataFrame:
+    """Schema 5 rows (read and write bytes, the three ceilings), five of the ok ones above their roof."""
+    return conform(helpers.with_read_write(helpers.make_rows(rng, not_ok=True), above=5, rng=rng))
+
+
+def hollow(ax) -> list:
+    return [c for c in ax.collections if isinstance(c, PathCollection) and c.get_gid() == "above_roof"]
+
+
+def hollow_points(fig: Figure) -> set[tuple[float, float]]:
+    return {(round(float(x), 9), round(float(y), 9)) for ax in fig.axes for c in hollow(ax) for x, y in c.get_offsets()}
+
+
+def test_rows_above_their_roof_are_drawn_hollow_and_labelled_never_dropped(findings):
+    above = findings[findings["above_roof"].astype(bool)]
+    assert len(above) == 5 and (above["pct_roofline"] > 105).all()
+    fig = roofline(findings)
+    (ax,) = fig.axes
+    assert hollow_points(fig) == row_points(above)  # each finding where its figures put it
+    assert all((c.get_facecolors()[:, 3] == 0).all() for c in hollow(ax))  # hollow: no fill
+    assert plotted_points(fig) == row_points(findings[findings["status"] == "ok"])  # nothing dropped
+    labels = sorted(t.get_text() for t in ax.texts if t.get_gid() == "above_roof")
+    assert labels == sorted(f"{pct:.0f}%" for pct in above["pct_roofline"])
+    assert "hollow: 5 above their roof" in fig._suptitle.get_text()
+    assert any("above its roof" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+@pytest.mark.parametrize("plot", [phase_comparison, tokens_per_second, prefill_scaling, decode_scaling],
+                         ids=lambda plot: plot.__name__)
+def test_every_figure_draws_its_findings_hollow(findings, plot):
+    above = findings[findings["above_roof"].astype(bool)]
+    fig = plot(findings)
+    phases = {"prefill_scaling": {"prefill"}, "decode_scaling": {"decode"}}.get(plot.__name__,
+                                                                                {"prefill", "decode"})
+    mine = above[above["phase"].isin(phases)]
+    drawn = sum(len(c.get_offsets()) for ax in fig.axes for c in hollow(ax))
+    per_row = 2 if plot is phase_comparison or plot is prefill_scaling else 1  # two metrics: two panels
+    assert drawn == per_row * len(mine)
+    if len(mine):
+        assert "above their roof" in fig._suptitle.get_text() or "above its roof" in fig._suptitle.get_text()
+
+
+def test_a_finding_stays_out_of_the_medians(findings):
+    one = findings[findings["above_roof"].astype(bool)].iloc[0]
+    same = findings[(findings["phase"] == one["phase"]) & (findings["impl"] == one["impl"])
+                    & (findings["status"] == "ok")]
+    clean = same[~same["above_roof"].astype(bool)]
+    ax = next(ax for ax in phase_comparison(findings).axes
+              if ax.get_title() == one["phase"] and ax.get_ylabel() == "latency (ms)")
+    medians = {round(float(segment[0][1]), 9) for c in ax.collections if not isinstance(c, PathCollection)
+               for segment in c.get_segments()}
+    assert round(float(np.median(clean["latency_ms"])), 9) in medians
+    pooled = round(float(np.median(same["latency_ms"])), 9)
+    assert pooled == round(float(np.median(clean["latency_ms"])), 9) or pooled not in medians
+
+
+def test_speedup_marks_pairs_with_a_finding(findings):
+    table = speedup_table(findings, baseline="naive")
+    above = findings[findings["above_roof"].astype(bool) & (findings["status"] == "ok")]
+    assert table["above_roof"].any() and table["above_roof"].sum() <= len(above) * 2
+    fig = speedup(findings)
+    assert sum(len(c.get_offsets()) for ax in fig.axes for c in hollow(ax)) == int(table["above_roof"].sum())
+
+
+def test_the_roofline_draws_read_write_and_copy_slopes_and_each_rows_roof(findings):
+    (ax,) = roofline(findings).axes
+    ok = findings[findings["status"] == "ok"]
+    peak, read, write, copy = (float(ok[c].iloc[0]) for c in ("peak_tflops", "read_gbps", "write_gbps", "peak_gbps"))
+    roofs = [line for line in ax.get_lines() if line.get_gid() == "ceiling" and len(line.get_xdata()) > 1]
+    assert len(roofs) == 3  # read, write, copy: one device, one dtype, no datasheet
+    for line, gbps in zip(roofs, (read, write, copy), strict=True):
+        xs = np.asarray(line.get_xdata())
+        np.testing.assert_allclose(line.get_ydata(), np.minimum(xs * gbps / 1e3, peak))
+    assert roofs[0].get_linewidth() > roofs[1].get_linewidth()  # read leads; write and copy lighter
+    assert [line.get_linestyle() for line in roofs] == ["-", ":", "-."]
+    (ridge,) = [line for line in ax.get_lines() if line.get_gid() == "ceiling" and len(line.get_xdata()) == 1]
+    np.testing.assert_allclose(ridge.get_xdata(), [peak * 1e3 / read])  # the ridge of the read roof
+    (marks,) = [c for c in ax.collections if c.get_gid() == "row_roof"]
+    got = {(round(float(x), 9), round(float(y), 9)) for x, y in marks.get_offsets()}
+    assert got == {(round(float(x), 9), round(float(y), 9)) for x, y in zip(ok["intensity"], ok["roof_tflops"],
+                                                                          strict=True)}

@@ -148,3 +148,45 @@ def test_write_report_on_rows_that_all_failed(tmp_path, frame):
     paths = write_report(failed, tmp_path)
     page = paths["html"].read_text(encoding="utf-8")
     assert "boom" in page and paths["roofline"].is_file()
+
+
+def test_rows_above_their_roof_are_marked_in_the_summary_never_in_its_medians(rng, helpers):
+    from phasebench.analysis.report import above_roof_rows
+
+    frame = conform(helpers.with_read_write(helpers.make_rows(rng, not_ok=False), above=4, rng=rng))
+    above = frame["above_roof"].astype(bool)
+    table = summary_table(frame)
+    assert table["above_roof"].sum() == 4 and table["ok"].sum() == len(frame)
+    for row in table.itertuples(index=False):
+        group = frame[(frame["phase"] == row.phase) & (frame["impl"] == row.impl)]
+        clean, found = group[~above.loc[group.index]], group[above.loc[group.index]]
+        assert row.above_roof == len(found)
+        assert row.best_pct_roofline == pytest.approx(clean["pct_roofline"].max())
+        assert row.median_pct_roofline == pytest.approx(clean["pct_roofline"].median())
+        if len(found):
+            assert row.max_pct_above_roof == pytest.approx(found["pct_roofline"].max()) and row.max_pct_above_roof > 105
+        else:
+            assert np.isnan(row.max_pct_above_roof)
+    listed = above_roof_rows(frame)
+    assert len(listed) == 4 and (listed["why"] == "above roof: a finding").all()
+
+
+def test_the_ceilings_table_shows_all_three_and_which_rows_keep_the_copy_roof(rng, helpers):
+    from phasebench.analysis.report import ceilings_table
+
+    new = helpers.with_read_write(helpers.make_rows(rng, not_ok=False, run_id="v5"))
+    old = helpers.make_rows(rng, not_ok=False, run_id="v4")
+    table = ceilings_table(conform(pd.concat([new, old], ignore_index=True))).set_index("run_id")
+    assert table.loc["v5", "read_gbps"] == 4600.0 and table.loc["v5", "write_gbps"] == 4400.0
+    assert table.loc["v5", "copy_gbps"] == table.loc["v4", "copy_gbps"] == 4300.0
+    assert table.loc["v5", "copy_roof_rows"] == 0 and table.loc["v4", "copy_roof_rows"] == len(old)
+    assert np.isnan(table.loc["v4", "read_gbps"])
+
+
+def test_the_report_shows_the_three_ceilings(tmp_path, rng, helpers):
+    rows = helpers.with_read_write(helpers.make_rows(rng, not_ok=False), above=2, rng=rng)
+    write_report(conform(rows), tmp_path)
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'id="ceilings"' in page and "read_gbps" in page and "write_gbps" in page and "copy_gbps" in page
+    assert "read bytes / read_gbps + write bytes / write_gbps" in page
+    assert 'id="above-roof-rows"' in page and "2 above roof" in page

@@ -26,7 +26,7 @@ from phasebench.analysis import (
     tokens_per_second,
     write_report,
 )
-from phasebench.analysis.figures.linear import crossing_m, linear_intensity
+from phasebench.analysis.figures.linear import crossing_m, linear_intensity, linear_roof
 from phasebench.bench.spec.models import DecoderConfig
 from phasebench.bench.spec.schema import conform
 
@@ -83,10 +83,17 @@ def test_crossing_m_is_where_intensity_meets_the_ridge(linear_rows, cpu_linear):
             assert (row.m_min, row.m_max) == (min(LINEAR_MS), max(LINEAR_MS))
 
 
+def copy_roof(ridge: float) -> dict:
+    """Ceilings whose three streams run at one rate (the copy roof of files before schema 5) with this ridge."""
+    return {"tflops": ridge * 100.0 / 1e3, "read": 100.0, "write": 100.0, "copy": 100.0}
+
+
 def test_crossing_is_infinite_where_intensity_never_reaches_the_ridge():
     # limit of the intensity: 2NK / (elem (N + K)) = 2 * 37 * 53 / (2 * 90) = 21.8 FLOP/B
-    assert crossing_m(21.0, 37, 53, 2) > 0 and np.isfinite(crossing_m(21.0, 37, 53, 2))
-    assert crossing_m(22.0, 37, 53, 2) == np.inf
+    assert crossing_m(37, 53, 2, copy_roof(21.0)) > 0 and np.isfinite(crossing_m(37, 53, 2, copy_roof(21.0)))
+    assert crossing_m(37, 53, 2, copy_roof(21.0)) == pytest.approx(expected_crossing(21.0, 37, 53, 2))
+    assert crossing_m(37, 53, 2, copy_roof(22.0)) == np.inf
+    assert np.isnan(crossing_m(37, 53, 2, {**copy_roof(21.0), "tflops": np.nan}))  # no compute ceiling: unknown
 
 
 def test_bound_flags_at_the_ends_of_the_m_range(linear_rows, rng, helpers):
@@ -254,12 +261,12 @@ def test_roofline_draws_both_operators_apart(attention_and_linear):
     attention, both = attention_and_linear
     (ax,) = roofline(both).axes
     performance = both[(both["status"] == "ok") & (both["mode"] != "interpreter")]
-    points = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
-    assert points == len(performance)
+    rows_drawn = [c for c in ax.collections if isinstance(c, PathCollection) and c.get_gid() != "row_roof"]
+    assert sum(len(c.get_offsets()) for c in rows_drawn) == len(performance)
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert {"attention · prefill", "attention · decode", "linear · decode", "linear · prefill"} <= set(labels)
     markers = {}
-    for collection in ax.collections:
+    for collection in rows_drawn:
         xs = np.asarray(collection.get_offsets())[:, 0]
         ops = set(performance.loc[np.isin(performance["intensity"].to_numpy(), xs), "op"])
         markers.setdefault(ops.pop(), set()).add(collection.get_paths()[0].vertices.round(6).tobytes())
@@ -354,3 +361,32 @@ def test_loader_refuses_linear_rows_without_their_shape(rng, helpers, tmp_path):
     helpers.write_run(tmp_path / "run", rows)
     with pytest.raises(ValueError, match="missing result column.*n"):
         load(tmp_path / "run")
+
+
+def test_crossing_with_read_and_write_ceilings_by_hand():
+    """2·M·N·K / P = elem·(M·K + N·K) / R + elem·M·N / W, linear in M: M = elem·N·K/R / (2·N·K/P - elem·(K/R + N/W))
+    (the copy here slower than a read and a write apart, so the floor is theirs)."""
+    n, k, elem = 4099, 1031, 2
+    ceilings = {"tflops": 0.731, "read": 34.6, "write": 31.7, "copy": 19.9}
+    peak, read, write = 0.731e12, 34.6e9, 31.7e9
+    expected = elem * n * k / read / (2 * n * k / peak - elem * (k / read + n / write))
+    assert crossing_m(n, k, elem, ceilings) == pytest.approx(expected, rel=1e-9)
+    assert linear_roof(expected * 0.99, n, k, elem, ceilings)[2] == "memory"
+    assert linear_roof(expected * 1.01, n, k, elem, ceilings)[2] == "compute"
+
+
+def test_linear_findings_are_hollow_in_the_sweep_and_flag_the_layer_sums(rng, helpers):
+    rows = conform(helpers.with_read_write(helpers.make_linear_rows(rng, impls=("naive", "torch")), above=3, rng=rng))
+    above = rows[rows["above_roof"].astype(bool)]
+    fig = linear_sweep(rows)
+    drawn = {(round(float(x), 9), round(float(y), 9)) for ax in fig.axes for c in ax.collections
+             if c.get_gid() == "above_roof" for x, y in c.get_offsets()}
+    for row in above.itertuples(index=False):  # on each of its three panels
+        for metric in ("tflops", "gbps", "latency_ms"):
+            assert (round(float(row.m), 9), round(float(getattr(row, metric)), 9)) in drawn
+    table = layer_tokens_per_second_table(rows)
+    flagged = table[table["above_roof"]]
+    summed, found = (set(zip(t["impl"], t["m"], strict=True)) for t in (table, above))
+    assert set(zip(flagged["impl"], flagged["m"], strict=True)) == found & summed
+    crossings = linear_crossings(rows)
+    assert crossings["above_roof"].sum() == 3 and (crossings["noisy"] == 0).all()

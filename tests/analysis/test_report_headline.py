@@ -73,13 +73,17 @@ def test_noisy_and_above_roof_rows_are_counted_and_never_ranked(rng, helpers):
     lead = headline(rows)
     row = lead.frame.set_index("phase").loc["prefill"]
     assert row["best_impl"] != winner and row["max_pct_roofline"] < 100
+    # the finding is marked beside the best, never ranked: its count, its share and a note
+    assert row["above_roof"] == 1 and row["max_pct_above_roof"] == pytest.approx(180.0)
+    assert "Above their roof beside these (findings, hollow in the figures): attention prefill 1; up to 180%" in (
+        lead.markdown())
     counts = lead.counts.iloc[0]
     assert counts["noisy"] == int((prefill & (rows["impl"] == winner) & (rows["status"] == "ok")).sum())
     assert counts["above_roof"] == 1 and counts["ok"] == int((rows["status"] == "ok").sum())
     assert (counts["failed"], counts["incorrect"], counts["skipped"]) == (1, 1, 1)
     rows.loc[prefill & (rows["status"] == "ok"), "noisy"] = True  # nothing quiet left in prefill
     row = headline(rows).frame.set_index("phase").loc["prefill"]
-    assert row["best_impl"] == "" and row["note"].startswith("no quiet ok row: ")
+    assert row["best_impl"] == "" and row["note"].startswith("no quiet ok row at or under its roof: ")
 
 
 def test_devices_modes_timers_and_dtypes_never_pool(mixed):

@@ -28,7 +28,8 @@ def test_the_answer_comes_first_then_figures_then_tables(tmp_path, rng, helpers)
     paths = write_report(rows, tmp_path, phases=phase_tables())
     page = paths["html"].read_text(encoding="utf-8")
     ids = section_ids(page)
-    assert ids == ["headline", "figures", "phases", "linear", "summary", "flagged", "correctness", "status", "runs"]
+    assert ids == ["headline", "figures", "phases", "linear", "ceilings", "summary", "flagged", "correctness", "status",
+                   "runs"]
     headline, figures = page.split('<section id="figures"')[0], page.split('<section id="phases"')[0]
     assert headline.count("<figure") == 1 and 'id="roofline"' in headline  # the roofline beside the headline
     assert re.findall(r"<table(?! class=\"hl\")", figures) == []  # no table but the headline's before the tables

@@ -1,4 +1,4 @@
-"""Cost model: FLOPs of the two matmuls over the kept (query, key) pairs, minimum bytes, intensity."""
+"""Cost model: FLOPs of the two matmuls over the kept (query, key) pairs, minimum bytes read and written, intensity."""
 
 from __future__ import annotations
 
@@ -27,16 +27,22 @@ def flops(case: AttentionCase) -> float:
     return 4.0 * case.batch * case.q_heads * case.head_dim * pairs(case)
 
 
-def min_bytes(case: AttentionCase) -> float:
-    """Read q, k, v once and write o once; K/V counted by kv heads (GQA) and by the keys each sequence uses.
+def moved_bytes(case: AttentionCase) -> tuple[float, float]:
+    """(bytes read, bytes written): q, k and v read once and o written once; K/V counted by kv heads (GQA) and by the
+    keys each sequence uses.
 
     A paged cache adds its block-table reads (4 bytes per page a sequence holds). Its K/V are counted by the keys
     read, as for a contiguous cache: the tail of a sequence's last page is never read (every kernel masks it), so
     the same case at every page size moves the same K/V bytes and their GB/s compare directly."""
-    elem = ELEMENT_BYTES[case.dtype]
-    d = case.head_dim
-    kv = case.kv_heads * sum(case.lengths)
-    return float(elem * 2 * d * (case.batch * case.q_heads * case.q_len + kv) + table_read_bytes(case))
+    elem, d = ELEMENT_BYTES[case.dtype], case.head_dim
+    queries = case.batch * case.q_heads * case.q_len * d  # q in, o out: the same shape
+    kv = 2 * case.kv_heads * sum(case.lengths) * d
+    return float(elem * (queries + kv) + table_read_bytes(case)), float(elem * queries)
+
+
+def min_bytes(case: AttentionCase) -> float:
+    """Read q, k, v once and write o once (moved_bytes, summed)."""
+    return sum(moved_bytes(case))
 
 
 def intensity(case: AttentionCase) -> float:

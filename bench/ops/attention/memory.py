@@ -8,7 +8,7 @@ import torch
 
 from ....kernels.attention.triton_attention import uses_split_kv
 from ....kernels.attention.triton_decode import MAX_SPLITS, choose_splits
-from ...instruments.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
+from ...instruments.memory.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
 from .cases import AttentionCase
 from .cost import ELEMENT_BYTES
 from .pages import gather_bytes, pool_bytes

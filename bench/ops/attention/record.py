@@ -7,7 +7,7 @@ from . import baseline, cost, inputs, memory, reference
 from .cases import AttentionCase
 
 ATTENTION = register_operator(Operator(
-    name="attention", case_type=AttentionCase, flops=cost.flops, min_bytes=cost.min_bytes,
+    name="attention", case_type=AttentionCase, flops=cost.flops, min_bytes=cost.min_bytes, moved_bytes=cost.moved_bytes,
     make_inputs=inputs.make_inputs, reference=reference.reference, baseline_error=baseline.baseline_error,
     prepare=lambda case, x, impl: prepare(x.q, x.k, x.v, impl=impl, causal=case.causal,
                                           cache_seqlens=x.cache_seqlens, block_table=x.block_table),

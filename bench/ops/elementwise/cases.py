@@ -103,11 +103,23 @@ def tensor_elements(case: ElementwiseCase) -> tuple[int, int]:
     return m * n, 0  # greedy_pick: the logits in, token ids (int64, counted apart) out
 
 
+# int64 bytes per token beside the floating tensors: rotary and kv_append read positions, greedy_pick writes ids
+INT_READ = {"rotary": POSITION_BYTES, "kv_append": POSITION_BYTES}
+INT_WRITTEN = {"greedy_pick": INDEX_BYTES}
+
+
+def moved_bytes(case: ElementwiseCase) -> tuple[float, float]:
+    """(bytes read, bytes written): each input read and each output written once (tensor_elements), plus the int64
+    positions rotary and kv_append read and the int64 token ids greedy_pick writes."""
+    read, written = tensor_elements(case)
+    elem = ELEMENT_BYTES[case.dtype]
+    return (float(elem * read + INT_READ.get(case.kind, 0) * case.m),
+            float(elem * written + INT_WRITTEN.get(case.kind, 0) * case.m))
+
+
 def min_bytes(case: ElementwiseCase) -> float:
     """Read each input and write each output once: elem·(read + written), plus int64 positions or token ids."""
-    read, written = tensor_elements(case)
-    ints = {"rotary": POSITION_BYTES, "kv_append": POSITION_BYTES, "greedy_pick": INDEX_BYTES}.get(case.kind, 0)
-    return float(ELEMENT_BYTES[case.dtype] * (read + written) + ints * case.m)
+    return sum(moved_bytes(case))
 
 
 # FLOPs per element, stated: rmsnorm square, sum, scale and weight (4 per x element); residual one add; silu_mul

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...instruments.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
+from ...instruments.memory.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
 from ..linear.cases import ELEMENT_BYTES
 from .cases import ElementwiseCase, tensor_elements
 from .reference import reference_dtype

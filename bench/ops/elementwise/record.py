@@ -8,6 +8,7 @@ from .cases import ElementwiseCase
 
 ELEMENTWISE = register_operator(Operator(
     name="elementwise", case_type=ElementwiseCase, flops=cases.flops, min_bytes=cases.min_bytes,
+    moved_bytes=cases.moved_bytes,
     make_inputs=inputs.make_inputs, reference=reference.reference, baseline_error=baseline.baseline_error,
     prepare=lambda case, x, impl: prepare_elementwise(case.kind, *x.tensors, impl=impl),
     does_not_fit=memory.does_not_fit, key=elementwise_key_for, poison_written=inputs.poison_written,

@@ -53,9 +53,15 @@ def flops(case: LinearCase) -> float:
     return 2.0 * case.m * case.n * case.k
 
 
+def moved_bytes(case: LinearCase) -> tuple[float, float]:
+    """(bytes read, bytes written): x and the weights read once, elem·(M·K + N·K); the output written once, elem·M·N."""
+    elem = ELEMENT_BYTES[case.dtype]
+    return float(elem * (case.m * case.k + case.n * case.k)), float(elem * case.m * case.n)
+
+
 def min_bytes(case: LinearCase) -> float:
     """Read x and the weights once, write the output once: elem·(M·K + N·K + M·N)."""
-    return float(ELEMENT_BYTES[case.dtype] * (case.m * case.k + case.n * case.k + case.m * case.n))
+    return sum(moved_bytes(case))
 
 
 def weight_bytes(case: LinearCase) -> float:

@@ -6,7 +6,7 @@ import torch
 
 from ....kernels.linear.naive import STEP_ELEMENTS
 from ....kernels.linear.triton_linear import MAX_SPLIT_K, choose_path
-from ...instruments.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
+from ...instruments.memory.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
 from .cases import ELEMENT_BYTES, LinearCase
 from .reference import REFERENCE_BYTES, reference_dtype
 

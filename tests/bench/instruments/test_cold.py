@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-from phasebench.bench.instruments import cold, host_cache
+from phasebench.bench.instruments import cold
+from phasebench.bench.instruments.memory import host_cache
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.linear.cases import LinearCase
 from phasebench.bench.sweep.measure import CaseState

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from phasebench.bench.instruments import conditions, roofline
+from phasebench.bench.instruments import ceiling_measures, conditions, roofline
 
 from ...conftest import run_cli
 
@@ -25,16 +25,19 @@ def cpu_ceilings():
 
 
 class Fake:
-    """Instant measurements: fixed figures per kind (a probe at half the size reads 0.9x), that a test may move."""
+    """Instant measurements: fixed figures per stream and dtype (a probe at half the size reads 0.9x), that a test may
+    move; no buffers are made."""
 
     def __init__(self):
         rng = random.Random(1234)
-        self.figures = {"copy": rng.uniform(3.0, 77.0), **{d: rng.uniform(0.01, 1.7) for d in roofline.TORCH_DTYPES}}
+        self.figures = {"read": rng.uniform(30.0, 77.0), "write": rng.uniform(3.0, 20.0),
+                        "copy": rng.uniform(20.0, 60.0), **{d: rng.uniform(0.01, 1.7) for d in roofline.TORCH_DTYPES}}
         self.calls: list[str] = []
 
-    def bandwidth(self, device, cfg):
-        self.calls.append("copy" if cfg is not roofline.PROBE_TIMER else "probe copy")
-        return self.figures["copy"]
+    def stream(self, device, stream, cfg, buffers=None):
+        self.calls.append(stream if cfg is not roofline.PROBE_TIMER else f"probe {stream}")
+        return {"gbps": self.figures[stream], "kernel": f"{stream}-kernel", "kernels": {f"{stream}-kernel":
+                self.figures[stream]}, "buffer_bytes": 4096}
 
     def matmul(self, device, dtype, cfg, n=None):
         self.calls.append(dtype if cfg is not roofline.PROBE_TIMER else f"probe {dtype}")
@@ -44,13 +47,23 @@ class Fake:
         return [c for c in self.calls if not c.startswith("probe")]
 
 
+MEASURED = ["read", "write", "copy"]  # what a measurement of the ceilings measures before its dtypes
+
+
+class NoBuffers:
+    def __init__(self, device, nbytes=None):
+        self.nbytes = 4096
+
+
 @pytest.fixture
 def fake_measure(monkeypatch, tmp_path):
     """A private cache, a fresh in-process memo and instant measurements; the Fake counts them."""
     monkeypatch.setenv("PHASEBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(roofline, "_this_process", {})
     fake = Fake()
-    monkeypatch.setattr(roofline, "measure_bandwidth", fake.bandwidth)
+    for module in (roofline, ceiling_measures):
+        monkeypatch.setattr(module, "measure_stream", fake.stream)
+        monkeypatch.setattr(module, "StreamBuffers", NoBuffers)
     monkeypatch.setattr(roofline, "measure_matmul", fake.matmul)
     monkeypatch.setattr(roofline, "matmul_size", lambda device, dtype: 2048)
     # instant measurements make windows of a few /proc/stat ticks, where one tick of another process reads as load:
@@ -64,39 +77,41 @@ def entry_path(device=CPU) -> Path:
 
 
 def test_cpu_ceilings_are_sane(cpu_ceilings):
-    assert 0.5 < cpu_ceilings.peak_gbps < 5000
+    for gbps in (cpu_ceilings.read_gbps, cpu_ceilings.write_gbps, cpu_ceilings.copy_gbps):
+        assert 0.5 < gbps < 5000
+    assert cpu_ceilings.copy_gbps == cpu_ceilings.peak_gbps  # the one figure before schema 5 is the copy
     assert 1e-4 < cpu_ceilings.peak_tflops["float32"] < 100
     assert cpu_ceilings.kind == "cpu" and cpu_ceilings.device
     peak = cpu_ceilings.peak_tflops["float32"]
-    assert cpu_ceilings.ridge("float32") == pytest.approx(peak * 1000 / cpu_ceilings.peak_gbps)
-    low = cpu_ceilings.roof_tflops("float32", 1e-3)
-    assert low == pytest.approx(1e-3 * cpu_ceilings.peak_gbps / 1000)
+    assert cpu_ceilings.ridge("float32") == pytest.approx(peak * 1000 / cpu_ceilings.read_gbps)
+    assert cpu_ceilings.ridge("float32", "copy") == pytest.approx(peak * 1000 / cpu_ceilings.copy_gbps)
+    low = cpu_ceilings.roof_tflops("float32", 1e-3)  # the copy roof of an intensity, as before schema 5
+    assert low == pytest.approx(1e-3 * cpu_ceilings.copy_gbps / 1000)
     assert cpu_ceilings.roof_tflops("float32", 1e9) == cpu_ceilings.peak_tflops["float32"]
     assert cpu_ceilings.source in ("measured", "cached") and cpu_ceilings.duration_s > 0
     assert datetime.fromisoformat(cpu_ceilings.measured_at).utcoffset().total_seconds() == 0
     assert cpu_ceilings.matmul_n["float32"] in (256, 512, 1024, 2048)
+    for stream in ("read", "write", "copy"):  # each stream with its own provenance, inside the whole measurement
+        found = cpu_ceilings.bandwidth[stream]
+        assert found["gbps"] == getattr(cpu_ceilings, f"{stream}_gbps") and found["kernel"] in found["kernels"]
+        assert found["buffer_bytes"] >= 256 << 20 and found["duration_s"] > 0 and "cpu_count" in found["conditions"]
+        assert cpu_ceilings.measured_at <= found["measured_at"]
+    assert cpu_ceilings.bandwidth["read"]["kernel"] == "dot"  # a reduction reads; the host's is BLAS dot
 
 
-def test_the_host_copy_is_sized_from_the_last_level_cache(monkeypatch):
-    monkeypatch.setattr(roofline, "last_level_cache", lambda: (480 << 20, "L3 480 MiB"))
-    assert roofline._copy_size_bytes(CPU) == 4 * (480 << 20)  # a 480 MiB L3 would hold a 256 MiB copy
-    monkeypatch.setattr(roofline, "last_level_cache", lambda: (8 << 20, "L3 8 MiB"))
-    assert roofline._copy_size_bytes(CPU) == 256 << 20
-
-
-def test_matmul_size_stops_growing_once_a_call_is_slow(monkeypatch):
-    real = torch.matmul
-    seen = []
-
-    def slow_for_bf16(a, b):
-        seen.append(a.shape[0])
-        if a.dtype == torch.bfloat16 and a.shape[0] >= 512:
-            time.sleep(roofline.MATMUL_CALL_S)  # a host without fast bfloat16 matmuls
-        return real(a, b)
-
-    monkeypatch.setattr(torch, "matmul", slow_for_bf16)
-    assert roofline.matmul_size(CPU, "bfloat16") == 512 and seen == [256, 512]
-    assert roofline.matmul_size(CPU, "float32") <= 2048
+def test_a_rows_roof_is_its_read_and_write_floor(fake_measure):
+    ceil = roofline.ceilings(CPU, ("float32",))
+    r, w, f = 3_000_017.0, 999_983.0, 7.0e7  # a read-mostly row (a GEMV's shape of bytes) and its FLOPs
+    read_s, write_s = r / (ceil.read_gbps * 1e9), w / (ceil.write_gbps * 1e9)
+    paired = 2 * w / (ceil.copy_gbps * 1e9) + (r - w) / (ceil.read_gbps * 1e9)
+    floor = min(read_s + write_s, paired)
+    roof_tflops, roof_s, bound, model = ceil.roof("float32", f, r, w, r + w)
+    assert roof_s == pytest.approx(max(floor, f / (ceil.peak_tflops["float32"] * 1e12)))
+    assert roof_tflops == pytest.approx(min(ceil.peak_tflops["float32"], f / floor / 1e12)) and model == "read+write"
+    assert bound == ("memory" if floor > f / (ceil.peak_tflops["float32"] * 1e12) else "compute")
+    # an operator that gives no read/write split: all its bytes at the copy bandwidth, and it says so
+    roof_tflops, roof_s, _, model = ceil.roof("float32", f, None, None, r + w)
+    assert model == "copy" and roof_tflops == pytest.approx(ceil.roof_tflops("float32", f / (r + w)))
 
 
 def test_the_host_measures_in_each_run_and_reuses_within_a_process(fake_measure):
@@ -104,13 +119,14 @@ def test_the_host_measures_in_each_run_and_reuses_within_a_process(fake_measure)
     assert first.source == "measured" and "host measures" in first.checked
     assert not entry_path().exists()  # nothing cached for another run
     again = roofline.ceilings(CPU, ("float32",))
-    assert again.source == "cached" and "this process" in again.checked and fake_measure.measured() == ["copy",
-                                                                                                         "float32"]
+    assert again.source == "cached" and "this process" in again.checked
+    assert fake_measure.measured() == [*MEASURED, "float32"]
     assert (again.peak_gbps, again.peak_tflops) == (first.peak_gbps, first.peak_tflops)
     roofline._this_process.clear()  # as a new process finds it
-    fake_measure.figures["copy"] *= 0.6
+    fake_measure.figures["read"] *= 0.6
     fresh = roofline.ceilings(CPU, ("float32",))
-    assert fresh.source == "measured" and fresh.peak_gbps == pytest.approx(0.6 * first.peak_gbps)
+    assert fresh.source == "measured" and fresh.read_gbps == pytest.approx(0.6 * first.read_gbps)
+    assert fresh.copy_gbps == first.copy_gbps
 
 
 def test_two_host_runs_each_measure_their_ceilings():
@@ -120,21 +136,29 @@ def test_two_host_runs_each_measure_their_ceilings():
 
 
 def test_cache_entry_holds_the_provenance(fake_measure, monkeypatch):
-    instant = fake_measure.bandwidth
+    instant = fake_measure.stream
 
-    def busy_bandwidth(device, cfg):  # spends some CPU so that /proc/stat's 10 ms ticks see the window
+    def busy_stream(device, stream, cfg, buffers=None):  # spends some CPU so that /proc/stat's 10 ms ticks see it
         start = time.process_time()
-        while time.process_time() - start < 0.1:
+        while time.process_time() - start < 0.05:
             pass
-        return instant(device, cfg)
+        return instant(device, stream, cfg, buffers)
 
-    monkeypatch.setattr(roofline, "measure_bandwidth", busy_bandwidth)
+    monkeypatch.setattr(ceiling_measures, "measure_stream", busy_stream)
     result = roofline.ceilings(CPU, ("float32", "bfloat16"), cached=True)
     entry = json.loads(entry_path().read_text())
-    assert entry["peak_gbps"] == result.peak_gbps and entry["peak_tflops"] == result.peak_tflops
-    assert fake_measure.measured() == ["copy", "float32", "bfloat16"]
-    assert entry["matmul_n"] == {"float32": 2048, "bfloat16": 2048} and set(entry["probe"]) == {"copy", "float32",
-                                                                                                 "bfloat16"}
+    assert entry["peak_gbps"] == result.peak_gbps == entry["copy_gbps"] and entry["peak_tflops"] == result.peak_tflops
+    assert (entry["read_gbps"], entry["write_gbps"]) == (result.read_gbps, result.write_gbps)
+    assert (result.read_gbps, result.write_gbps, result.copy_gbps) == tuple(fake_measure.figures[s] for s in MEASURED)
+    assert fake_measure.measured() == [*MEASURED, "float32", "bfloat16"]
+    assert entry["matmul_n"] == {"float32": 2048, "bfloat16": 2048}
+    assert set(entry["probe"]) == {*MEASURED, "float32", "bfloat16"}  # the probe holds the three streams too
+    for stream in MEASURED:  # each stream's own provenance: when, how long, under what conditions, with what
+        own = entry["bandwidth"][stream]
+        assert own == result.bandwidth[stream] and own["kernel"] == f"{stream}-kernel" and own["buffer_bytes"] == 4096
+        assert own["duration_s"] > 0 and entry["measured_at_epoch"] <= own["measured_at_epoch"]
+        assert own["conditions"]["cpu_count"] == os.cpu_count()
+        assert datetime.fromisoformat(own["measured_at"]).utcoffset().total_seconds() == 0
     stamp = datetime.fromisoformat(entry["measured_at"])
     assert stamp.utcoffset().total_seconds() == 0
     assert abs(stamp.timestamp() - entry["measured_at_epoch"]) < 1
@@ -151,20 +175,22 @@ def test_cache_entry_holds_the_provenance(fake_measure, monkeypatch):
     assert json_out["source"] == "measured" and json_out["conditions"] == cond
     assert json_out["measured_at"] == entry["measured_at"] and json_out["duration_s"] == entry["duration_s"]
     assert set(json_out) >= {"device", "kind", "peak_gbps", "peak_tflops", "datasheet", "age_s", "warnings",
-                             "checked", "matmul_n"}
+                             "checked", "matmul_n", "read_gbps", "write_gbps", "copy_gbps", "bandwidth"}
+    assert json_out["copy_gbps"] == json_out["peak_gbps"] and json_out["bandwidth"] == entry["bandwidth"]
 
 
 def test_a_cached_entry_is_held_by_a_probe_and_measured_again_when_it_drifts(fake_measure):
     first = roofline.ceilings(CPU, ("float32",), cached=True)
     assert first.source == "measured" and first.provenance().startswith("measured now")
     again = roofline.ceilings(CPU, ("float32",), cached=True)
-    assert fake_measure.measured() == ["copy", "float32"]  # the probe only, the second time
+    assert fake_measure.measured() == [*MEASURED, "float32"]  # the probe only, the second time
+    assert fake_measure.calls.count("probe write") == 2  # the probe taken with the entry, and the one now
     assert again.source == "cached" and "within 0%" in again.checked and again.provenance().startswith("cached")
     assert (again.measured_at, again.duration_s, again.conditions) == (first.measured_at, first.duration_s,
                                                                       first.conditions)
     # a dtype missing from the cache is measured and added with its own provenance, the rest is kept
     more = roofline.ceilings(CPU, ("float32", "float16"), cached=True)
-    assert fake_measure.measured()[2:] == ["float16"] and more.source == "cached"
+    assert fake_measure.measured()[4:] == ["float16"] and more.source == "cached"
     assert more.peak_tflops["float32"] == first.peak_tflops["float32"] and set(more.added) == {"float16"}
     assert set(more.added["float16"]) == {"measured_at", "measured_at_epoch", "duration_s", "conditions"}
     assert json.loads(entry_path().read_text())["added"]["float16"] == more.added["float16"]
@@ -175,6 +201,9 @@ def test_a_cached_entry_is_held_by_a_probe_and_measured_again_when_it_drifts(fak
     moved = roofline.ceilings(CPU, ("float32",), cached=True)
     assert moved.source == "measured" and "differs by 40% from the cached entry's (float32)" in moved.checked
     assert moved.peak_tflops["float32"] == pytest.approx(1.08 * 1.3 * first.peak_tflops["float32"])
+    fake_measure.figures["write"] *= 1.3  # a stream that moved is caught by the probe as a matmul is
+    moved = roofline.ceilings(CPU, ("float32",), cached=True)
+    assert moved.source == "measured" and "(write)" in moved.checked
     fresh = roofline.ceilings(CPU, ("float32",), refresh=True, cached=True)
     assert fresh.source == "measured" and fresh.checked == "measured: --refresh" and fresh.added == {}
 
@@ -191,8 +220,20 @@ def test_entry_from_other_versions_is_remeasured(fake_measure, edit):
         entry = {k: entry[k] for k in ("device", "kind", "peak_gbps", "peak_tflops")}
     entry_path().write_text(json.dumps(entry))
     again = roofline.ceilings(CPU, ("float32",), cached=True)
-    assert again.source == "measured" and fake_measure.measured() == ["copy", "float32"] * 2
+    assert again.source == "measured" and fake_measure.measured() == [*MEASURED, "float32"] * 2
     assert json.loads(entry_path().read_text())["versions"] == roofline.versions(CPU)
+
+
+def test_an_entry_without_read_and_write_ceilings_is_measured_again(fake_measure):
+    roofline.ceilings(CPU, ("float32",), cached=True)
+    entry = json.loads(entry_path().read_text())
+    for name in ("read_gbps", "write_gbps", "copy_gbps", "bandwidth"):  # written before schema 5: the copy alone
+        del entry[name]
+    entry["probe"] = {k: v for k, v in entry["probe"].items() if k not in ("read", "write")}
+    entry_path().write_text(json.dumps(entry))
+    again = roofline.ceilings(CPU, ("float32",), cached=True)
+    assert again.source == "measured" and "no read and write ceilings" in again.checked
+    assert fake_measure.measured() == [*MEASURED, "float32"] * 2 and set(again.bandwidth) == set(MEASURED)
 
 
 def test_an_entry_without_a_probe_is_measured_again(fake_measure):
@@ -222,14 +263,17 @@ def test_ceilings_measured_on_a_busy_machine_serve_their_run_and_are_never_kept(
     assert "kept for no other run" in busy.checked
     assert not entry_path().exists() and roofline._this_process == {}
     again = roofline.ceilings(CPU, ("float32",), cached=cached)
-    assert again.source == "measured" and fake_measure.measured() == ["copy", "float32"] * 2
+    assert again.source == "measured" and fake_measure.measured() == [*MEASURED, "float32"] * 2
 
 
 @pytest.mark.parametrize("ratio,warns", [(0.2, True), (1.5, True), (0.8, False)])
 def test_datasheet_warning_outside_its_range(fake_measure, monkeypatch, ratio, warns):
     sheet = roofline.datasheet_for("NVIDIA H200")
     monkeypatch.setattr(roofline, "device_name", lambda device: "NVIDIA H200")
-    fake_measure.figures.update(copy=ratio * sheet.peak_gbps, **{d: ratio * tf for d, tf in sheet.peak_tflops.items()})
+    # a datasheet's bandwidth compares with the read stream: the copy (and the write) are far under it on any device
+    fake_measure.figures.update(read=ratio * sheet.peak_gbps, copy=0.2 * ratio * sheet.peak_gbps,
+                                write=0.1 * ratio * sheet.peak_gbps,
+                                **{d: ratio * tf for d, tf in sheet.peak_tflops.items()})
     for _ in range(2):  # measured, then cached: the check holds for both
         result = roofline.ceilings(CPU, ("bfloat16", "float32"), cached=True)
         lines = [w for w in result.warnings if "datasheet" in w]
@@ -237,7 +281,7 @@ def test_datasheet_warning_outside_its_range(fake_measure, monkeypatch, ratio, w
             assert lines == []
             continue
         assert len(lines) == 3, lines
-        for what, measured, spec in [("copy bandwidth", ratio * 4800, 4800), ("matmul bfloat16", ratio * 989, 989),
+        for what, measured, spec in [("read bandwidth", ratio * 4800, 4800), ("matmul bfloat16", ratio * 989, 989),
                                      ("matmul float32", ratio * 67, 67)]:
             line = next(w for w in lines if w.startswith(what))
             assert f"{measured:.4g}" in line and f"{spec:.4g}" in line and f"{ratio:.2f}x" in line
@@ -269,7 +313,7 @@ def test_cached_entry_measured_under_load_warns(fake_measure, monkeypatch):
     entry["conditions"].update(others_cpu_share=0.61, throttle=["hw_slowdown"], other_pids=[31337])
     entry_path().write_text(json.dumps(entry))
     result = roofline.ceilings(CPU, ("float32",), cached=True)
-    assert result.source == "cached" and fake_measure.measured() == ["copy", "float32"]
+    assert result.source == "cached" and fake_measure.measured() == [*MEASURED, "float32"]
     assert sum("measured under load" in w or "throttle" in w or "31337" in w for w in result.warnings) == 3
 
 
@@ -394,6 +438,13 @@ def test_h200_datasheet_ridge_is_about_206():
 def test_ceilings_cli():
     table = run_cli("ceilings", "--device", "cpu")
     assert table.returncode == 0, table.stderr
-    assert "copy bandwidth" in table.stdout and "ridge" in table.stdout and "^3" in table.stdout
+    lines = table.stdout.splitlines()
+    assert "ridge" in table.stdout and "^3" in table.stdout
     assert "source: measured now" in table.stdout and "host measures" in table.stdout
-    assert "conditions: " in table.stdout and table.stdout.count("warning: ") >= 0
+    assert "conditions: " in table.stdout
+    for stream, kernel in (("read", "dot"), ("write", "fill"), ("copy", "copy")):  # each figure, then its provenance
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{stream} "))
+        assert f"{stream} bandwidth" in lines[at] and "GB/s measured" in lines[at]
+        assert lines[at + 1].strip().startswith(kernel) and "MiB; at 20" in lines[at + 1] and "took" in lines[at + 1]
+        assert "cpu_count=" in lines[at + 1]
+    assert "read bytes / read GB/s + write bytes / write GB/s" in table.stdout

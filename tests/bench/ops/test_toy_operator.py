@@ -20,7 +20,7 @@ TOY = textwrap.dedent('''
 
     import torch
 
-    from phasebench.bench.instruments.device_memory import fit_reason
+    from phasebench.bench.instruments.memory.device_memory import fit_reason
     from phasebench.bench.ops import Operator, register_operator
     from phasebench.bench.sweep.suites import SUITES
     from phasebench.kernels import register
@@ -130,7 +130,7 @@ def toy_run(tmp_path_factory):
 
 
 def test_a_fourth_operator_runs_through_the_runner_and_the_store(toy_run):
-    _, out, _ = toy_run
+    _, out, proc = toy_run
     df = pd.read_csv(out / "results.csv")
     assert list(df.op.unique()) == ["rowscale"] and set(df.impl) == {"torch", "off_by_one"}
     ok, wrong = df[df.impl == "torch"], df[df.impl == "off_by_one"]
@@ -138,6 +138,9 @@ def test_a_fourth_operator_runs_through_the_runner_and_the_store(toy_run):
     assert list(ok.m) == [3, 17] and list(ok.n) == [97, 1025]
     assert list(ok.bytes) == [4.0 * (2 * 3 * 97 + 97), 4.0 * (2 * 17 * 1025 + 1025)]
     assert (wrong.status == "incorrect").all() and wrong.latency_ms.isna().all()  # the gate judges it too
+    # its cost model gives no read/write split: its roof puts all its bytes at the copy bandwidth, and says so
+    assert (df.roof_model == "copy").all() and df.read_bytes.isna().all() and df.write_bytes.isna().all()
+    assert "note: 4 rows (rowscale) have the copy roof" in proc.stdout
     assert json.loads((out / "run.json").read_text())["suite"] == "rowscale"
 
 

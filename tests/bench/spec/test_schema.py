@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 4
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 5
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
@@ -29,7 +29,9 @@ def test_column_order():
     assert cols[cols.index("dtype") + 1: cols.index("dtype") + 3] == ["seqlens", "kv_tokens"]
     assert cols[cols.index("samples") + 1: cols.index("samples") + 4] == ["timer", "noisy", "noise_reason"]
     assert cols[-1] == "profiled"
-    assert cols[cols.index("bound") + 1] == "above_roof"
+    assert cols[cols.index("bound") + 1: cols.index("bound") + 3] == ["roof_model", "above_roof"]
+    assert cols[cols.index("intensity") + 1: cols.index("intensity") + 3] == ["read_bytes", "write_bytes"]
+    assert cols[cols.index("peak_gbps") + 1: cols.index("peak_gbps") + 3] == ["read_gbps", "write_gbps"]
     start = cols.index("batch")
     assert tuple(cols[start: start + len(schema.CASE_COLUMNS)]) == schema.CASE_COLUMNS
 
@@ -51,6 +53,8 @@ def test_conform_fills_schema_1_rows_with_defaults():
     assert out["op"].eq("attention").all() and out["seqlens"].eq("").all()
     assert out["noisy"].eq(False).all() and out["profiled"].eq(False).all()
     assert out["kv_tokens"].tolist() == (batch * kv_len).tolist()
+    # before schema 5 a row's roof put all its bytes at the copy bandwidth: it says so, and has no split
+    assert out["roof_model"].eq("copy").all() and out["read_bytes"].isna().all() and out["read_gbps"].isna().all()
 
 
 def test_conform_keeps_what_rows_say():

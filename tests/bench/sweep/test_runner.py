@@ -10,7 +10,7 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench.instruments import device_memory
+from phasebench.bench.instruments.memory import device_memory
 from phasebench.bench.ops.attention import cost
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.sweep import runner
@@ -73,7 +73,10 @@ def test_rows_carry_consistent_figures(tmp_path):
     r = df.iloc[0]
     assert r.flops / (r.latency_ms / 1e3) / 1e12 == pytest.approx(r.tflops)
     assert r.bytes / (r.latency_ms / 1e3) / 1e9 == pytest.approx(r.gbps)
-    assert r.roof_tflops == pytest.approx(min(r.peak_tflops, r.intensity * r.peak_gbps / 1000))
+    assert r.read_bytes + r.write_bytes == r.bytes and r.roof_model == "read+write"
+    floor = min(r.read_bytes / (r.read_gbps * 1e9) + r.write_bytes / (r.write_gbps * 1e9),  # or pairs at the copy's
+                2 * r.write_bytes / (r.peak_gbps * 1e9) + (r.read_bytes - r.write_bytes) / (r.read_gbps * 1e9))
+    assert r.roof_tflops == pytest.approx(min(r.peak_tflops, r.flops / floor / 1e12))
     assert r.pct_roofline == pytest.approx(100 * r.tflops / r.roof_tflops)
     assert r.latency_p20_ms <= r.latency_ms <= r.latency_p80_ms
     assert set(df.bound) <= {"compute", "memory"} and set(df.phase) == {"prefill", "decode"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from phasebench.bench.ops.attention.cases import AttentionCase
-from phasebench.bench.ops.attention.cost import flops, intensity, min_bytes, pairs
+from phasebench.bench.ops.attention.cost import flops, intensity, min_bytes, moved_bytes, pairs
 
 
 def case(b, hq, hkv, sq, sk, d, causal, dtype="bfloat16"):
@@ -70,3 +70,18 @@ def test_ragged_cost_sums_each_sequence():
     chunk = AttentionCase(2, 8, 2, 5, 40, 64, True, "float32", seqlens=(40, 7))
     one = [AttentionCase(1, 8, 2, 5, n, 64, True, "float32") for n in (40, 7)]
     assert flops(chunk) == pytest.approx(4 * 8 * 64 * sum(brute_force_pairs(c) for c in one))
+
+
+@pytest.mark.parametrize("c", [case(2, 12, 4, 1, 1025, 80, True), case(1, 6, 2, 97, 1031, 72, True, "float32"),
+                               AttentionCase(3, 8, 2, 1, 999, 64, True, "bfloat16", seqlens=(97, 999, 3),
+                                             page_size=32)])
+def test_reads_q_k_v_and_the_block_table_and_writes_o(c):
+    """q, k and v (by kv heads and the keys each sequence uses) and a paged cache's table entries are read; o alone
+    is written: what a decode's floor puts at the read ceiling."""
+    lens = c.seqlens or (c.kv_len,) * c.batch
+    table = 4 * sum(-(-n // c.page_size) for n in lens) if c.page_size else 0
+    elem = 4 if c.dtype == "float32" else 2
+    read, written = moved_bytes(c)
+    assert written == elem * c.batch * c.q_heads * c.q_len * c.head_dim
+    assert read == elem * (c.batch * c.q_heads * c.q_len * c.head_dim + 2 * c.kv_heads * sum(lens) * c.head_dim) + table
+    assert read + written == min_bytes(c)

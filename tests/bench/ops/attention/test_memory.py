@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from phasebench.bench.instruments import device_memory
+from phasebench.bench.instruments.memory import device_memory
 from phasebench.bench.instruments.gate import relative_error
 from phasebench.bench.ops.attention import memory
 from phasebench.bench.ops.attention.cases import AttentionCase

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from phasebench.bench.ops import operator_of
-from phasebench.bench.ops.elementwise.cases import KINDS, ElementwiseCase, flops, min_bytes
+from phasebench.bench.ops.elementwise.cases import KINDS, ElementwiseCase, flops, min_bytes, moved_bytes
 from phasebench.bench.sweep.runner import RunConfig, run
 from phasebench.kernels import elementwise, register
 from phasebench.kernels.elementwise.request import KINDS as KERNEL_KINDS
@@ -36,6 +36,24 @@ def test_cost_by_hand():
     pick = CASES["greedy_pick"]
     assert flops(pick) == 3 * 4097 and min_bytes(pick) == 2 * 3 * 4097 + 8 * 3
     assert min_bytes(CASES["residual_add"]) == 4 * 3 * 97 * 4097
+
+
+def test_reads_and_writes_by_hand():
+    """What each kind reads and what it writes: int64 positions are read, int64 token ids written."""
+    norm = ElementwiseCase("rmsnorm", 3, 4097, "bfloat16", "decode")
+    assert moved_bytes(norm) == (2 * (3 * 4097 + 4097), 2 * 3 * 4097)
+    add = ElementwiseCase("residual_add", 5, 999, "float32", "decode")
+    assert moved_bytes(add) == (4 * 2 * 5 * 999, 4 * 5 * 999)
+    silu = ElementwiseCase("silu_mul", 5, 200, "float32", "decode")
+    assert moved_bytes(silu) == (4 * 2 * 5 * 200, 4 * 5 * 200)
+    rope = ElementwiseCase("rotary", 97, 8, "bfloat16", "prefill", head_dim=80, kv_heads=2)
+    assert moved_bytes(rope) == (2 * 97 * 10 * 80 + 8 * 97, 2 * 97 * 10 * 80)
+    kv = ElementwiseCase("kv_append", 3, 2, "bfloat16", "decode", head_dim=80, cache_len=4099)
+    assert moved_bytes(kv) == (2 * 2 * 3 * 2 * 80 + 8 * 3, 2 * 2 * 3 * 2 * 80)  # the new k, v in; the caches' rows out
+    pick = ElementwiseCase("greedy_pick", 3, 4097, "bfloat16", "decode")
+    assert moved_bytes(pick) == (2 * 3 * 4097, 8 * 3)
+    for c in (norm, add, silu, rope, kv, pick):
+        assert sum(moved_bytes(c)) == min_bytes(c)
 
 
 @pytest.mark.parametrize("args,message", [

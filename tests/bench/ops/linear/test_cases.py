@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phasebench.bench.ops.linear.cases import LinearCase, flops, min_bytes, parse_linear_shape, weight_bytes
+from phasebench.bench.ops.linear.cases import (
+    LinearCase,
+    flops,
+    min_bytes,
+    moved_bytes,
+    parse_linear_shape,
+    weight_bytes,
+)
+from phasebench.bench.sweep.suites import suite_cases
 
 CUDA = torch.device("cuda")
 
@@ -17,6 +25,12 @@ def test_cost_counts_two_flops_per_weight_and_token_and_reads_the_weights_once()
     # decode is memory-bound: intensity about M FLOP/B in bf16, far below any GPU ridge
     gemv = LinearCase(1, 28672, 4096, "bfloat16", "decode")
     assert 0.99 < flops(gemv) / min_bytes(gemv) < 1.0
+
+
+def test_x_and_the_weights_are_read_and_the_output_written():
+    c = LinearCase(17, 4097, 4095, "bfloat16", "decode")
+    assert moved_bytes(c) == (2 * (17 * 4095 + 4097 * 4095), 2 * 17 * 4097)
+    assert sum(moved_bytes(c)) == min_bytes(c) and moved_bytes(c)[0] > weight_bytes(c)
 
 
 def test_bad_linear_cases_are_one_line_errors():

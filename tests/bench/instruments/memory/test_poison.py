@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.utils.deterministic
-from phasebench.bench.instruments.poison import poisoned_allocations, scrub, tensors_in
+from phasebench.bench.instruments.memory.poison import poisoned_allocations, scrub, tensors_in
 
 
 def devices():

@@ -1,0 +1,142 @@
+"""What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU), and a
+square matmul per dtype sized after a warm-up call; each measurement with when, how long and under what load."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from .conditions import watch
+from .memory.host_cache import last_level_cache
+from .timing import TimerConfig, time_call
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STREAMS = ("read", "write", "copy")
+# What each stream is: a reduction reads every byte once and writes one number (a decode or a GEMV mostly reads); a
+# fill writes every byte once; a copy reads and writes every byte once and counts both.
+STREAM_KERNELS = {"read": ("dot", "sum"), "write": ("fill",), "copy": ("copy",)}
+# The host measures in every run: there the read stream is torch.dot alone (BLAS, as fast as a sum or faster on the
+# hosts we measured); a GPU measures once into its cache and keeps the faster of cuBLAS's dot and torch's sum.
+HOST_KERNELS = {"read": ("dot",)}
+HOST_STREAM_LLCS = 4  # the host's buffers are this many times the last-level cache (as the GPU flush is with L2)
+ELEMENT = 4  # the streams run on float32 buffers
+
+
+def stream_bytes(device: torch.device) -> int:
+    """Bytes of each of the two stream buffers: far past L2 on a GPU (2 GiB, or a quarter of what is free), and
+    HOST_STREAM_LLCS times the host's last-level cache (at least 256 MiB)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(min(2 << 30, free // 4))
+    return max(256 << 20, HOST_STREAM_LLCS * last_level_cache()[0])  # a 480 MiB L3 would hold a 256 MiB copy
+
+
+def stream_kernels(device: torch.device, stream: str) -> tuple[str, ...]:
+    if stream not in STREAM_KERNELS:
+        raise ValueError(f"stream: must be one of {', '.join(STREAMS)}, got {stream!r}")
+    return (HOST_KERNELS.get(stream) if device.type != "cuda" else None) or STREAM_KERNELS[stream]
+
+
+class StreamBuffers:
+    """Two float32 buffers of stream_bytes each (the source read by the streams, the target they write), made once
+    for every stream of one measurement and written once before any is timed, so that no timed call pays for
+    first-touch page faults; `call(kernel)` is (the call, the bytes it moves). The values do not change what moves:
+    a constant source costs one fill to make (torch.rand took 10 s for 1.9 GiB on a loaded 2-core host)."""
+
+    def __init__(self, device: torch.device, nbytes: int | None = None):
+        n = (nbytes or stream_bytes(device)) // ELEMENT
+        self.half = n // 2
+        self.src = torch.full((n,), 0.5, device=device)
+        self.dst = torch.zeros_like(self.src)
+
+    @property
+    def nbytes(self) -> int:
+        return self.src.numel() * ELEMENT
+
+    def call(self, kernel: str):
+        src, dst, half = self.src, self.dst, self.half
+        calls = {"dot": (lambda: torch.dot(src[:half], src[half:2 * half]), 2 * half * ELEMENT),
+                 "sum": (lambda: src.sum(), self.nbytes),
+                 "fill": (lambda: dst.fill_(1.0), self.nbytes),
+                 "copy": (lambda: dst.copy_(src), 2 * self.nbytes)}
+        return calls[kernel]
+
+
+def measure_stream(device: torch.device, stream: str, cfg: TimerConfig, buffers: StreamBuffers | None = None) -> dict:
+    """GB/s of one stream past the last-level cache: {"gbps": the fastest of its kernels, "kernel": which one,
+    "kernels": {kernel: GB/s}, "buffer_bytes": the size of each buffer}. A copy counts the bytes read plus written.
+
+    Each kernel's figure is its best sample (its least time), as STREAM reports a bandwidth: a ceiling is what the
+    memory can do, and on a shared host a median of a few long calls reads the neighbours' load (the read ceiling
+    then sat 6-23% under torch.dot's median beside it, and the rows that stream at that rate read above their roof)."""
+    buffers = buffers or StreamBuffers(device)
+    found = {}
+    for kernel in stream_kernels(device, stream):
+        fn, moved = buffers.call(kernel)
+        found[kernel] = moved / (min(time_call(fn, device, cfg).samples_ms) / 1e3) / 1e9
+    best = max(found, key=found.get)
+    return {"gbps": found[best], "kernel": best, "kernels": found, "buffer_bytes": buffers.nbytes}
+
+
+def with_provenance(device: torch.device, fn) -> tuple:
+    """`fn()` and its provenance: when (UTC), how long and under what conditions it ran."""
+    with watch(device) as conditions:
+        epoch, start = time.time(), time.perf_counter()
+        value = fn()
+        duration = time.perf_counter() - start
+    when = datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds")
+    return value, {"measured_at": when, "measured_at_epoch": epoch, "duration_s": round(duration, 3),
+                   "conditions": conditions}
+
+
+def measure_streams(device: torch.device, cfg: TimerConfig, streams=STREAMS) -> dict[str, dict]:
+    """Each stream's figures (measure_stream) with its own provenance, on one pair of buffers."""
+    buffers = StreamBuffers(device)
+    found = {}
+    for stream in streams:
+        figures, provenance = with_provenance(device, lambda s=stream: measure_stream(device, s, cfg, buffers))
+        found[stream] = {**figures, **provenance}
+    return found
+
+
+MATMUL_SIZES = {"cuda": (1024, 8192), "cpu": (256, 2048)}  # square sizes tried, smallest to largest
+MATMUL_CALL_S = 0.05  # the size grows while one call takes less than this
+_clock = time.perf_counter  # what matmul_size times a call with (a test gives it a clock of its own)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_size(device: torch.device, dtype: str) -> int:
+    """The largest square size, doubling from the smallest, whose one call still takes under MATMUL_CALL_S (or the
+    largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3.
+
+    Each size is called once untimed first: the first call at a size pays for what is set up once (the cuBLAS
+    handle and workspace, the kernel's heuristics, a oneDNN primitive), which on a fresh GPU worker took more than
+    MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak."""
+    low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
+    n = low
+    while n < high:
+        a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+        torch.matmul(a, a)
+        _sync(device)  # the operand's making and the warm-up call are done before the clock starts
+        start = _clock()
+        torch.matmul(a, a)
+        _sync(device)
+        if _clock() - start >= MATMUL_CALL_S:
+            break
+        n *= 2
+    return n
+
+
+def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | None = None) -> float:
+    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32), of size `n` (default matmul_size)."""
+    n = n or matmul_size(device, dtype)
+    a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+    b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
+    timing = time_call(lambda: torch.matmul(a, b), device, cfg)
+    return 2 * n**3 / (timing.median_ms / 1e3) / 1e12

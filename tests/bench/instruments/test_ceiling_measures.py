@@ -1,0 +1,102 @@
+"""What the ceilings are measured with: the read, write and copy streams, their sizes, and the matmul's sizing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from phasebench.bench.instruments import ceiling_measures
+from phasebench.bench.instruments.timing import TimerConfig
+
+CPU = torch.device("cpu")
+QUICK = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False)
+
+
+def test_the_host_streams_are_sized_from_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(ceiling_measures, "last_level_cache", lambda: (480 << 20, "L3 480 MiB"))
+    assert ceiling_measures.stream_bytes(CPU) == 4 * (480 << 20)  # a 480 MiB L3 would hold a 256 MiB copy
+    monkeypatch.setattr(ceiling_measures, "last_level_cache", lambda: (8 << 20, "L3 8 MiB"))
+    assert ceiling_measures.stream_bytes(CPU) == 256 << 20
+
+
+def test_each_stream_moves_what_it_counts():
+    """A reduction reads the whole buffer (dot: two halves, an odd element left), a fill writes it, a copy reads
+    and writes it; each call computes what it should (against float64), so the bytes counted are the bytes moved."""
+    buffers = ceiling_measures.StreamBuffers(CPU, nbytes=4 * 100_003)
+    buffers.src.copy_(torch.rand(100_003, generator=torch.Generator().manual_seed(7)) + 0.25)  # drawn values
+    src = buffers.src.double()
+    half = 50_001
+    dot, moved = buffers.call("dot")
+    assert moved == 4 * 2 * half and float(dot()) == pytest.approx(float(src[:half] @ src[half:2 * half]), rel=1e-4)
+    total, moved = buffers.call("sum")
+    assert moved == 4 * 100_003 and float(total()) == pytest.approx(float(src.sum()), rel=1e-4)
+    fill, moved = buffers.call("fill")
+    assert moved == 4 * 100_003 and bool((fill() == 1.0).all())
+    copy, moved = buffers.call("copy")
+    assert moved == 2 * 4 * 100_003 and torch.equal(copy(), buffers.src)
+
+
+def test_a_stream_keeps_its_fastest_kernel_and_says_which(monkeypatch):
+    monkeypatch.setattr(ceiling_measures, "HOST_KERNELS", {})  # the GPU's choice of kernels, on the host
+    found = ceiling_measures.measure_stream(CPU, "read", QUICK, ceiling_measures.StreamBuffers(CPU, 4 * 4099))
+    assert set(found["kernels"]) == {"dot", "sum"} and found["gbps"] == max(found["kernels"].values()) > 0
+    assert found["kernels"][found["kernel"]] == found["gbps"] and found["buffer_bytes"] == 4 * 4099
+    assert ceiling_measures.stream_kernels(CPU, "write") == ("fill",)
+    with pytest.raises(ValueError, match="stream: must be one of read, write, copy"):
+        ceiling_measures.stream_kernels(CPU, "scatter")
+
+
+def test_each_stream_is_measured_with_its_own_provenance(monkeypatch):
+    monkeypatch.setattr(ceiling_measures, "stream_bytes", lambda device: 4 * 8191)
+    found = ceiling_measures.measure_streams(CPU, QUICK)
+    assert list(found) == ["read", "write", "copy"]
+    for stream, figures in found.items():
+        assert figures["gbps"] > 0 and figures["buffer_bytes"] == 4 * 8191, stream
+        assert set(figures) >= {"measured_at", "measured_at_epoch", "duration_s", "conditions", "kernel", "kernels"}
+    assert found["read"]["measured_at_epoch"] <= found["write"]["measured_at_epoch"] <= found["copy"][
+        "measured_at_epoch"]
+
+
+class FakeClock:
+    """A clock that only the fake matmul moves: each call costs its size's time, the first call of the process
+    `first_ever` more (a library's setup: cuBLAS's handle and workspace) and the first at each size `first_at_size`
+    more (its heuristics or primitive)."""
+
+    def __init__(self, first_ever: float, first_at_size: float, slow=lambda a: False):
+        self.now, self.first_ever, self.first_at_size, self.slow = 0.0, first_ever, first_at_size, slow
+        self.sizes: list[int] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def matmul(self, a, b):
+        n = a.shape[0]
+        self.now += (n / 4096) ** 3 * 0.1  # 2048^3 costs 12.5 ms: every size under MATMUL_CALL_S
+        self.now += self.first_ever if not self.sizes else 0.0
+        self.now += self.first_at_size if n not in self.sizes else 0.0
+        self.now += ceiling_measures.MATMUL_CALL_S if self.slow(a) else 0.0
+        self.sizes.append(n)
+        return a
+
+
+def test_matmul_size_is_not_fooled_by_the_first_call(monkeypatch):
+    """The GPU worker's first matmul pays cuBLAS's setup: timed, it kept the size at the smallest and the peak low."""
+    clock = FakeClock(first_ever=1.0, first_at_size=0.2)
+    monkeypatch.setattr(ceiling_measures, "_clock", clock)
+    monkeypatch.setattr(torch, "matmul", clock.matmul)
+    assert ceiling_measures.matmul_size(CPU, "float32") == ceiling_measures.MATMUL_SIZES["cpu"][1]
+    assert clock.sizes == [256, 256, 512, 512, 1024, 1024]  # each size called once untimed, then timed
+
+
+def test_matmul_size_stops_growing_once_a_call_is_slow(monkeypatch):
+    clock = FakeClock(first_ever=0.0, first_at_size=0.0,
+                      slow=lambda a: a.dtype == torch.bfloat16 and a.shape[0] >= 512)  # no fast bf16 matmuls here
+    monkeypatch.setattr(ceiling_measures, "_clock", clock)
+    monkeypatch.setattr(torch, "matmul", clock.matmul)
+    assert ceiling_measures.matmul_size(CPU, "bfloat16") == 512 and clock.sizes == [256, 256, 512, 512]
+    assert ceiling_measures.matmul_size(CPU, "float32") == 2048
+
+
+def test_the_real_clock_serves_matmul_size():
+    assert ceiling_measures._clock is time.perf_counter

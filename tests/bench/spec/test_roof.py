@@ -1,0 +1,71 @@
+"""The one roof computation (no torch): the floor of reads and writes, the copy fallback, bound and % of roof, on
+scalars, arrays and frames alike."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from phasebench.bench.spec import roof
+
+
+def test_the_floor_is_reads_and_writes_apart_where_the_copy_is_slower():
+    r, w = 1_000_003.0, 333_331.0
+    assert roof.memory_floor_s(r, w, 41.3, 29.9, 19.7) == pytest.approx(r / 41.3e9 + w / 29.9e9, rel=1e-14)
+
+
+def test_pairs_go_at_the_copy_rate_where_the_copy_is_faster():
+    r, w = 1_000_003.0, 333_331.0
+    paired = 2 * w / 28.1e9 + (r - w) / 34.6e9
+    assert roof.memory_floor_s(r, w, 34.6, 17.7, 28.1) == pytest.approx(paired, rel=1e-14)
+    assert roof.memory_floor_s(w, r, 34.6, 17.7, 28.1) == pytest.approx(2 * w / 28.1e9 + (r - w) / 17.7e9, rel=1e-14)
+    assert roof.memory_floor_s(r, w, 34.6, 17.7) == pytest.approx(r / 34.6e9 + w / 17.7e9)  # no copy: apart
+
+
+def test_nothing_moved_costs_nothing_even_without_a_ceiling():
+    assert roof.memory_floor_s(4096.0, 0.0, 12.5, np.nan, np.nan) == pytest.approx(4096 / 12.5e9)
+    assert np.isnan(roof.memory_floor_s(4096.0, 8.0, 12.5, np.nan, np.nan))  # writes with no write ceiling: unknown
+
+
+def test_roof_bound_and_share():
+    flops, floor, peak = 3.0e9, 2.0e-3, 1.9  # compute 1.58 ms < floor 2 ms: memory-bound
+    roof_tflops, roof_s, bound = roof.roof(flops, floor, peak)
+    assert roof_tflops == pytest.approx(flops / floor / 1e12) and roof_s == floor and bound == "memory"
+    roof_tflops, roof_s, bound = roof.roof(flops, 1.0e-3, peak)
+    assert roof_tflops == peak and roof_s == pytest.approx(flops / 1.9e12) and bound == "compute"
+    roof_tflops, roof_s, bound = roof.roof(0.0, floor, peak)  # a copy: no arithmetic
+    assert roof_tflops == 0 and roof_s == floor and bound == "memory"
+    assert roof.roof(flops, np.nan, peak)[2] == "" and roof.roof(flops, floor, np.nan)[2] == ""
+    assert roof.pct_of_roof(floor, 4.0) == pytest.approx(50.0)
+
+
+def test_rows_without_the_split_keep_the_copy_roof_of_schema_4():
+    rng = np.random.default_rng(503)
+    flops, nbytes, peak, copy = rng.uniform(1e6, 1e10, 7), rng.uniform(1e5, 1e9, 7), 0.377, 23.9
+    roof_tflops, roof_s, bound, model = roof.row_roof(flops, np.nan, np.nan, nbytes, peak, np.nan, np.nan, copy)
+    intensity = flops / nbytes
+    np.testing.assert_allclose(roof_tflops, np.minimum(peak, intensity * copy / 1e3), rtol=1e-12)  # as before
+    assert (model == roof.COPY).all()
+    np.testing.assert_array_equal(bound, np.where(intensity * copy / 1e3 < peak, "memory", "compute"))
+
+
+def test_a_frame_and_its_rows_give_the_same_roofs():
+    frame = pd.DataFrame({"flops": [7.1e8, 0.0, 3.3e9], "read_bytes": [3.0e6, 5.0e5, np.nan],
+                          "write_bytes": [1.0e4, 5.0e5, np.nan], "bytes": [3.01e6, 1.0e6, 2.2e6],
+                          "peak_tflops": [0.5, 0.5, 0.5], "read_gbps": [31.0, 31.0, 31.0],
+                          "write_gbps": [13.0, 13.0, 13.0], "peak_gbps": [23.0, 23.0, 23.0]})
+    whole = roof.roof_of_row(frame)
+    for index, row in enumerate(frame.to_dict("records")):
+        one = roof.roof_of_row(row)
+        for got, want in zip(one, whole, strict=True):
+            assert got == (pytest.approx(want[index]) if isinstance(want[index], float) else want[index])
+    assert list(whole[3]) == [roof.READ_WRITE, roof.READ_WRITE, roof.COPY]
+    assert roof.roof_of_row({"flops": 1.0, "bytes": 8.0, "peak_tflops": 1.0, "peak_gbps": 2.0})[3] == roof.COPY
+
+
+def test_the_roof_needs_no_torch():
+    code = "import sys, phasebench.bench.spec.roof; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,116 @@
+"""A row's roof on the measuring path: every operator's read and write bytes, its floor at the read, write and copy
+ceilings against a hand formula, its % of roof, and the fallback for an operator without the split."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from phasebench.bench.instruments.roofline import Ceilings
+from phasebench.bench.ops import operator_of
+from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.elementwise.cases import ElementwiseCase
+from phasebench.bench.ops.linear.cases import LinearCase
+from phasebench.bench.sweep.measure import base_row, speed_figures
+
+E = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Two machines: one whose copy moves a read-and-write pair faster than a read plus a write (the issue's host: read
+# 34.6, fill 17.7, copy 28.1 GB/s), one whose copy is slower than the two apart.
+COPY_FASTER = dict(read_gbps=34.6, write_gbps=17.7, peak_gbps=28.1)
+COPY_SLOWER = dict(read_gbps=41.3, write_gbps=29.9, peak_gbps=19.7)
+
+
+def pages(length: int, size: int) -> int:
+    return -(-length // size)
+
+
+# (case, bytes read, bytes written), each by hand from the shapes: q read and o written ([B, Hq, Sq, D]), K and V
+# read by kv heads and by the keys each sequence uses, 4 bytes per block-table entry of a paged cache; x and w read
+# and y written; each elementwise kind's inputs read and outputs written, int64 positions read, int64 ids written.
+HAND = [
+    ("gqa decode", AttentionCase(3, 12, 4, 1, 1025, 80, True, "bfloat16"),
+     2 * (3 * 12 * 1 * 80 + 2 * 3 * 4 * 1025 * 80), 2 * 3 * 12 * 80),
+    ("causal chunk", AttentionCase(2, 6, 2, 97, 1031, 72, True, "float32"),
+     4 * (2 * 6 * 97 * 72 + 2 * 2 * 2 * 1031 * 72), 4 * 2 * 6 * 97 * 72),
+    ("mha prefill", AttentionCase(1, 5, 5, 333, 333, 48, True, "float16"),
+     2 * (5 * 333 * 48 + 2 * 5 * 333 * 48), 2 * 5 * 333 * 48),
+    ("paged ragged decode", AttentionCase(3, 8, 2, 1, 1000, 64, True, "bfloat16", seqlens=(97, 1000, 3), page_size=16),
+     2 * (3 * 8 * 64 + 2 * 2 * (97 + 1000 + 3) * 64) + 4 * (pages(97, 16) + pages(1000, 16) + pages(3, 16)),
+     2 * 3 * 8 * 64),
+    ("gemv", LinearCase(7, 4099, 1031, "bfloat16", "decode"), 2 * (7 * 1031 + 4099 * 1031), 2 * 7 * 4099),
+    ("gemm", LinearCase(513, 257, 1029, "float32", "prefill"), 4 * (513 * 1029 + 257 * 1029), 4 * 513 * 257),
+    ("rmsnorm", ElementwiseCase("rmsnorm", 3, 4097, "bfloat16", "decode"), 2 * (3 * 4097 + 4097), 2 * 3 * 4097),
+    ("residual_add", ElementwiseCase("residual_add", 37, 1001, "float32", "prefill"), 4 * 2 * 37 * 1001,
+     4 * 37 * 1001),
+    ("silu_mul", ElementwiseCase("silu_mul", 5, 2731, "float16", "decode"), 2 * 2 * 5 * 2731, 2 * 5 * 2731),
+    ("rotary", ElementwiseCase("rotary", 97, 12, "bfloat16", "prefill", head_dim=80, kv_heads=4, cache_len=200),
+     2 * 97 * (12 + 4) * 80 + 8 * 97, 2 * 97 * (12 + 4) * 80),
+    ("kv_append", ElementwiseCase("kv_append", 3, 2, "float32", "decode", head_dim=72, cache_len=1031),
+     4 * 2 * 3 * 2 * 72 + 8 * 3, 4 * 2 * 3 * 2 * 72),
+    ("greedy_pick", ElementwiseCase("greedy_pick", 3, 32003, "bfloat16", "decode"), 2 * 3 * 32003, 8 * 3),
+]
+
+
+def ceilings(machine: dict, dtype: str, tflops: float = 0.731) -> Ceilings:
+    return Ceilings(device="host", kind="cpu", peak_tflops={dtype: tflops}, **machine)
+
+
+def hand_floor(r: float, w: float, machine: dict) -> float:
+    """read/R + write/W, or the pairs at the copy's rate where that is faster (seconds)."""
+    read, write, copy = (machine[k] * 1e9 for k in ("read_gbps", "write_gbps", "peak_gbps"))
+    pairs = min(r, w)
+    return min(r / read + w / write, 2 * pairs / copy + (r - pairs) / read + (w - pairs) / write)
+
+
+@pytest.mark.parametrize("machine", [COPY_FASTER, COPY_SLOWER], ids=["copy-faster", "copy-slower"])
+@pytest.mark.parametrize("name,case,read,written", HAND, ids=[h[0] for h in HAND])
+def test_every_operators_floor_is_its_reads_and_writes_at_the_ceilings(name, case, read, written, machine):
+    op = operator_of(case)
+    assert op.moved_bytes(case) == (read, written) and op.min_bytes(case) == read + written
+    ceil = ceilings(machine, case.dtype)
+    row = base_row(case, "any", "run", "suite", ceil, "clock")
+    assert (row["read_bytes"], row["write_bytes"], row["bytes"]) == (read, written, read + written)
+    assert (row["read_gbps"], row["write_gbps"], row["peak_gbps"]) == tuple(
+        machine[k] for k in ("read_gbps", "write_gbps", "peak_gbps"))
+    floor, flops, peak = hand_floor(read, written, machine), op.flops(case), 0.731e12
+    assert row["roof_model"] == "read+write"
+    assert row["roof_tflops"] == pytest.approx(0.0 if flops == 0 else min(peak, flops / floor) / 1e12, rel=1e-12)
+    assert row["bound"] == ("memory" if floor > flops / peak else "compute")
+    latency_ms = 1e3 * max(floor, flops / peak) * 1.37  # a time 1.37x the roof's: 1/1.37 of it, whatever the op
+    figures = speed_figures(row, latency_ms)
+    assert figures["pct_roofline"] == pytest.approx(100 / 1.37, rel=1e-12)
+    assert figures["gbps"] == pytest.approx((read + written) / (latency_ms / 1e3) / 1e9, rel=1e-12)
+
+
+def test_a_copy_at_the_copy_ceiling_is_at_its_roof_never_above():
+    """The pairs of a kv_append (a copy) count at the copy's rate where the fill writes slower than the copy: a copy
+    that streams at the measured copy bandwidth sits at 100% of its roof, not at read + write apart (120% here)."""
+    case = ElementwiseCase("kv_append", 128, 8, "float32", "prefill", head_dim=128, cache_len=4096)
+    row = base_row(case, "torch", "run", "suite", ceilings(COPY_FASTER, "float32"), "clock")
+    pairs = row["write_bytes"]  # positions are read too: a few more bytes read than written
+    at_copy_rate_ms = 1e3 * (2 * pairs / 28.1e9 + (row["read_bytes"] - pairs) / 34.6e9)
+    assert speed_figures(row, at_copy_rate_ms)["pct_roofline"] == pytest.approx(100.0, rel=1e-12)
+    apart_ms = 1e3 * (row["read_bytes"] / 34.6e9 + row["write_bytes"] / 17.7e9)
+    assert apart_ms > at_copy_rate_ms  # what the floor would have been with the fill's rate alone
+
+
+@pytest.fixture
+def no_split(monkeypatch):
+    """The linear operator as a plugin would register it without a read/write split."""
+    import phasebench.bench.sweep.measure as measure
+
+    case = LinearCase(7, 4099, 1031, "bfloat16", "decode")
+    stripped = replace(operator_of(case), moved_bytes=None)
+    monkeypatch.setattr(measure, "operator_of", lambda c: stripped)
+    return case
+
+
+def test_without_the_split_all_bytes_go_at_the_copy_bandwidth(no_split):
+    row = base_row(no_split, "torch", "r", "s", ceilings(COPY_FASTER, "bfloat16"), "clock")
+    nbytes = 2 * (7 * 1031 + 4099 * 1031 + 7 * 4099)
+    assert row["roof_model"] == "copy" and row["bytes"] == nbytes
+    assert math.isnan(row["read_bytes"]) and math.isnan(row["write_bytes"])
+    assert row["roof_tflops"] == pytest.approx(min(0.731, 2 * 7 * 4099 * 1031 / (nbytes / 28.1e9) / 1e12))
+    latency_ms = 1e3 * nbytes / 28.1e9 * 2.0
+    assert speed_figures(row, latency_ms)["pct_roofline"] == pytest.approx(50.0)
