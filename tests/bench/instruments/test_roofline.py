@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 import time
+import types
 from datetime import datetime
 from pathlib import Path
 
@@ -92,18 +93,22 @@ def test_the_host_copy_is_sized_from_the_last_level_cache(monkeypatch):
 
 
 def test_matmul_size_stops_growing_once_a_call_is_slow(monkeypatch):
-    real = torch.matmul
-    seen = []
+    # a fake clock that only the matmul moves: bfloat16 calls from 512 on take the whole allowance (a host without
+    # fast bfloat16 matmuls), the rest none, whatever this host's speed or load
+    clock, seen = [0.0], []
 
-    def slow_for_bf16(a, b):
+    def matmul(a, b):
         seen.append(a.shape[0])
         if a.dtype == torch.bfloat16 and a.shape[0] >= 512:
-            time.sleep(roofline.MATMUL_CALL_S)  # a host without fast bfloat16 matmuls
-        return real(a, b)
+            clock[0] += roofline.MATMUL_CALL_S
+        return a
 
-    monkeypatch.setattr(torch, "matmul", slow_for_bf16)
+    monkeypatch.setattr(torch, "matmul", matmul)
+    monkeypatch.setattr(roofline, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     assert roofline.matmul_size(CPU, "bfloat16") == 512 and seen == [256, 512]
-    assert roofline.matmul_size(CPU, "float32") <= 2048
+    seen.clear()
+    low, high = roofline.MATMUL_SIZES["cpu"]
+    assert roofline.matmul_size(CPU, "float32") == high and seen[0] == low and seen[-1] == high // 2  # never slow
 
 
 def test_the_host_measures_in_each_run_and_reuses_within_a_process(fake_measure):
