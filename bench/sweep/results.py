@@ -132,8 +132,11 @@ class ResultsStore:
         return row_key(row_like) in self.done
 
     def append(self, row: dict) -> None:
-        """Write `row`; one that retries a failed or skipped row takes its place (see `replace`)."""
+        """Write `row`; one that retries a failed or skipped row takes its place (see `replace`), unless it measured
+        nothing (`refused`: a time budget's refusal), which leaves that row as it was."""
         if row_key(row) in self.retrying:
+            if row.get("refused"):
+                return
             self.retrying.discard(row_key(row))
             self.replace(row)
             return

@@ -291,6 +291,17 @@ def test_an_interrupted_retry_keeps_the_failed_rows_it_has_not_replaced(tmp_path
     assert set(state["planned"]) == {1}  # only the row still failed is measured again (its gate plans it twice)
 
 
+def test_a_retry_the_time_budget_refuses_keeps_the_failed_row_and_its_reason(tmp_path, monkeypatch):
+    state = {"broken": True}
+    monkeypatch.setitem(IMPLS, "flaky", flaky(state))
+    first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
+    state["broken"], planned = False, list(state["planned"])
+    again = run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False,
+                time_budget_s=0.0)  # no time for any row: nothing is measured
+    pd.testing.assert_frame_equal(again, first)  # the failed rows stay, with their reasons
+    assert state["planned"] == planned and (first.status == "failed").sum() == 2
+
+
 def test_a_retry_killed_between_writing_a_row_and_dropping_the_failed_one_resumes_clean(tmp_path):
     from phasebench.bench.sweep.results import ResultsStore
 
