@@ -53,7 +53,6 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("case,impl", pairs, ids=ids)
 
 
-
 EXPECTATIONS = pytest.StashKey[list]()
 
 
