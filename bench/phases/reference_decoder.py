@@ -201,33 +201,40 @@ class ReferenceDecoder(nn.Module):
         if x is not None and tuple(x.shape) != shape:
             raise ValueError(f"x: expected shape {list(shape)}, got {list(x.shape)}")
 
-    def _run(self, x: torch.Tensor, start: int, return_hidden: bool):
+    def _run(self, x: torch.Tensor, start: int, return_hidden: bool, depth: int | None):
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                                  or not 1 <= depth <= len(self.layers)):
+            raise ValueError(f"depth: must be an int in 1..{len(self.layers)} (the layers built), got {depth!r}")
         self._fill_cache()
         h = x
-        for layer in self.layers:
+        for layer in self.layers[:depth]:
             h = layer(h, start, self.cos, self.sin)
         ids = self.greedy(self.lm_head(self.final_norm(h[:, -1])))
         return (ids, h) if return_hidden else ids
 
     @torch.inference_mode()
-    def prefill(self, batch: int, prompt_len: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+    def prefill(self, batch: int, prompt_len: int, x: torch.Tensor | None = None, return_hidden: bool = False,
+                depth: int | None = None):
         """The prompt through every layer (causal), cache rows 0..prompt_len-1 filled, the lm_head on each
         sequence's last token only and the greedy pick: ids [batch]; with return_hidden also the last
-        layer's output [batch, prompt_len, hidden] (before the final norm). x: the input, random by default."""
+        layer's output [batch, prompt_len, hidden] (before the final norm). x: the input, random by default;
+        depth: run only the first `depth` layers (the head still runs)."""
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len: must be a positive int, got {prompt_len!r}")
         self._check(batch, prompt_len, "prompt_len", x)
-        return self._run(self._input(batch, prompt_len) if x is None else x, 0, return_hidden)
+        return self._run(self._input(batch, prompt_len) if x is None else x, 0, return_hidden, depth)
 
     @torch.inference_mode()
-    def decode_step(self, batch: int, context: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+    def decode_step(self, batch: int, context: int, x: torch.Tensor | None = None, return_hidden: bool = False,
+                    depth: int | None = None):
         """One new token per sequence at position `context`, attending to the `context` cached tokens and
         itself; the cache holds whatever was last written there (seeded random values if nothing was).
-        Returns ids [batch]; with return_hidden also the last layer's output [batch, 1, hidden]."""
+        Returns ids [batch]; with return_hidden also the last layer's output [batch, 1, hidden]; depth as in
+        prefill."""
         if isinstance(context, bool) or not isinstance(context, int) or context < 0:
             raise ValueError(f"context: must be a non-negative int, got {context!r}")
         self._check(batch, context + 1, "context", x)
-        return self._run(self._input(batch, 1) if x is None else x, context, return_hidden)
+        return self._run(self._input(batch, 1) if x is None else x, context, return_hidden, depth)
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

@@ -106,6 +106,26 @@ def test_decode_after_prefill_equals_a_longer_prefill():
     assert torch.equal(ids, ids_long)
 
 
+def test_a_depth_runs_only_the_first_layers_then_the_head():
+    """The per-layer check times L and 2L layers of one decoder: depth 1 is the first layer alone, the head after it."""
+    decoder = _decoder()
+    x = _inputs(2, 9, seed=13)
+    ids, hidden = decoder.prefill(2, 9, x=x, return_hidden=True, depth=1)
+    for b in range(2):
+        h, k, _ = _reference_layer(decoder.layers[0], x[b], 0)
+        torch.testing.assert_close(hidden[b], h, rtol=0, atol=1e-10)
+        torch.testing.assert_close(decoder.layers[0].k_cache[b, :, :9], k, rtol=0, atol=1e-10)
+        assert ids[b].item() == _reference_ids(decoder, h[-1]).item()
+    step = _inputs(2, 1, seed=14)
+    _, one = decoder.decode_step(2, 9, x=step, return_hidden=True, depth=1)
+    _, both = decoder.decode_step(2, 9, x=step, return_hidden=True, depth=2)
+    _, full = decoder.decode_step(2, 9, x=step, return_hidden=True)
+    assert torch.equal(both, full) and not torch.allclose(one, both)
+    for bad in (0, 3, True, 1.0):
+        with pytest.raises(ValueError, match="depth"):
+            decoder.decode_step(2, 9, depth=bad)
+
+
 def test_decode_without_prefill_attends_to_the_seeded_random_cache():
     decoder = _decoder(seed=5)
     x = _inputs(3, 1, seed=13)
