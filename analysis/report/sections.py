@@ -8,6 +8,7 @@ import html
 from .._figures import op_rows
 from ..compare import VERDICTS
 from ..linear_plots import linear_crossings
+from ..phase_check import check_sentence
 from ..phases import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
@@ -104,19 +105,28 @@ def phases_section(ctx: Context) -> Section | None:
         return None
     body = ['<p class="note">Each step is the sum of count x median latency of the measured cases it runs '
             "(<code>phasebench phases</code>); the last table checks the sum against a real forward pass "
-            "(error_pct = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
-            "leaves out).</p>"]
+            "(error = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
+            "leaves out): published_error_pct is the error of the figures shown (composed from ops/), "
+            "interleaved_error_pct that of the check's rounds of the same ops timed between the real passes, "
+            "per_layer_error_pct that of one layer (references of L and 2L layers: the difference removes the "
+            "head), head_share_pct the head's share of the checked composition. A figure whose published or "
+            "per-layer error is beyond the goal (goal_pct) is marked OVER GOAL beside it.</p>"]
     for tables in found:
         meta = tables.get("meta") or {}
         model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
         setting = ", ".join(str(meta[key]) for key in ("device", "dtype") if meta.get(key))
         body.append(f"<h3>{html.escape(str(model.get('name', '?')))} ({model.get('layers', '?')} layers)"
                     f"{', ' + html.escape(setting) if setting else ''}</h3>")
+        checked = reference_table(tables)
         for name, title in (("prefill", "Prefill: TTFT per prompt"), ("decode", "Decode: the batch sweep"),
                             ("chunked", "Chunked prefill"), ("interactive", "Interactive limits")):
             if tables.get(name) is not None:
                 body.append(folded(title, tables[name]))
-        body.append(folded("The composition against a real forward pass", reference_table(tables)))
+                sentence = check_sentence(checked, name)
+                if sentence:
+                    flag = ' class="over-goal"' if "OVER GOAL" in sentence else ""
+                    body.append(f"<p{flag}>{html.escape(sentence)}</p>")
+        body.append(folded("The composition against a real forward pass", checked))
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
 
 

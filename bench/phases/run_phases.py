@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ...analysis import phase_check
 from ...analysis import phase_model as pm
 from ..instruments.timing import TimerConfig
 from ..ops.attention.cases import AttentionCase
@@ -21,7 +22,6 @@ from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
 from ..sweep.worker import IN_PROCESS, Isolation
 from . import reference_check as check
-from .reference_check import ReferencePlan
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
 # The host sizes keep `phasebench phases` to minutes on 2 cores (2 for a 1B model, 8 for llama-3-8b); a GPU takes
@@ -127,15 +127,17 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
     }
 
 
-def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
+def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
-    return ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
+    return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
                          tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
 
 
-def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
+                    published: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The real forward passes timed in brackets around rounds of the ops they compose to (DIR/check), so that a
-    machine that drifts moves both sides alike; the reference table and the brackets."""
+    machine that drifts moves both sides alike; the reference table (the error of the composition published from
+    the `published` rows, and of the rounds') and the brackets."""
     plan = reference_plan(cfg)
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in plan.uses()]
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - TABLES_S
@@ -144,7 +146,9 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple
                                      on_row=cfg.on_row)
     frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
     per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
-    return check.reference_table(brackets, frame(rows), per_round, plan), check.brackets_table(brackets)
+    table = phase_check.check_table(brackets, plan, published=frame(published), interleaved=frame(rows),
+                                    per_round=per_round)
+    return table, check.brackets_table(brackets)
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -163,7 +167,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
                          started=cfg.started, retry_noisy=cfg.retry_noisy)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
     tables = compose(df, cfg)
-    tables["reference"], tables["reference_brackets"] = reference_check(cfg, timer, impls)
+    tables["reference"], tables["reference_brackets"] = reference_check(cfg, timer, impls, df)
     for name, table in tables.items():
         table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
     (cfg.out_dir / "phases.json").write_text(json.dumps({
@@ -171,6 +175,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
-        "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases)},
+        "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
+        "check_goal_pct": phase_check.goal_pct(cfg.device),
+        "over_goal": phase_check.over_goal_notes(tables["reference"])},
         indent=1))
     return tables
