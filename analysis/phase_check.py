@@ -19,8 +19,8 @@ from . import phase_model as pm
 # and a real pass adds launch gaps the step's overhead term measures, so 10% leaves room for neither being hidden.
 GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
 SPREAD_PCT = 10.0  # the rounds' (or brackets') errors with an interquartile range above this: they disagree
-LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "host gaps between ops (Python, launches, "
-            "allocation), which the composition never sees", "sampling beyond the greedy pick")
+LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
+            "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
 
 
 def goal_pct(device) -> float:
@@ -111,7 +111,8 @@ def _per_layer_error(plan: ReferencePlan, measured: pm.Measured | None, phase: s
 
 
 def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Measured | None,
-                interleaved: pm.Measured | None = None, per_round: list[pm.Measured] = ()) -> pd.DataFrame:
+                interleaved: pm.Measured | None = None, per_round: list[pm.Measured] = (),
+                ops_alone: pm.Measured | None = None) -> pd.DataFrame:
     """One row per (reference, phase, batch) of the brackets (each a dict with reference, bracket, phase, batch, tokens,
     layers (L or 2L; L where absent), samples_ms, noisy, noise_reason or error):
 
@@ -121,7 +122,9 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
       (round_error_min_pct, round_error_max_pct); head_share_pct: the head's share of the published composition;
     - deep_reference_ms at 2L layers; per_layer_reference_ms = (deep - L-layer reference) / L;
       per_layer_composed_ms and per_layer_error_pct from the published rows the same way (the head cancels), and
-      per_layer_interleaved_error_pct from the rounds';
+      per_layer_interleaved_error_pct from the rounds'; per_layer_ops_alone_error_pct from `ops_alone` (the
+      published rows without the sequence term: what the composition reads without it), and sequence_pct, the
+      sequence term's share of the published composition;
     - goal_pct and over_goal: |published_error_pct| or |per_layer_error_pct| above the device's goal.
 
     Errors are negative where the composition is faster than the real pass. A row is noisy when the rounds' errors
@@ -147,6 +150,7 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         layer_ref = per_layer_ms(reference_ms, deep_ms, shallow, deep)
         layer_composed, layer_error = _per_layer_error(plan, published, phase, batch, tokens, layer_ref)
         _, layer_interleaved = _per_layer_error(plan, interleaved, phase, batch, tokens, layer_ref)
+        _, layer_alone = _per_layer_error(plan, ops_alone, phase, batch, tokens, layer_ref)
         by_bracket = {b["bracket"]: b["ms"] for b in timed}
         layer_errors = [pm.model_error(layer_composed, per_layer_ms(by_bracket[b["bracket"]], b["ms"], shallow, deep))
                         for b in deeper if b["bracket"] in by_bracket]
@@ -163,6 +167,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
                            f"{max(layer_errors):+.0f}%, interquartile range {_spread(layer_errors):.0f} points")
         published_error = pm.model_error(_total(step), reference_ms)
         head = step.parts.get("head", float("nan")) if step is not None and step.complete else float("nan")
+        in_sequence = float(step.items.loc[step.items["op"] == "sequence", "ms"].sum()) if np.isfinite(head) \
+            else float("nan")
         rows.append({
             "reference": kind, "implementation": next((b["implementation"] for b in timed), ""), "phase": phase,
             "layers": shallow, "batch": batch, "tokens": tokens, "reference_ms": reference_ms,
@@ -179,7 +185,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "head_share_pct": 100 * head / _total(step) if np.isfinite(head) else float("nan"),
             "deep_layers": deep, "deep_reference_ms": deep_ms, "per_layer_reference_ms": layer_ref,
             "per_layer_composed_ms": layer_composed, "per_layer_error_pct": layer_error,
-            "per_layer_interleaved_error_pct": layer_interleaved,
+            "per_layer_interleaved_error_pct": layer_interleaved, "per_layer_ops_alone_error_pct": layer_alone,
+            "sequence_pct": 100 * in_sequence / _total(step),
             "goal_pct": goal, "over_goal": over_goal(published_error, layer_error, goal),
             "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
             "error": next((b["error"] for b in mine if b.get("error")), ""), "left_out": "; ".join(LEFT_OUT)})
@@ -196,7 +203,7 @@ def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: floa
 ERRORS = ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct")
 FILLED = ("published_composed_ms", "published_error_pct", "interleaved_composed_ms", "interleaved_error_pct",
           "head_share_pct", "deep_layers", "deep_reference_ms", "per_layer_reference_ms", "per_layer_composed_ms",
-          "per_layer_error_pct", "per_layer_interleaved_error_pct")
+          "per_layer_error_pct", "per_layer_interleaved_error_pct", "per_layer_ops_alone_error_pct", "sequence_pct")
 
 
 def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:

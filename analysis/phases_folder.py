@@ -23,8 +23,10 @@ TABLES = {
     "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "left_out"),
     "colocated": ("option", "prompt", "decode_batch", "context", "itl_ms", "tokens_per_s_per_user", "ttft_ms",
                   "source"),
+    # the ops of each layer and head in sequence against alone (bench/phases/op_sequence.py): the sequence term
+    "sequences": ("key", "sequence", "sequence_ms", "alone_ms", "term_ms", "status"),
 }
-OPTIONAL = ("colocated",)  # folders written before it lack it
+OPTIONAL = ("colocated", "sequences")  # folders written before them lack them
 META = "phases.json"
 
 

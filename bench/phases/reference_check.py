@@ -5,6 +5,7 @@ that both sides see the same machine."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -91,13 +92,16 @@ def time_bracket(plan: ReferencePlan, bracket: int, last: bool) -> list[dict]:
 
 def run_check(plan: ReferencePlan, cases, impls: dict, out_dir: Path, *, timer: TimerConfig,
               isolation: Isolation = IN_PROCESS, rounds: int = ROUNDS, time_budget_s: float | None = None,
-              started: float | None = None, on_row=None) -> tuple[list[dict], pd.DataFrame]:
+              started: float | None = None, on_row=None,
+              first: Callable[[Executor], None] | None = None) -> tuple[list[dict], pd.DataFrame]:
     """The ops of the plan's compositions measured `rounds` times into out_dir (a run folder of suite
-    phases-check), the reference timed before each round and after the last, on the same worker. Returns the
-    brackets' rows and the ops' rows in the order measured."""
+    phases-check), the reference timed before each round and after the last, on the same worker; `first` runs on
+    that worker before the first bracket. Returns the brackets' rows and the ops' rows in the order measured."""
     brackets: list[dict] = []
 
     def between(executor: Executor, k: int) -> None:
+        if k == 0 and first is not None:
+            first(executor)
         try:
             passes = len(plan.kinds) * len(plan.scenarios) * len(plan.depths)
             brackets.extend(executor.call(time_bracket, plan, k, k == rounds, timeout=None if isolation.case_timeout

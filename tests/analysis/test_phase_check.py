@@ -211,6 +211,7 @@ def test_the_committed_sample_still_loads_and_gets_its_published_error_from_its_
     tables = load_phases(SAMPLE)
     raw = pd.read_csv(SAMPLE / "reference.csv")
     table = tables["reference"].set_index(["reference", "phase", "batch"]).sort_index()
+    raw = raw.set_index(["reference", "phase", "batch"]).sort_index()
     assert list(table["interleaved_error_pct"]) == list(raw["error_pct"])
     published = table.loc["phasebench", "published_error_pct"]
     assert published[("prefill", 1)] == pytest.approx(14.7, abs=0.05)

@@ -18,9 +18,11 @@ SMALL = "name=tiny-phases,hidden=128,intermediate=352,layers=3,q_heads=4,kv_head
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):
     references = ["transformers"] if importlib.util.find_spec("transformers") else []
     out = tmp_path / "phases"
+    # --warm: cold, every op and sequence of this tiny model waits for 2 x LLC written before each call (minutes on
+    # a 2-core host); the cold paths have their own tests (test_op_sequence, the runner's)
     proc = run_cli("phases", "--model", SMALL, "--prompt", "16", "48", "--batch", "1", "2", "--context", "31",
                    "--chunk", "16", "--chunk-batch", "2", "--reference-batch", "1", "2", "--sample-time", "0.02",
-                   "--reference-rounds", "2", *(["--reference", *references] if references else []),
+                   "--reference-rounds", "2", "--warm", *(["--reference", *references] if references else []),
                    "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "reference"):
@@ -41,6 +43,13 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     assert sorted(set(brackets["bracket"])) == [0, 1, 2] and (brackets["samples"] >= 3).all()
     assert sorted(set(brackets["layers"])) == [2, 4]
     assert meta["check_goal_pct"] == 15.0 and isinstance(meta["over_goal"], list)
+    # each layer and head the tables compose, in sequence against alone: 2 prompts, 2 batches x 3 contexts, 3 chunk
+    # steps beside the decode batch and 3 alone; the heads of 1, 2 and 3 rows
+    sequences = pd.read_csv(out / "sequences.csv")
+    assert sorted(sequences["sequence"].value_counts().items()) == [("head", 3), ("layer", 14)]
+    assert set(sequences["status"]) == {"ok"} and (sequences["sequence_ms"] > 0).all()
+    assert (sequences["term_ms"] == sequences["sequence_ms"] - sequences["alone_ms"]).all()
+    assert "sequence_ms" in pd.read_csv(out / "decode.csv")
     check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
     assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
     assert json.loads((out / "check" / "run.json").read_text())["rounds"] == 2
@@ -65,6 +74,8 @@ def test_a_time_budget_bounds_the_ops_and_keeps_time_for_the_reference(tmp_path)
     reference = pd.read_csv(out / "reference.csv")
     assert len(reference) == 2 and (reference["reference_ms"] > 0).all()
     assert reference["published_composed_ms"].isna().all() and reference["interleaved_composed_ms"].isna().all()
+    sequences = pd.read_csv(out / "sequences.csv")
+    assert len(sequences) and (sequences["status"] == "skipped").all() and (sequences["reason"] == "time budget").all()
 
 
 def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_going_first(monkeypatch):
