@@ -155,17 +155,9 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         layer_errors = [pm.model_error(layer_composed, per_layer_ms(by_bracket[b["bracket"]], b["ms"], shallow, deep))
                         for b in deeper if b["bracket"] in by_bracket]
         layer_errors = [e for e in layer_errors if np.isfinite(e)]
-        reasons = []
-        busy = [b for b in timed + deeper if b.get("noisy")]
-        if timed and 2 * len(busy) > len(timed + deeper):
-            reasons.append(f"busy in {len(busy)} of {len(timed + deeper)} brackets ({busy[0].get('noise_reason', '')})")
-        if _spread(errors) > SPREAD_PCT:
-            reasons.append(f"the rounds disagree: errors {min(errors):+.0f}% to {max(errors):+.0f}%, interquartile "
-                           f"range {_spread(errors):.0f} points")
-        if _spread(layer_errors) > SPREAD_PCT:
-            reasons.append(f"the brackets' per-layer errors disagree: {min(layer_errors):+.0f}% to "
-                           f"{max(layer_errors):+.0f}%, interquartile range {_spread(layer_errors):.0f} points")
+        reasons = _noise(timed + deeper, errors, layer_errors)
         published_error = pm.model_error(_total(step), reference_ms)
+        interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))
         head = step.parts.get("head", float("nan")) if step is not None and step.complete else float("nan")
         in_sequence = float(step.items.loc[step.items["op"] == "sequence", "ms"].sum()) if np.isfinite(head) \
             else float("nan")
@@ -177,9 +169,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "samples": len(samples), "brackets": len(timed), "rounds": len(per_round),
             "drift_pct": pm.model_error(timed[-1]["ms"], timed[0]["ms"]) if len(timed) > 1 else float("nan"),
             "published_composed_ms": _total(step), "published_error_pct": published_error,
-            "interleaved_composed_ms": _total(_composed(plan, interleaved, phase, batch, tokens)),
-            "interleaved_error_pct": pm.model_error(_total(_composed(plan, interleaved, phase, batch, tokens)),
-                                                    reference_ms),
+            "interleaved_composed_ms": interleaved_ms,
+            "interleaved_error_pct": pm.model_error(interleaved_ms, reference_ms),
             "round_error_min_pct": min(errors) if errors else float("nan"),
             "round_error_max_pct": max(errors) if errors else float("nan"),
             "head_share_pct": 100 * head / _total(step) if np.isfinite(head) else float("nan"),
@@ -191,6 +182,21 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
             "error": next((b["error"] for b in mine if b.get("error")), ""), "left_out": "; ".join(LEFT_OUT)})
     return pd.DataFrame(rows)
+
+
+def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) -> list[str]:
+    """Why a row is not believable: most of its timings on a busy machine, rounds or brackets that disagree."""
+    reasons = []
+    busy = [b for b in timings if b.get("noisy")]
+    if timings and 2 * len(busy) > len(timings):
+        reasons.append(f"busy in {len(busy)} of {len(timings)} timings ({busy[0].get('noise_reason', '')})")
+    if _spread(errors) > SPREAD_PCT:
+        reasons.append(f"the rounds disagree: errors {min(errors):+.0f}% to {max(errors):+.0f}%, interquartile "
+                       f"range {_spread(errors):.0f} points")
+    if _spread(layer_errors) > SPREAD_PCT:
+        reasons.append(f"the brackets' per-layer errors disagree: {min(layer_errors):+.0f}% to "
+                       f"{max(layer_errors):+.0f}%, interquartile range {_spread(layer_errors):.0f} points")
+    return reasons
 
 
 def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: float) -> bool:

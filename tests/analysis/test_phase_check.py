@@ -106,7 +106,7 @@ def test_the_rounds_are_compared_with_their_brackets_so_a_shared_drift_cancels()
     assert decode1["interleaved_composed_ms"] == pytest.approx(pm.tpot(measured, small, 1, 48).total_ms)
     assert decode1["interleaved_error_pct"] == pytest.approx(20.0)
     decode8 = table.loc[("decode", 8)]
-    assert decode8["noisy"] and decode8["noise_reason"].startswith("busy in 3 of 4 brackets (busy host)")
+    assert decode8["noisy"] and decode8["noise_reason"].startswith("busy in 3 of 4 timings (busy host)")
     assert decode8["interleaved_error_pct"] == pytest.approx(0.0, abs=1e-9)
     unbuilt = [{"reference": "transformers", "bracket": k, "phase": "prefill", "batch": 1, "tokens": 64,
                 "error": "no transformers"} for k in range(2)]
