@@ -126,13 +126,13 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
 def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
-                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
+                                     tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
 
 
 def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:
     """What the check's worker runs first: every layer and head of the composed steps in sequence against its ops
-    alone (bench.phases.op_sequence), its rows appended to `out`; with a time budget, the first half of what the ops
-    left is theirs."""
+    alone (bench.phases.op_sequence), its rows appended to `out` and written to DIR/sequences.csv at once (a check
+    that dies later keeps them); with a time budget, the first half of what the ops left is theirs."""
     items = op_sequence.distinct_sequences(scenario_steps(cfg))
     end = None if cfg.time_budget_s is None else (cfg.started or time.monotonic()) + cfg.time_budget_s - \
         reference_reserve_s(cfg.time_budget_s) / 2
@@ -145,6 +145,7 @@ def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[
                                      check.START_S + 60 * len(items)))
         except WorkerError as err:
             out.extend(op_sequence.failed(kind, uses, str(err)) for kind, uses in items)
+        pd.DataFrame(out, columns=list(op_sequence.COLUMNS)).to_csv(cfg.out_dir / "sequences.csv", index=False)
 
     return measure
 
