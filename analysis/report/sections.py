@@ -98,6 +98,10 @@ def figures_section(ctx: Context) -> Section | None:
     return Section("figures", "Figures", [f'<p class="note">{html.escape(LEFT_OUT)}</p>', figure_grid(parts)])
 
 
+SEQUENCE_COLUMNS = ("sequence", "phase", "m", "ops", "sequence_ms", "alone_ms", "term_ms", "term_pct", "copies",
+                    "noisy", "status", "reason")
+
+
 def phases_section(ctx: Context) -> Section | None:
     """Each phases folder's tables: what the composition of the measured ops gives for a whole model."""
     found = ctx.of("phases")
@@ -127,6 +131,11 @@ def phases_section(ctx: Context) -> Section | None:
                     flag = ' class="over-goal"' if "OVER GOAL" in sentence else ""
                     body.append(f"<p{flag}>{html.escape(sentence)}</p>")
         body.append(folded("The composition against a real forward pass", checked))
+        sequences = tables.get("sequences")
+        if sequences is not None and len(sequences):  # folders written before the sequence term lack it
+            shown = [c for c in SEQUENCE_COLUMNS if c in sequences]
+            body.append(folded("The ops in sequence against alone (the sequence term, once per layer and head)",
+                               sequences[shown]))
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
 
 

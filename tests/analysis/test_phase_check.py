@@ -191,9 +191,12 @@ def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the
     assert "OVER GOAL" not in prefill_lines and "published +14.7%" in prefill_lines
     text = headline(None, tables).markdown()
     assert "decode batch 1 published +1.5% (interleaved -3.2%, per layer -21.0%) OVER GOAL" in text
+    tables["sequences"] = pd.DataFrame([{"key": "3f2a", "sequence": "layer", "phase": "decode", "m": 8, "ops": 12,
+                                         "sequence_ms": 41.5, "alone_ms": 40.25, "term_ms": 1.25, "status": "ok"}])
     page = write_report(load(SAMPLE / "ops"), tmp_path, phases=tables)["html"].read_text(encoding="utf-8")
     phases = page.split('id="phases"')[1]
     assert '<p class="over-goal">Checked against real passes' in phases and "OVER GOAL" in phases
+    assert "The ops in sequence against alone" in phases and "41.5" in phases
     notes = over_goal_notes(normalised(reference, "cpu"))
     assert len(notes) == 4 and notes[0].startswith("phasebench decode batch 1: per-layer error -21.0%, beyond the 15%")
 
