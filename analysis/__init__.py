@@ -1,15 +1,21 @@
-"""phasebench.analysis: load result rows and draw roofline and phase figures (data only, no torch)."""
+"""phasebench.analysis: result rows read back, drawn and reported (data only, no torch). By topic: loading (run
+folders, results files, pytest-benchmark JSON), figures (the kit and the figures of result rows), phases (the phase
+model, a `phasebench phases` folder and its figures), interference, comparison and report; the notebooks and the
+committed sample/ sit beside them. The names below are the public API."""
 
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
-from .compare import compare, regressions, with_samples
-from .compare_output import comparison_figure
-from .interference import interference_summary, load_interference
-from .interference_plots import stretch_figure, user_rate_figure, write_interference_figures
-from .linear_plots import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
-from .load import DataFileError, load, load_profile
-from .paged_plots import paged_figure, paged_table
-from .phase_plots import phase_comparison, tokens_per_second
-from .phases import (
+from .comparison.display import comparison_figure
+from .comparison.pairs import compare, regressions, with_samples
+from .figures.linear import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
+from .figures.paged import paged_figure, paged_table
+from .figures.prefill_decode import phase_comparison, tokens_per_second
+from .figures.roofline import roofline
+from .figures.scaling import decode_scaling, prefill_scaling
+from .figures.speedup import speedup, speedup_table
+from .interference.figures import stretch_figure, user_rate_figure, write_interference_figures
+from .interference.rows import interference_summary, load_interference
+from .loading.results import DataFileError, load, load_profile
+from .phases.figures import (
     chunk_figure,
     decode_breakdown_figure,
     decode_figure,
@@ -18,7 +24,7 @@ from .phases import (
     ttft_figure,
     write_phase_figures,
 )
-from .phases_folder import load_phases
+from .phases.folder import load_phases
 from .report import (
     Headline,
     correctness_table,
@@ -29,9 +35,6 @@ from .report import (
     summary_table,
     write_report,
 )
-from .roofline_plot import roofline
-from .scaling_plots import decode_scaling, prefill_scaling
-from .speedup import speedup, speedup_table
 
 __all__ = [
     "DataFileError",

@@ -12,16 +12,8 @@ from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
 from .instruments.timing import TimerConfig, Timing, l2_flush_buffer
 from .sweep.measure import base_row, sync
-from .sweep.selection import (
-    UsageError,
-    build_cases,
-    case_ops,
-    isolation_of,
-    load_plugins,
-    resolve_device,
-    resolve_impls,
-)
-from .sweep.worker import Executor
+from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
+from .sweep.worker import Executor, Isolation
 
 # the worker's first calls of a (case, impl): the gate and two timed calls (their output is checked too)
 PREFLIGHT_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False, cold=False)
@@ -33,42 +25,37 @@ def _env_list(name: str) -> list[str]:
     return [i for i in os.environ.get(name, "").split(",") if i]
 
 
-class _Options:
-    """The subset of `phasebench run`'s arguments that the benchmark suite takes."""
+def _selection(config) -> Selection:
+    """The subset of `phasebench run`'s case selection that the benchmark suite takes (options, else env)."""
+    return Selection(suite=config.getoption("--suite"), op=config.getoption("--op") or _env_list("PHASEBENCH_OP"),
+                     impl=config.getoption("--impl") or _env_list("PHASEBENCH_IMPL"),
+                     plugin=config.getoption("--plugin") or _env_list("PHASEBENCH_PLUGIN"),
+                     device=config.getoption("--device"), dtype=config.getoption("--dtype"))
 
-    def __init__(self, config):
-        self.suite = config.getoption("--suite")
-        self.impl = config.getoption("--impl") or _env_list("PHASEBENCH_IMPL") or None
-        self.plugin = config.getoption("--plugin") or _env_list("PHASEBENCH_PLUGIN")
-        self.device = config.getoption("--device")
-        self.dtype = config.getoption("--dtype")
-        self.model = None
-        self.shape = None
-        self.op = config.getoption("--op") or _env_list("PHASEBENCH_OP") or None
-        self.shard = config.getoption("--shard")
-        self.warm = config.getoption("--warm")
-        self.no_isolate = config.getoption("--no-isolate")
-        timeout = config.getoption("--case-timeout")
-        self.case_timeout = None if timeout in (None, "") else float(timeout)
+
+def _isolation(config, plugins: tuple[str, ...]) -> Isolation:
+    """--no-isolate and --case-timeout as `phasebench run` takes them: the preflight worker, or none."""
+    timeout = config.getoption("--case-timeout")
+    return Isolation(not config.getoption("--no-isolate"), plugins, None if timeout in (None, "") else float(timeout))
 
 
 def bench_params(config) -> tuple[list, list[str]]:
-    opts = _Options(config)
+    selection, shard = _selection(config), config.getoption("--shard")
     try:
-        load_plugins(opts.plugin)
-        device = resolve_device(opts.device)
-        cases, _ = build_cases(opts, device)
-        impls = resolve_impls(opts.impl, device, case_ops(cases))
-        if opts.shard:
+        load_plugins(selection.plugin)
+        device = resolve_device(selection.device)
+        cases, _ = build_cases(selection, device)
+        impls = resolve_impls(selection.impl, device, case_ops(cases))
+        if shard:
             from .sweep.shards import parse_shard, shard_cases
 
-            cases = shard_cases(cases, *parse_shard(opts.shard), impls)
+            cases = shard_cases(cases, *parse_shard(shard), impls)
     except UsageError as err:
         raise ValueError(str(err)) from None
     config.phasebench_device = device
-    config.phasebench_suite = opts.suite
-    config.phasebench_cold = not opts.warm
-    config.phasebench_isolation = isolation_of(opts)
+    config.phasebench_suite = selection.suite
+    config.phasebench_cold = not config.getoption("--warm")
+    config.phasebench_isolation = _isolation(config, selection.plugin)
     return cases, impls
 
 
@@ -109,14 +96,17 @@ class BenchmarkSampler:
         self.cold = cold and device.type == "cpu"
         self.label = "pytest-benchmark+cold" if self.cold else "pytest-benchmark"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None) -> Timing:
-        calls, kept = list(calls), {"next": 0, "last": None}
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None) -> Timing:
+        calls, kept = list(calls), {"next": 0, "last": None, "setups": 0, "total": 0}
 
         def timed(fn):  # the host clock stops only once the device has finished
             kept["last"] = fn()
             sync(device)
 
         def setup():  # outside the clock: the next call in turn, the L2 flush or the host eviction before it
+            kept["setups"] += 1
+            if before_last is not None and kept["setups"] == kept["total"]:
+                before_last()  # what an in-place op writes, poisoned before the last round (its output is judged)
             if self.flush is not None:
                 self.flush.zero_()
                 torch.cuda.synchronize(device)
@@ -132,6 +122,8 @@ class BenchmarkSampler:
             t0 = time.perf_counter()
             timed(*setup()[0])
             rounds = max(5, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6))))
+        # pedantic calls setup once per round, its warm-up round included (once in all when disabled)
+        kept.update(setups=0, total=1 if self.benchmark.disabled else rounds + 1)
         with nvtx_range(range_name, payload=payload):
             self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=1, iterations=1)
         data = self.benchmark.stats.stats.data

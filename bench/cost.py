@@ -1,4 +1,4 @@
-"""The attention cost model under its contract name (DESIGN.md); it lives in bench/ops/attention/cost.py."""
+"""The attention cost model under its contract name (docs/design.md); it lives in bench/ops/attention/cost.py."""
 
 from .ops.attention.cost import ELEMENT_BYTES, flops, intensity, min_bytes, pairs
 

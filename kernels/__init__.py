@@ -18,12 +18,13 @@ from .elementwise.request import validate_elementwise
 from .errors import Unsupported
 from .linear.request import LinearRequest, validate_linear
 from .plugins import load_plugin, register
-from .registry import OPS, AttentionCall, Impl, add_operator, available_impls, describe_impls, get_impl
+from .registry import OPS, Impl, PlannedCall, add_operator, available_impls, describe_impls, get_impl
 
 IMPLS = OPS["attention"]  # the attention implementations by name
+AttentionCall = PlannedCall  # its old name, kept in the facade's API (__all__): it was never attention's alone
 
 __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
-           "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
+           "PlannedCall", "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
            "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
            "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR"]
 
@@ -32,7 +33,7 @@ __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_i
 # with `from phasebench.kernels.attention import triton_attention`).
 
 
-def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> AttentionCall:
+def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> PlannedCall:
     """Validate and plan a call without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl)
     req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
@@ -53,7 +54,7 @@ def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, 
                    block_table=block_table).backend
 
 
-def prepare_linear(x, w, *, impl) -> AttentionCall:
+def prepare_linear(x, w, *, impl) -> PlannedCall:
     """Validate and plan `linear` without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl, op="linear")
     req = validate_linear(x, w)
@@ -66,7 +67,7 @@ def linear(x, w, *, impl):
     return prepare_linear(x, w, impl=impl).run()
 
 
-def prepare_elementwise(kind, *tensors, impl="torch", **options) -> AttentionCall:
+def prepare_elementwise(kind, *tensors, impl="torch", **options) -> PlannedCall:
     """Validate and plan `elementwise` without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl, op="elementwise")
     req = validate_elementwise(kind, *tensors, **options)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .registry import CALLERS, OPS, AttentionCall, Impl
+from .registry import CALLERS, OPS, Impl, PlannedCall
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                "float64": torch.float64}
@@ -54,8 +54,8 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     call = CALLERS[op]
     backend = f"plugin:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', name)}"
 
-    def plan(req) -> AttentionCall:
-        return AttentionCall(name, backend, lambda: call(fn, req))
+    def plan(req) -> PlannedCall:
+        return PlannedCall(name, backend, lambda: call(fn, req))
 
     impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
                 devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16, paged=paged,

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import Unsupported
 
-if TYPE_CHECKING:  # the attention package imports this registry to register its impls
-    from .attention.request import AttentionRequest
-
 
 @dataclass(frozen=True)
-class AttentionCall:
-    """A planned call: the concrete backend that will serve it and a thunk that runs it."""
+class PlannedCall:
+    """A planned call of any operator (what `prepare`, `prepare_linear` and `prepare_elementwise` return): the impl,
+    the concrete backend that will serve it and a thunk that runs it."""
 
     impl: str
     backend: str
@@ -31,7 +28,7 @@ class Impl:
     summary: str
     devices: frozenset[str]
     dtypes: frozenset[torch.dtype]
-    plan: Callable[[AttentionRequest], AttentionCall]
+    plan: Callable[..., PlannedCall]  # a validated request of its operator (AttentionRequest, LinearRequest, ...)
     causal: bool = True
     gqa: bool = True
     ragged: bool = True
@@ -48,7 +45,7 @@ class Impl:
             return f"{self.name} does not run on {device_type} (runs on {', '.join(sorted(self.devices))})"
         return self.unavailable(device_type)
 
-    def check(self, req: AttentionRequest) -> None:
+    def check(self, req) -> None:
         """Raise Unsupported when the request is outside what this implementation declares."""
         reason = self.why_not(req.device_type)
         if reason is None and req.dtype not in self.dtypes:
@@ -58,7 +55,7 @@ class Impl:
         if reason is not None:
             raise Unsupported(reason)
 
-    def _attention_limits(self, req: AttentionRequest) -> str | None:
+    def _attention_limits(self, req) -> str | None:  # an AttentionRequest
         reason = None
         if req.head_dim > self.max_head_dim:
             reason = f"{self.name} supports head dims up to {self.max_head_dim}, got {req.head_dim}"

@@ -1,12 +1,15 @@
 """The report: the answer first (the headline), figures, then tables; one self-contained HTML page and its PNGs.
 
-headline (the answer as a frame, markdown or HTML), tables (summary, status, correctness, flagged rows),
-sources (the kinds of paths a report reads), context and sections (the page as a list of sections), page
-(write_report)."""
+headline_table (the answer computed) and headline_text (the Headline, in markdown or HTML), tables (summary,
+status, correctness, flagged rows), sources (the kinds of paths a report reads), performance_figures (the figures of
+the rows), context (what a section is given and returns) and sections (the page as a list of sections, with
+interference_section and paged_section), page (write_report: the sections in order, one HTML page)."""
 
 from .context import Context, Section
-from .headline_table import Headline, headline
-from .page import figures, write_report
+from .headline_table import headline
+from .headline_text import Headline
+from .page import write_report
+from .performance_figures import figures
 from .sections import HEADLINE_BLOCKS, SECTIONS
 from .sources import KINDS, Kind, Sources, comparison_of, read_sources
 from .tables import (

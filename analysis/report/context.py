@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .performance_figures import figures
+
 FOLD_OVER = 12  # a table of more rows starts folded
 WIDE_INCHES = 10.0  # a figure at least this wide takes the page's whole width
 LONG_TEXT = 40  # a text cell longer than this wraps instead of widening its column
+MANY_COLUMNS = 10  # a wider table says its text columns of one value once, above it, to fit the page
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Section:
 class Context:
     """What every section may read: `df` the rows shown (profiled ones left out unless asked), `found` what the
     sources of each kind hold (analysis.report.sources: {kind: [what its read returned, ...]}), `comparison` a
-    frame of analysis.compare or None, `out` the folder, and `paths` every file written so far by name."""
+    frame of analysis.comparison's compare or None, `out` the folder, and `paths` every file written so far by name."""
 
     df: pd.DataFrame
     out: Path
@@ -50,10 +53,8 @@ class Context:
         return list(self.found.get(kind, []))
 
     def performance_figures(self) -> dict:
-        """The figures of the rows (report.figures), drawn once for every section that shows one."""
+        """The figures of the rows (performance_figures.figures), drawn once for every section that shows one."""
         if self._figures is None:
-            from .page import figures
-
             self._figures = figures(self.df, datasheet=self.datasheet, baseline=self.baseline)
         return self._figures
 
@@ -95,18 +96,51 @@ def folded(title: str, table: pd.DataFrame, *, anchor: str | None = None, note: 
 
 def table_html(table: pd.DataFrame) -> str:
     """A frame as an HTML table in a box that scrolls sideways: numbers right-aligned and rounded, long text
-    wrapping, every cell escaped."""
+    wrapping, column names breaking after underscores, every cell escaped. A table of more than MANY_COLUMNS
+    columns and two rows or more names its text columns that hold one value in every row once, above it."""
     if table.empty:
         return '<p class="note">(none)</p>'
-    head = "".join(f"<th>{html.escape(str(name))}</th>" for name in table.columns)
+    same = _one_value_columns(table) if len(table.columns) > MANY_COLUMNS and len(table) > 1 else []
+    common = ""
+    if same:
+        said = " · ".join(f"{html.escape(str(name))} <b>{html.escape(_text(table[name].iloc[0]))}</b>"
+                          for name in same)
+        common = f'<p class="note">In every row: {said}</p>'
+        table = table.drop(columns=same)
+    head = "".join(f"<th>{_breakable(str(name))}</th>" for name in table.columns)
     body = []
     for row in table.itertuples(index=False):
         body.append("<tr>" + "".join(_cell(value) for value in row) + "</tr>")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    return (f'{common}<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _one_value_columns(table: pd.DataFrame) -> list:
+    """The columns of text or yes/no that hold one value, the same in every row (never all of them)."""
+    same = [name for name in table.columns
+            if not pd.api.types.is_numeric_dtype(table[name]) or pd.api.types.is_bool_dtype(table[name])
+            if table[name].astype(str).nunique(dropna=False) == 1]
+    return same if len(same) < len(table.columns) else []
+
+
+def _missing(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and not np.isfinite(value))
+
+
+def _text(value) -> str:
+    """A one-value column's value as its cells would show it."""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    return "–" if _missing(value) else str(value)
+
+
+def _breakable(name: str) -> str:
+    """A column name that may wrap after each underscore, so a table of long names fits the page's width."""
+    return html.escape(name).replace("_", "_<wbr>")
 
 
 def _cell(value) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and not np.isfinite(value)):
+    if _missing(value):
         return '<td class="num">–</td>'
     if isinstance(value, (bool, np.bool_)):
         return f"<td>{'yes' if value else 'no'}</td>"

@@ -3,50 +3,19 @@ the measured roof and the bound; a phases folder's TTFT, TPOT and limits; the fl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from ...bench.spec.schema import CASE_FIELDS, cell_true, key_text
-from .._figures import flag, interpreter, ok_rows, ordered_impls, ordered_ops, ordered_phases, performance_rows
-from ..phases import reference_table, saturation_text
+from ..figures.kit import flag, interpreter, ok_rows, ordered_impls, ordered_ops, ordered_phases, performance_rows
+from ..phases.figures import reference_table, saturation_text
+from .headline_text import GROUP_BY, Headline
 from .tables import report_rows
 
-GROUP_BY = ("device", "mode", "timer", "profiled", "dtype")
 COLUMNS = ("device", "mode", "timer", "profiled", "dtype", "op", "phase", "best_impl", "pct_roofline",
            "max_pct_roofline", "bound", "cases", "shared", "runner_up", "runner_up_pct", "speedup", "note")
 COUNTS = ("ok", "noisy", "above_roof", "failed", "incorrect", "skipped")
 _CASE_KEY = ("model", *CASE_FIELDS, "dtype")
-
-
-@dataclass(repr=False)
-class Headline:
-    """The answer a reader came for. `frame`: one row per performance group, op and phase (COLUMNS);
-    `correctness`: the interpreter-mode rows per device, dtype, op and impl; `counts`: per group the rows ok,
-    noisy, above their roof, failed, incorrect and skipped; `phases`: one dict of small tables per phases
-    folder. `html()` and `markdown()` render it; a notebook shows it as HTML."""
-
-    frame: pd.DataFrame
-    correctness: pd.DataFrame
-    counts: pd.DataFrame
-    phases: list[dict] = field(default_factory=list)
-
-    def html(self, *, links: bool = True) -> str:
-        from .headline_text import headline_html
-
-        return headline_html(self, links=links)
-
-    def markdown(self) -> str:
-        from .headline_text import headline_markdown
-
-        return headline_markdown(self)
-
-    def _repr_html_(self) -> str:
-        return self.html(links=False)
-
-    def __repr__(self) -> str:  # a terminal, and a notebook's text/plain
-        return self.markdown()
 
 
 def headline(df: pd.DataFrame | None = None, phases=None, *, include_profiled: bool = False) -> Headline:

@@ -1,16 +1,16 @@
-"""The headline in words: blocks of sentences and small tables, rendered as HTML (the report, a notebook) or
-markdown (a terminal, a notebook's text)."""
+"""The headline as a reader gets it: the Headline (the answer, as headline_table computes it) and its words, blocks
+of sentences and small tables rendered as HTML (the report, a notebook) or markdown (a terminal, a notebook's text)."""
 
 from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from ...bench.spec.schema import cell_float, cell_true, key_text
-from ..phase_check import check_sentence
-from .headline_table import GROUP_BY, Headline
+from ..phases.check import check_sentence
 
 # Where the report lists what a count counts (tables.py's lists; page ids in sections.py).
 LINKS = {"noisy": "noisy-rows", "above_roof": "above-roof-rows", "failed": "not-ok-rows", "incorrect": "not-ok-rows",
@@ -18,6 +18,32 @@ LINKS = {"noisy": "noisy-rows", "above_roof": "above-roof-rows", "failed": "not-
 COUNT_WORDS = {"noisy": "noisy", "above_roof": "above roof", "failed": "failed", "incorrect": "incorrect",
                "skipped": "skipped"}
 OPS_HEADER = ("op", "phase", "best", "% of roof", "cases", "bound", "next best")
+GROUP_BY = ("device", "mode", "timer", "profiled", "dtype")  # a headline group: rows never pooled across these
+
+
+@dataclass(repr=False)
+class Headline:
+    """The answer a reader came for. `frame`: one row per performance group, op and phase (headline_table.COLUMNS);
+    `correctness`: the interpreter-mode rows per device, dtype, op and impl; `counts`: per group the rows ok,
+    noisy, above their roof, failed, incorrect and skipped; `phases`: one dict of small tables per phases
+    folder. `html()` and `markdown()` render it; a notebook shows it as HTML."""
+
+    frame: pd.DataFrame
+    correctness: pd.DataFrame
+    counts: pd.DataFrame
+    phases: list[dict] = field(default_factory=list)
+
+    def html(self, *, links: bool = True) -> str:
+        return headline_html(self, links=links)
+
+    def markdown(self) -> str:
+        return headline_markdown(self)
+
+    def _repr_html_(self) -> str:
+        return self.html(links=False)
+
+    def __repr__(self) -> str:  # a terminal, and a notebook's text/plain
+        return self.markdown()
 
 
 def pct(value) -> str:

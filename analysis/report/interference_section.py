@@ -7,8 +7,8 @@ import html
 
 import pandas as pd
 
-from ..interference import SHOWN, ordered, verdicts
-from ..interference_plots import CAPTIONS, INTERFERENCE_FIGURES
+from ..interference.figures import CAPTIONS, INTERFERENCE_FIGURES
+from ..interference.rows import SHOWN, ordered, verdicts
 from .context import Context, Section, figure_grid, folded
 
 NOTE = ("Measured, not composed (phasebench interference): the model's decode step timed alone, while a prefill of "

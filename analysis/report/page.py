@@ -1,4 +1,5 @@
-"""The page: every figure as PNG, summary.csv and one self-contained report.html, made of SECTIONS in order."""
+"""The top of the report: write_report runs SECTIONS in order into one self-contained report.html (beside the
+PNGs and summary.csv the sections write), with its title line, navigation and style."""
 
 from __future__ import annotations
 
@@ -8,13 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .._figures import op_rows
-from ..linear_plots import layer_tokens_per_second, linear_sweep
-from ..phase_plots import phase_comparison, tokens_per_second
-from ..roofline_plot import roofline
-from ..scaling_plots import decode_scaling, prefill_scaling
-from ..speedup import speedup
 from .context import Context, Section
+from .sections import SECTIONS
 from .tables import profiled, report_rows, runs_table
 
 STYLE = """
@@ -40,7 +36,7 @@ section { margin-top: 18px; min-width: 0; }
 .hl-block p { margin: 3px 0; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #d4d4d4; padding: 2px 7px; white-space: nowrap; text-align: left; vertical-align: top; }
-th { background: #eef0f3; }
+th { background: #eef0f3; } thead th { white-space: normal; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.long { white-space: normal; min-width: 16em; max-width: 42em; }
 table.hl { background: #fff; } table.hl td:nth-child(n+6) { white-space: normal; }
@@ -52,28 +48,6 @@ figcaption { color: #555; font-size: 13px; margin-top: 3px; }
 .figures > .wide { grid-column: 1 / -1; }
 details { margin: 6px 0 10px; } summary { cursor: pointer; font-weight: 600; }
 """
-
-
-def has_op(df: pd.DataFrame, op: str) -> bool:
-    return not op_rows(df, op).empty
-
-
-def figures(df: pd.DataFrame, *, datasheet: dict | None = None, baseline: str = "naive") -> dict:
-    """Every figure of the rows by name (a name is also the PNG's file stem), roofline first: the attention
-    figures when the frame holds attention rows, the linear ones when it holds linear rows."""
-    found = {"roofline": roofline(df, datasheet=datasheet, legend="below")}
-    if has_op(df, "attention") or not has_op(df, "linear"):
-        found.update({
-            "phase_comparison": phase_comparison(df),
-            "tokens_per_second": tokens_per_second(df),
-            "prefill_scaling": prefill_scaling(df),
-            "decode_scaling": decode_scaling(df),
-        })
-    found["speedup"] = speedup(df, baseline=baseline)
-    if has_op(df, "linear"):
-        found["linear_sweep"] = linear_sweep(df)
-        found["layer_tokens_per_second"] = layer_tokens_per_second(df)
-    return found
 
 
 def write_report(
@@ -98,10 +72,8 @@ def write_report(
     include_profiled; they then form groups of their own. `phases` (load_phases of a `phasebench phases` folder,
     or a list of them) adds the phases to the headline, their figures and a Phases section; `found` gives what
     sources of other kinds hold ({kind: [...]}, as analysis.report.sources.Sources.found reads them);
-    `comparison` (a frame of analysis.compare.compare) adds a Comparison section, comparison.png and
+    `comparison` (a frame of analysis.comparison.pairs.compare) adds a Comparison section, comparison.png and
     comparison.csv."""
-    from .sections import SECTIONS
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     kinds = {kind: list(values) for kind, values in (found or {}).items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from ..paged_plots import CAPTION, interpreted_paged, paged_figure, paged_rows, paged_table
+from ..figures.paged import CAPTION, interpreted_paged, paged_figure, paged_rows, paged_table
 from .context import Context, Section, figure_grid, folded
 
 NOTE = ("vs_contiguous = GB/s at this page size / GB/s of the same case with a contiguous cache, per implementation "

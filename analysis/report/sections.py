@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import html
 
-from .._figures import op_rows
-from ..compare import VERDICTS
-from ..linear_plots import linear_crossings
-from ..phase_check import check_sentence
-from ..phases import PHASE_FIGURES, reference_table
+from ..comparison.pairs import VERDICTS
+from ..figures.kit import op_rows
+from ..figures.linear import linear_crossings
+from ..phases.check import check_sentence
+from ..phases.figures import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
 from .interference_section import interference_section
@@ -154,11 +154,11 @@ def linear_section(ctx: Context) -> Section | None:
 
 
 def comparison_section(ctx: Context) -> Section | None:
-    """New against base (analysis.compare), only when a comparison was made: its figure, the pairs, the status
+    """New against base (analysis.comparison), only when a comparison was made: its figure, the pairs, the status
     changes, and the rows on one side only as counts with their lists folded."""
     if ctx.comparison is None:
         return None
-    from ..compare_output import comparison_figure, comparison_note, comparison_tables, no_pair_hint
+    from ..comparison.display import comparison_figure, comparison_note, comparison_tables, no_pair_hint
 
     frame = ctx.comparison
     ctx.paths["comparison_csv"] = ctx.out / "comparison.csv"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from ...bench.spec.schema import conform
-from ..interference import load_interference
-from ..load import load
-from ..phases_folder import META as PHASES_META
-from ..phases_folder import load_phases
+from ..interference.rows import load_interference
+from ..loading.results import load
+from ..phases.folder import META as PHASES_META
+from ..phases.folder import load_phases
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,10 @@ def read_sources(*paths) -> Sources:
 
 
 def comparison_of(sources: Sources, *, force: bool = False) -> tuple[pd.DataFrame | None, str]:
-    """(the comparison, "") of exactly two comparable sources (analysis.compare) when they share a measurement
+    """(the comparison, "") of exactly two comparable sources (analysis.comparison) when they share a measurement
     (a pair, or a row whose status changed), or always with `force`; else (None, why not). `force` with another
     number of sources, or sources compare refuses, raises ValueError."""
-    from ..compare import compare
+    from ..comparison.pairs import compare
 
     paths = sources.comparable()
     if len(paths) != 2:

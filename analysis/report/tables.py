@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ...bench.spec.schema import STATUSES, cell_true
-from .._figures import (
+from ..figures.kit import (
     GROUP_FIELDS,
     flag,
     interpreter,

@@ -1,6 +1,8 @@
-"""phasebench.bench.cli: the `phasebench` command line: the verbs (main), the sweep verbs beyond one process
-(sweeps), the result verbs (results) and the session verbs (session). The one place that wires bench, kernels,
-profiles and analysis together; each verb imports its module only when it runs."""
+"""phasebench.bench.cli: the `phasebench` command line. main builds the parser and holds list, run, profile and
+ceilings; each other module holds its verbs with their parsers: sweeps (run --shard / --ray, merge), results
+(report, compare), phases_verb, interference_verb and session (env, selfcheck, wheels); options holds what several
+verbs share (the case selection, isolation, option checks). The one place that wires bench, kernels, profiles and
+analysis together; each verb imports what it runs only when it runs."""
 
 import time
 

@@ -12,25 +12,30 @@ from pathlib import Path
 
 from ..sweep.selection import (
     UsageError,
-    add_isolation_arguments,
     build_cases,
-    case_argv,
     case_ops,
-    check_counts,
-    check_seconds,
-    check_writable,
     default_dtype,
-    isolation_of,
     load_plugins,
-    out_dir_for,
     resolve_device,
     resolve_impls,
 )
 from . import STARTED
-from .interference import add_interference_verb
-from .results import cmd_compare, cmd_phases, cmd_report
+from .interference_verb import add_interference_verb
+from .options import (
+    WARM_HELP,
+    add_case_arguments,
+    add_isolation_arguments,
+    check_counts,
+    check_seconds,
+    check_writable,
+    isolation_of,
+    out_dir_for,
+    selection_of,
+)
+from .phases_verb import add_phases_verb
+from .results import add_compare_verb, add_report_verb
 from .session import add_session_verbs
-from .sweeps import cmd_merge, cmd_run_ray, shard_of_run
+from .sweeps import add_merge_verb, cmd_run_ray, shard_of_run
 
 
 def package_version() -> str:
@@ -38,10 +43,6 @@ def package_version() -> str:
         return version("phasebench")
     except PackageNotFoundError:
         return "unknown"
-
-
-
-
 
 
 def cmd_list(args) -> int:
@@ -80,7 +81,7 @@ def cmd_run(args) -> int:
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
-    cases, suite = build_cases(args, device)
+    cases, suite = build_cases(selection_of(args), device)
     impls = resolve_impls(args.impl, device, case_ops(cases))
     out = out_dir_for(args)
     if args.resume and not args.out:
@@ -154,28 +155,12 @@ def cmd_ceilings(args) -> int:
     return 0
 
 
-def add_case_arguments(verb: argparse.ArgumentParser) -> None:
-    verb.add_argument("--suite", default="quick",
-                      help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
-                           "prefill-linear, full")
-    verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
-    verb.add_argument("--impl", nargs="+", metavar="I",
-                      help="implementations (default: all available here); each case runs those its operator has")
-    verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
-    verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
-    verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
-    verb.add_argument("--plugin", action="append", metavar="MODULE",
-                      help="import MODULE (or a .py file) first, so the kernels it registers can be named with --impl")
-    verb.add_argument("--shape", action="append", metavar="K=V,...",
-                      help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
-
-
 def cmd_profile(args) -> int:
     check_seconds(args, "case_timeout")
     isolation = isolation_of(args, start=args.tool == "torch" or args.tool is None)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
-    cases, suite = build_cases(args, device)
+    cases, suite = build_cases(selection_of(args), device)
     impls = resolve_impls(args.impl, device, case_ops(cases))
     from ...profiles import capture
 
@@ -185,7 +170,7 @@ def cmd_profile(args) -> int:
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("profile-%Y%m%d-%H%M%S")
     check_writable(out)
     if tool == "nsys":
-        program = [sys.executable, "-m", "phasebench.bench.cli", "run", *case_argv(args),
+        program = [sys.executable, "-m", "phasebench.bench.cli", "run", *selection_of(args).argv(),
                    "--out", str(out / "run"), "--cuda-profiler-range", *isolation.argv()]
         profile_path = capture.run_nsys(out / "profile", program)
     else:
@@ -200,10 +185,6 @@ def cmd_profile(args) -> int:
     print(capture.format_summary(summary))
     print(f"\nprofile: {profile_path}; tables: {out}/kernels, ranges, summary (.parquet, .csv); rows: {out}/run")
     return 0
-
-
-WARM_HELP = ("host: time each op with warm caches (default: the weights and the KV cache cold, read from memory "
-             "as a forward pass streams them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,12 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --ray: at most N workers (CPU workers where there are no GPUs)")
     run.set_defaults(func=cmd_run)
 
-    merge = verbs.add_parser("merge", help="join the shard folders of one sweep into one result set")
-    merge.add_argument("shards", nargs="+", metavar="DIR",
-                       help="shard folders (`phasebench run --shard K/N --out DIR`)")
-    merge.add_argument("--out", required=True, help="folder for the merged results")
-    merge.add_argument("--partial", action="store_true", help="merge even with shards missing or unfinished")
-    merge.set_defaults(func=cmd_merge)
+    add_merge_verb(verbs)
 
     prof = verbs.add_parser("profile", help="profile cases with nsys (CUDA) or torch.profiler, tables per case")
     add_case_arguments(prof)
@@ -257,79 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_isolation_arguments(prof)
     prof.set_defaults(func=cmd_profile)
 
-    report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
-    report.add_argument("results", nargs="*", help="run folders, results files, pytest-benchmark JSON, "
-                                                   "`phasebench phases` and `phasebench interference` folders, in "
-                                                   "any mix "
-                                                   "(default: every folder under ./results/)")
-    report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
-    report.add_argument("--include-profiled", action="store_true",
-                        help="keep rows measured under a profiler (`phasebench profile`); left out by default")
-    report.add_argument("--compare", action="store_true",
-                        help="compare the two result sets given even when they share no measurement (by default "
-                             "two result sets get a comparison section only when they share one)")
-    report.set_defaults(func=cmd_report)
-
-    phases = verbs.add_parser("phases", help="TTFT, TPOT and tokens/s of a model composed from measured kernels, "
-                                             "checked against a real forward pass")
-    phases.add_argument("--model", default="llama-3-8b",
-                        help="a preset or name=...,hidden=...,... (default llama-3-8b)")
-    phases.add_argument("--prompt", nargs="+", type=int, metavar="P", help="prompt lengths (TTFT)")
-    phases.add_argument("--batch", nargs="+", type=int, metavar="B", help="decode batches (TPOT, the batch sweep)")
-    phases.add_argument("--context", type=int, help="tokens already in each decode sequence's cache")
-    phases.add_argument("--chunk", nargs="+", type=int, metavar="C", help="chunked-prefill chunk sizes")
-    phases.add_argument("--chunk-batch", type=int, help="decode batch running beside the chunked prompt")
-    phases.add_argument("--reference-layers", type=int, help="layers of the real forward pass timed as a check")
-    phases.add_argument("--reference-batch", nargs="+", type=int, metavar="B",
-                        help="decode batches the real forward pass checks (default 1 and 8 on the host, 1 and 16 "
-                             "on a GPU; the prefill check is the longest prompt)")
-    phases.add_argument("--reference", nargs="+", choices=("phasebench", "transformers"), metavar="IMPL",
-                        help="real forward passes to check the composition against: phasebench's decoder (always) "
-                             "and transformers' LlamaForCausalLM with random weights where installed")
-    phases.add_argument("--reference-rounds", type=int, metavar="N",
-                        help="rounds of the check's ops, each between two timings of the real forward pass, so "
-                             "that both sides see the same machine (default 5; 1 with --time-budget)")
-    phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
-    phases.add_argument("--page-size", type=int, metavar="P",
-                        help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
-                             "contiguous); the prompt's own attention stays contiguous")
-    phases.add_argument("--sample-time", type=float, metavar="S",
-                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.25 on the host)")
-    phases.add_argument("--warm", action="store_true", help=WARM_HELP)
-    phases.add_argument("--time-budget", type=float, metavar="S",
-                        help="wall seconds for the whole command: the ops that would overrun are recorded skipped "
-                             "(the scenarios that need them left blank), time kept for the reference and tables")
-    add_isolation_arguments(phases)
-    phases.add_argument("--retry-noisy", type=int, default=2, metavar="N",
-                        help="measure the ops timed on a busy machine again at the end, up to N times each (default "
-                             "2): the composition takes quiet rows only")
-    phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
-    phases.add_argument("--interference", nargs="+", metavar="DIR",
-                        help="`phasebench interference` folders: their measured stretches replace the co-located "
-                             "estimate and give the protected one")
-    phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
-    phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
-    phases.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")
-    phases.add_argument("--out", help="folder (default: a new ./results/phases-<timestamp>/)")
-    phases.set_defaults(func=cmd_phases)
-
-    comp = verbs.add_parser("compare", help="pair the same measurements of two result sets: ratio of medians with "
-                                            "a confidence interval, faster / slower / within noise")
-    comp.add_argument("base", help="base results: a run folder, results file or pytest-benchmark JSON")
-    comp.add_argument("new", nargs="?", help="new results (with --by impl, default: BASE again)")
-    comp.add_argument("--by", choices=("run", "impl", "device", "timer"), default="run",
-                      help="what differs between the sides (default run: the same cases measured twice)")
-    comp.add_argument("--base-impl", metavar="I", help="with --by impl: the base implementation")
-    comp.add_argument("--new-impl", metavar="J", help="with --by impl: the implementation compared against it")
-    comp.add_argument("--threshold", default="5%", help="smallest change called faster or slower (default 5%%)")
-    comp.add_argument("--confidence", type=float, default=0.95, help="of the intervals (default 0.95)")
-    comp.add_argument("--fail-on-regression", action="store_true",
-                      help="exit 1 when a pair is slower beyond the threshold with confidence, a row that was ok is "
-                           "not (incorrect, failed, skipped), or an ok row of BASE is missing from NEW (for CI)")
-    comp.add_argument("--allow-missing", action="store_true",
-                      help="with --fail-on-regression: rows missing from NEW do not fail it")
-    comp.add_argument("--out", help="folder for comparison.csv, comparison.png and a report.html")
-    comp.set_defaults(func=cmd_compare)
+    add_report_verb(verbs)
+    add_phases_verb(verbs)
+    add_compare_verb(verbs)
 
     ceil = verbs.add_parser("ceilings", help="measured bandwidth and matmul peaks (cached per machine)")
     ceil.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")

@@ -1,100 +1,12 @@
-"""The verbs that compose and read results: `phases`, `report` and `compare`."""
+"""The verbs that read results: `report` (the page) and `compare` (two result sets), each with its parser."""
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from pathlib import Path
 
-from ..sweep.selection import (
-    UsageError,
-    check_counts,
-    check_seconds,
-    check_writable,
-    isolation_of,
-    load_plugins,
-    resolve_device,
-)
-from . import STARTED
-
-
-def parse_op_impls(items) -> dict[str, str]:
-    """`attention=triton linear=torch` as a dict; one-line UsageError otherwise."""
-    from ...kernels import OPS
-
-    out = {}
-    for item in items or ():
-        op, sep, impl = item.partition("=")
-        if not sep or op not in OPS or impl not in OPS[op]:
-            raise UsageError(f"impl: expected OP=IMPL with OP in {', '.join(OPS)} and one of its impls, got {item!r}")
-        out[op] = impl
-    return out
-
-
-def cmd_phases(args) -> int:
-    check_seconds(args, "sample_time", "case_timeout", "time_budget")
-    check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
-                 "reference_rounds")
-    check_counts(args, "retry_noisy", minimum=0)
-    isolation = isolation_of(args, start=True)
-    load_plugins(args.plugin)
-    device = resolve_device(args.device)
-    from ..spec.models import model_config
-
-    try:
-        model = model_config(args.model)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if args.reference_layers is not None and args.reference_layers > model.layers:
-        raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
-    references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
-    if "transformers" in references:
-        from ..phases.hf_reference import transformers_module
-
-        try:
-            transformers_module()
-        except ImportError as err:
-            raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
-    out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
-    check_writable(out)
-    from ...analysis import phase_model as pm
-    from ..phases.run_phases import PhasesConfig, ops_timer, run_phases
-    from ..sweep.console import Progress
-
-    impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
-    if args.page_size is not None and args.page_size < 0:
-        raise UsageError(f"page-size: must be a non-negative number of tokens (0: contiguous), got {args.page_size}")
-    cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
-                                batches=tuple(args.batch) if args.batch else None, context=args.context,
-                                chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
-                                reference_layers=args.reference_layers, dtype=args.dtype, page_size=args.page_size,
-                                reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
-                                references=references,
-                                reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
-    cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
-    cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
-    cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
-    reuse = None
-    try:
-        if args.reuse:
-            from ...analysis import load
-
-            reuse = load(*args.reuse)
-        if args.interference:
-            from ...analysis.interference import load_interference
-
-            cfg.interference = load_interference(*args.interference)
-    except (ValueError, FileNotFoundError) as err:
-        raise UsageError(str(err).splitlines()[0]) from None
-    paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
-    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}) -> {out}", file=sys.stderr)
-    tables = run_phases(cfg, reuse)
-    from ...analysis.phases import phases_summary, write_phase_figures
-
-    print(phases_summary(tables))
-    figures = write_phase_figures(tables, out)
-    print(f"\ntables: {out}/*.csv, phases.json; rows: {out}/ops; figures: {', '.join(p.name for p in figures)}")
-    return 0
+from ..sweep.selection import UsageError
+from .options import check_writable
 
 
 def cmd_report(args) -> int:
@@ -127,8 +39,8 @@ def cmd_report(args) -> int:
 
 def cmd_compare(args) -> int:
     from ...analysis import load
-    from ...analysis.compare import compare, parse_threshold, regression_line, regressions
-    from ...analysis.compare_output import format_comparison
+    from ...analysis.comparison.display import format_comparison
+    from ...analysis.comparison.pairs import compare, parse_threshold, regression_line, regressions
 
     try:
         threshold = parse_threshold(args.threshold)
@@ -162,3 +74,40 @@ def cmd_compare(args) -> int:
               f"; slower means by more than {threshold:.0%} with {args.confidence:.0%} confidence)", file=sys.stderr)
         return 1
     return 0
+
+
+def add_report_verb(verbs) -> None:
+    """The `report` verb and its options."""
+    report = verbs.add_parser("report", help="roofline and phase figures (PNG) and an HTML page from results")
+    report.add_argument("results", nargs="*", help="run folders, results files, pytest-benchmark JSON, "
+                                                   "`phasebench phases` and `phasebench interference` folders, in "
+                                                   "any mix "
+                                                   "(default: every folder under ./results/)")
+    report.add_argument("--out", default="report", help="folder for the PNGs and report.html (default: ./report)")
+    report.add_argument("--include-profiled", action="store_true",
+                        help="keep rows measured under a profiler (`phasebench profile`); left out by default")
+    report.add_argument("--compare", action="store_true",
+                        help="compare the two result sets given even when they share no measurement (by default "
+                             "two result sets get a comparison section only when they share one)")
+    report.set_defaults(func=cmd_report)
+
+
+def add_compare_verb(verbs) -> None:
+    """The `compare` verb and its options."""
+    comp = verbs.add_parser("compare", help="pair the same measurements of two result sets: ratio of medians with "
+                                            "a confidence interval, faster / slower / within noise")
+    comp.add_argument("base", help="base results: a run folder, results file or pytest-benchmark JSON")
+    comp.add_argument("new", nargs="?", help="new results (with --by impl, default: BASE again)")
+    comp.add_argument("--by", choices=("run", "impl", "device", "timer"), default="run",
+                      help="what differs between the sides (default run: the same cases measured twice)")
+    comp.add_argument("--base-impl", metavar="I", help="with --by impl: the base implementation")
+    comp.add_argument("--new-impl", metavar="J", help="with --by impl: the implementation compared against it")
+    comp.add_argument("--threshold", default="5%", help="smallest change called faster or slower (default 5%%)")
+    comp.add_argument("--confidence", type=float, default=0.95, help="of the intervals (default 0.95)")
+    comp.add_argument("--fail-on-regression", action="store_true",
+                      help="exit 1 when a pair is slower beyond the threshold with confidence, a row that was ok is "
+                           "not (incorrect, failed, skipped), or an ok row of BASE is missing from NEW (for CI)")
+    comp.add_argument("--allow-missing", action="store_true",
+                      help="with --fail-on-regression: rows missing from NEW do not fail it")
+    comp.add_argument("--out", help="folder for comparison.csv, comparison.png and a report.html")
+    comp.set_defaults(func=cmd_compare)

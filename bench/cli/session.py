@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, check_seconds, check_writable, resolve_device
+from ..sweep.selection import UsageError, resolve_device
+from .options import check_seconds, check_writable
 
 
 def cmd_env(args) -> int:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, case_argv, check_writable, isolation_of, out_dir_for
+from ..sweep.selection import UsageError
+from .options import check_writable, isolation_of, out_dir_for, selection_of
 
 
 def run_command(args) -> str:
     """This `phasebench run`'s selection as a command line, for the resume hints of shards."""
     import shlex
 
-    return shlex.join(["phasebench", "run", *case_argv(args), *(["--cuda-graph"] if args.cuda_graph else [])])
+    return shlex.join(["phasebench", "run", *selection_of(args).argv(), *(["--cuda-graph"] if args.cuda_graph else [])])
 
 
 def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):
@@ -56,14 +57,14 @@ def cmd_run_ray(args) -> int:
         raise UsageError("retry-failed: goes with --resume --out DIR")
     if importlib.util.find_spec("ray") is None:
         raise UsageError("ray: not installed here; pip install 'phasebench[cluster]'")
-    from ..sweep.ray_runner import RaySweep, Selection, probe_head, run_sweep
+    from ..sweep.ray_runner import RaySweep, probe_head, run_sweep
 
     probe_head(args.ray)  # before anything is written
     out = out_dir_for(args).resolve()
     check_writable(out)
 
-    return run_sweep(RaySweep(Selection.from_args(args), out, address=args.ray or None, workers=args.workers,
-                              resume=args.resume, retry_failed=args.retry_failed,
+    return run_sweep(RaySweep(selection_of(args).portable(), out, address=args.ray or None, workers=args.workers,
+                              cuda_graph=args.cuda_graph, resume=args.resume, retry_failed=args.retry_failed,
                               refresh_ceilings=args.refresh_ceilings, command=run_command(args),
                               isolation=isolation_of(args)))
 
@@ -85,3 +86,13 @@ def cmd_merge(args) -> int:
         missing = ", ".join(f"{k}/{sweep['of']}" for k in sweep["missing"])
         print(f"warning: shard(s) {missing} missing", file=sys.stderr)
     return 0
+
+
+def add_merge_verb(verbs) -> None:
+    """The `merge` verb and its options."""
+    merge = verbs.add_parser("merge", help="join the shard folders of one sweep into one result set")
+    merge.add_argument("shards", nargs="+", metavar="DIR",
+                       help="shard folders (`phasebench run --shard K/N --out DIR`)")
+    merge.add_argument("--out", required=True, help="folder for the merged results")
+    merge.add_argument("--partial", action="store_true", help="merge even with shards missing or unfinished")
+    merge.set_defaults(func=cmd_merge)

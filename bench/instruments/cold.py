@@ -24,12 +24,14 @@ MAX_COPIES = 32
 
 @dataclass(frozen=True)
 class ColdCalls:
-    """The calls a timer takes in turn, what it runs before each (outside the clock), and how the operands were
-    made cold."""
+    """The calls a timer takes in turn, what it runs before each (outside the clock), how the operands were made
+    cold, and the inputs the calls read (the case's own, then the copies: what an in-place op writes is reset in
+    each before a judged call)."""
 
     calls: tuple[Callable[[], object], ...]
     evict: Callable[[], None] | None
     how: str
+    inputs: tuple = ()
 
 
 def nbytes(tensors) -> int:
@@ -53,13 +55,13 @@ def plan(state, impl: str, call, *, cold: bool, mode: str) -> ColdCalls:
     op, device = state.op, state.device
     names = tuple(op.streamed)
     if not cold or device.type != "cpu" or not names or mode == "interpreter":
-        return ColdCalls((call.run,), None, "warm")
+        return ColdCalls((call.run,), None, "warm", (state.inputs,))
     count = rotation(nbytes(getattr(state.inputs, n) for n in names), device)
     if count:
         copies = state.cold_copies(names, count)
         calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
-        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies")
-    return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC written before each call")
+        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies", (state.inputs, *copies))
+    return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC written before each call", (state.inputs,))
 
 
 def rotation(streamed: int, device) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,23 +10,38 @@ import torch
 
 from .roofline import TORCH_DTYPES
 
-# fp32 has a fixed relative budget; in fp16/bf16 an output may err at most FACTOR times the error of
-# the same naive math in that dtype, plus EPS (FlashAttention's rule): a fixed budget wide enough
-# for the worst correct case lets a kernel that drops a 64-key block at long context through.
+# fp32 has a fixed relative budget; in fp16/bf16 an output may err at most FACTOR times the error of the same math
+# in that dtype (the operator's baseline, written independently of every impl it judges), plus EPS (FlashAttention's
+# rule): a fixed budget wide enough for the worst correct case lets a kernel that drops a 64-key block at long
+# context through.
 FIXED_TOLERANCE = {"float32": 1e-4}
 FACTOR = 2.0
 EPS = 1e-5
 ROW_FLOOR = 1e-3  # a row's own scale, floored at this share of the tensor's largest |ref|
+# The largest baseline error a limit may come from: 4 units of roundoff of the dtype (u = 2**-8 in bf16, 2**-11 in
+# fp16). A sound baseline rounds its output once (at most u of a row's largest value) and a few intermediates
+# (attention its probabilities, rmsnorm and silu twice, RoPE three times: about 3.8 u at worst; fp32 sums add about
+# nothing): on the test and CPU suite cases attention errs up to 1.4 u, linear 1.0 u, elementwise 1.9 u (RoPE).
+# More than 4 u means the baseline lost the row (an overflow, a cancellation, a case the dtype cannot hold), and a
+# limit of 2 x that would pass kernels that drop a 64-key block at long context (1-4% in bf16).
+BASELINE_CAP = {"bfloat16": 4 * 2.0 ** -8, "float16": 4 * 2.0 ** -11}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether an output passed, its relative error, the limit it was held to, and why not."""
+    """Whether an output passed, its relative error, the limit it was held to, and why not; `judged` is False when
+    the gate could not set a limit (a non-finite or capped baseline): the row then fails instead of passing."""
 
     ok: bool
     error: float
     limit: float
     reason: str = ""
+    judged: bool = True
+
+    @property
+    def status(self) -> str:
+        """The row's status: ok, incorrect (the output is wrong) or failed (the output could not be judged)."""
+        return "ok" if self.ok else ("incorrect" if self.judged else "failed")
 
 
 @dataclass(frozen=True)
@@ -54,38 +70,69 @@ def row_errors(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """The worst row's relative error (see row_errors); the statistic the gate and its naive baseline share."""
+    """The worst row's relative error (see row_errors); the statistic the gate and the baselines share."""
     return float(row_errors(out, ref).max())
 
 
+def baseline_problem(dtype: str, baseline_error: float) -> str | None:
+    """Why no limit can come from `baseline_error` in `dtype` (not finite, or above the dtype's cap); None if sound."""
+    if not math.isfinite(baseline_error):
+        return f"the {dtype} baseline errs {baseline_error:.3g}: not finite, so no limit can be set"
+    cap = BASELINE_CAP.get(dtype)
+    if cap is not None and baseline_error > cap:
+        return (f"the {dtype} baseline errs {baseline_error:.3g}, above its cap {cap:.3g} (4 units of {dtype} "
+                "roundoff): a limit from it would pass wrong kernels")
+    return None
+
+
 def limit_for(dtype: str, baseline_error: float | None) -> float:
-    """The largest relative error a correct output may have in `dtype`."""
+    """The largest relative error a correct output may have in `dtype`; ValueError, with one line, when the baseline
+    is missing, not finite or above the dtype's cap (never an infinite limit)."""
     if dtype in FIXED_TOLERANCE:
         return FIXED_TOLERANCE[dtype]
     if baseline_error is None:
-        raise ValueError(f"baseline_error: needed for {dtype} (the naive error in that dtype)")
+        raise ValueError(f"baseline_error: needed for {dtype} (the error of the same math in that dtype)")
+    problem = baseline_problem(dtype, baseline_error)
+    if problem:
+        raise ValueError(f"baseline_error: {problem}")
     return FACTOR * baseline_error + EPS
 
 
+def _output_problem(out, reference: torch.Tensor, dtype: torch.dtype | None) -> str | None:
+    """Why `out` cannot be compared with `reference`: not a tensor, another shape, not `dtype` (None: any), NaN or
+    inf; None if it can."""
+    if not isinstance(out, torch.Tensor):
+        return f"output is a {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(reference.shape):
+        return f"output shape {tuple(out.shape)} differs from the expected {tuple(reference.shape)}"
+    if dtype is not None and out.dtype != dtype:
+        return f"output dtype {out.dtype} differs from the input dtype {str(dtype).removeprefix('torch.')}"
+    if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+        return "output holds NaN or inf"
+    return None
+
+
 def judge(out, reference: torch.Tensor, dtype: str, baseline_error: float | None = None) -> Verdict:
-    """Check shape, dtype, finiteness and error of `out` against the higher-precision `reference`."""
+    """Check shape, dtype, finiteness and error of `out` against the higher-precision `reference`, in fp16/bf16 against
+    a limit from a finite, capped baseline (otherwise the verdict is a failure: the row cannot be judged)."""
+    expected = TORCH_DTYPES[dtype]
     if isinstance(reference, Viewed):
         try:
             out = reference.view(out)
         except ValueError as err:
             return Verdict(False, float("inf"), 0.0, str(err).splitlines()[0] if str(err) else "unviewable output")
-        reference = reference.tensor
-    if not isinstance(out, torch.Tensor):
-        return Verdict(False, float("inf"), 0.0, f"output is a {type(out).__name__}, not a tensor")
-    if tuple(out.shape) != tuple(reference.shape):
-        return Verdict(False, float("inf"), 0.0,
-                       f"output shape {tuple(out.shape)} differs from the expected {tuple(reference.shape)}")
-    if out.dtype != TORCH_DTYPES[dtype]:
-        return Verdict(False, float("inf"), 0.0, f"output dtype {out.dtype} differs from the input dtype {dtype}")
-    limit = limit_for(dtype, baseline_error)
+        reference, expected = reference.tensor, None  # the view checked the output's tensors
+    problem = _output_problem(out, reference, expected)
+    if problem:
+        return Verdict(False, float("inf"), 0.0, problem)
     err = relative_error(out, reference)
+    unusable = None if dtype in FIXED_TOLERANCE or baseline_error is None else baseline_problem(dtype, baseline_error)
+    if unusable:
+        return Verdict(False, err, math.nan, unusable, judged=False)
+    limit = limit_for(dtype, baseline_error)
     if not err <= limit:
         rule = (f"the {dtype} limit {limit:.3g}" if dtype in FIXED_TOLERANCE else
-                f"the {dtype} limit {limit:.3g} ({FACTOR:g} x naive {dtype} error {baseline_error:.3g} + {EPS:g})")
+                f"the {dtype} limit {limit:.3g} ({FACTOR:g} x the {dtype} baseline's error {baseline_error:.3g} "
+                f"+ {EPS:g})")
         return Verdict(False, err, limit, f"worst row's relative error {err:.3g} above {rule}")
     return Verdict(True, err, limit)

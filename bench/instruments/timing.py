@@ -1,8 +1,10 @@
 """Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time.
 
 A timer takes one call or several equivalent ones (the same op on copies of its streamed operands, taken in
-turn so that none is still cached when it is read again) and an optional `evict` run before each call, outside
-the clock. It keeps the last timed call's output, so the gate can check what was timed as well as the first call.
+turn so that none is still cached when it is read again), an optional `evict` run before each call and an optional
+`before_last` run before the last one, outside the clock. It keeps the last timed call's output, so the gate can
+check what was timed as well as the first call (`before_last` poisons what an in-place op must rewrite, so that the
+check sees that call's writes and not an earlier one's).
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ def _samples_range(range_name: str | None, payload):
 
 
 def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: TimerConfig = TimerConfig(),
-             range_name: str | None = None, payload=None, evict: Callable[[], None] | None = None) -> Timing:
-    """perf_counter_ns around each call after warm-up, the calls taken in turn and `evict` run before each one
-    (outside the clock); range_name: NVTX range around the samples only."""
+             range_name: str | None = None, payload=None, evict: Callable[[], None] | None = None,
+             before_last: Callable[[], None] | None = None) -> Timing:
+    """perf_counter_ns around each call after warm-up, the calls taken in turn, `evict` run before each one and
+    `before_last` before the last (outside the clock); range_name: NVTX range around the samples only."""
     calls = _calls(fn)
     per_call, offset = _warm_up(calls, cfg, lambda: None, evict)
     n = _sample_count(per_call, cfg)
@@ -105,6 +108,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
         with _samples_range(range_name, payload):
             for i in range(n):
                 call = calls[(offset + i) % len(calls)]
+                if before_last is not None and i == n - 1:
+                    before_last()
                 if evict is not None:
                     evict()
                 if i < n - 1:
@@ -129,7 +134,7 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
-              stream: torch.cuda.Stream | None = None) -> Timing:
+              stream: torch.cuda.Stream | None = None, before_last: Callable[[], None] | None = None) -> Timing:
     """CUDA events around each call; an L2 flush (outside the events) before each one.
 
     range_name: NVTX range (with payload) around the samples only, after warm-up and graph capture,
@@ -138,15 +143,16 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
     output kept is the last call's, or the graph's output after its last replay.
     stream: run, record and wait on that stream only (a call timed beside work on other streams); by default the
     current stream, and waits synchronise the whole device.
+    before_last: run before the last sample's flush and start event (enqueued work outside the events).
     """
     if stream is not None:
         with torch.cuda.stream(stream):
-            return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize)
-    return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize)
+            return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize, before_last)
+    return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize, before_last)
 
 
 def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | None, payload,
-               sync: Callable[[], None]) -> Timing:
+               sync: Callable[[], None], before_last: Callable[[], None] | None = None) -> Timing:
     calls = _calls(fn)
     per_call, _ = _warm_up(calls, cfg, sync)
     runs, static = calls, [None] * len(calls)
@@ -170,6 +176,8 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
     sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
     with _samples_range(range_name, payload):
         for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            if before_last is not None and i == n - 1:
+                before_last()
             if flush is not None:
                 with nvtx_range(L2FLUSH):
                     flush.zero_()
@@ -186,10 +194,12 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
 
 def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
-              evict: Callable[[], None] | None = None, stream=None) -> Timing:
+              evict: Callable[[], None] | None = None, stream=None,
+              before_last: Callable[[], None] | None = None) -> Timing:
     """Time `fn` (or several equivalent calls in turn) on the device its tensors live on; range_name (if given) is
     the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2);
-    `stream`: a CUDA stream to time on alone (see time_cuda)."""
+    `before_last` before the last call, outside the clock; `stream`: a CUDA stream to time on alone (see
+    time_cuda)."""
     if device.type == "cuda":
-        return time_cuda(fn, device, cfg, range_name, payload, stream)
-    return time_cpu(fn, cfg, range_name, payload, evict)
+        return time_cuda(fn, device, cfg, range_name, payload, stream, before_last)
+    return time_cpu(fn, cfg, range_name, payload, evict, before_last)

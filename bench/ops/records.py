@@ -22,7 +22,9 @@ class Operator:
     min_bytes: Callable[[object], float]
     make_inputs: Callable[[object, torch.device, int], object]
     reference: Callable[[object, object, torch.device], torch.Tensor]
-    baseline_error: Callable[[object, object, torch.Tensor], float | None]  # None: the dtype's fixed limit
+    # (case, inputs, reference) -> the error of the same math in the case's low-precision dtype, written
+    # independently of every registered impl (the gate's limit is a multiple of it); None: the dtype's fixed limit
+    baseline_error: Callable[[object, object, torch.Tensor], float | None]
     prepare: Callable[[object, object, str], object]  # (case, inputs, impl) -> a planned call
     does_not_fit: Callable[..., str | None]  # (case, impl, device, *, resident, free)
     key: Callable[[object, str], str]  # the NVTX name of (case, impl)
@@ -32,6 +34,10 @@ class Operator:
     # checked after the standard inputs; None for an operator without such a regime
     stress: Callable[[object, object], object] | None = None
     stress_note: str = ""  # what the stress inputs are, for the reason of a row that fails on them
+    # (case, inputs) -> None, for an op that writes into its inputs in place (kv_append): poisons (or restores, where
+    # the op also reads it) what a call must write, run before every judged call (the gate's and the last timed
+    # one), so that a call which skips a write fails whatever an earlier call left there; None: out of place only
+    poison_written: Callable[[object, object], None] | None = None
 
 
 OPERATORS: dict[str, Operator] = {}

@@ -1,6 +1,6 @@
 """A step's ops called back to back in the step's order, as a forward pass runs them: one layer's ops (each as often
 as a layer runs it) and the head's, timed as one call on the ops' worker, and each op alone on the same inputs, in
-turns. What the sequence costs beyond the sum alone is the phase model's sequence term (analysis.phase_model).
+turns. What the sequence costs beyond the sum alone is the phase model's sequence term (analysis.phases.model).
 
 On the host the streamed operands (weights, the KV cache) are cold as in the sweep: alone, each op takes the sweep's
 own plan (copies in turn, or an eviction); in sequence, the calls take turns over copies of the whole layer's
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ...analysis import phase_model as pm
+from ...analysis.phases import model as pm
 from ..instruments import cold as cold_operands
 from ..instruments.host_cache import evictor
 from ..instruments.timing import TimerConfig, time_call

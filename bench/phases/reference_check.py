@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...analysis.phase_check import ReferencePlan
+from ...analysis.phases.check import ReferencePlan
 from ..instruments.timing import TimerConfig
 from ..sweep.runner import RunConfig, impls_for, run
 from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError, release_case

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...analysis import phase_check
-from ...analysis import phase_model as pm
+from ...analysis.phases import check as phase_check
+from ...analysis.phases import model as pm
 from ..instruments.timing import TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig

@@ -13,7 +13,7 @@ from ...kernels import prepare
 from ..instruments.roofline import CEILING_TIMER, measure_bandwidth, measure_matmul
 from ..instruments.timing import time_cpu
 from ..ops.attention.cases import parse_shape
-from ..ops.attention.check import make_inputs
+from ..ops.attention.inputs import make_inputs
 from ..sweep.runner import CPU_TIMER
 
 

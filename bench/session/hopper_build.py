@@ -189,7 +189,7 @@ def variants(full: bool = False) -> list[Variant]:
         linear("splitk_gemv_kernel", "bf16", "M16", _gemv_tiles(16, [(lin.INTERPRETER_GEMV, 4, 3)]), "interpreter")
     # launched with fixed tiles and Triton's default 4 warps, 3 stages
     for dt in ("bf16", "fp32"):
-        add("reduce_kernel", dt, "", "fixed", {"BLOCK_S": dec.MAX_SPLITS, "BLOCK_D": 128}, 4, 3, {},
+        add("reduce_kernel", dt, "", "fixed", {"BLOCK_S": dec.MAX_SPLITS, "BLOCK_D": 128}, 4, 3, {"UPCAST": False},
             {"PART_M": "*fp32", "PART_L": "*fp32", "PART_ACC": "*fp32", "Out": f"*{dt}"})
         add("splitk_reduce_kernel", dt, "", "fixed", {"BLOCK": lin.REDUCE_BLOCK}, 4, 3, {"UPCAST": False},
             {"Part": "*fp32", "Out": f"*{dt}"})

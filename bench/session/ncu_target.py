@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..sweep.selection import UsageError, build_cases, load_plugins, resolve_device
+from ..sweep.selection import Selection, UsageError, build_cases, load_plugins, resolve_device
 
 
 def parse_args(argv):
@@ -30,15 +30,14 @@ def main(argv=None) -> int:
     try:
         load_plugins(args.plugin)
         device = resolve_device(args.device)
-        selection = argparse.Namespace(suite="custom", op=None, model=args.model, shape=[args.shape],
-                                       dtype=args.dtype)
-        (case,), _ = build_cases(selection, device)
+        (case,), _ = build_cases(Selection(suite="custom", model=args.model, shape=(args.shape,), dtype=args.dtype),
+                                 device)
     except (UsageError, ValueError) as err:
         print(f"ncu_target: error: {err}", file=sys.stderr)
         return 2
     from ...profiles.capture import cuda_profiler_range
     from ..instruments.roofline import on_device
-    from ..sweep.measure import CaseState, gate, sync
+    from ..sweep.measure import CaseState, gate, poison_written, sync
 
     with on_device(device):
         state = CaseState(case, device)
@@ -49,6 +48,7 @@ def main(argv=None) -> int:
             print(f"ncu_target: error: {args.impl} is incorrect on this case: {verdict.reason}", file=sys.stderr)
             return 1
         call.run()
+        poison_written(state, state.inputs)  # what an in-place op writes: the profiled calls must write it again
         sync(device)
         with cuda_profiler_range() if device.type == "cuda" else contextlib.nullcontext():
             for _ in range(args.calls):

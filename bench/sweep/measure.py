@@ -19,6 +19,7 @@ from ..instruments import cold as cold_operands
 from ..instruments.cold import cold_copies
 from ..instruments.gate import Verdict, judge
 from ..instruments.host_cache import last_level_cache
+from ..instruments.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
@@ -47,15 +48,16 @@ def one_line(err: BaseException) -> str:
 
 
 class Sampler(Protocol):
-    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one outside
-    the clock; `label` names the clock (it goes in the row's `timer` column), `cold` whether host operands that a
-    forward pass streams are timed cold."""
+    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one and
+    `before_last` before the last one, outside the clock; `label` names the clock (it goes in the row's `timer`
+    column), `cold` whether host operands that a forward pass streams are timed cold."""
 
     label: str
     cold: bool
 
     def __call__(self, calls: Sequence[Callable[[], object]], device: torch.device, *, range_name: str,
-                 payload: float, interpreter: bool, evict: Callable[[], None] | None = None) -> Timing: ...
+                 payload: float, interpreter: bool, evict: Callable[[], None] | None = None,
+                 before_last: Callable[[], None] | None = None) -> Timing: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +77,12 @@ class HarnessSampler:
             return "perf_counter_ns+cold" if self.config.cold else "perf_counter_ns"
         return "cuda-graph+events" if self.config.cuda_graph else "cuda-events"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None):
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None):
         cfg = self.config
         if interpreter:
             cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES)
-        return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict)
+        return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict,
+                         before_last=before_last)
 
 
 class Checked:
@@ -151,19 +154,33 @@ class CaseState:
         return self._copies[:count - 1]
 
 
+def poison_written(state: CaseState, *inputs) -> None:
+    """Before a judged call of an op that writes into its inputs in place: poison (or restore) what it must write."""
+    if state.op.poison_written is not None:
+        for x in inputs:
+            state.op.poison_written(state.case, x)
+
+
+def judged_call(state: CaseState, checked: Checked, run: Callable[[], object]) -> Verdict:
+    """One call judged against `checked`: what it writes in place poisoned first, its fresh allocations poisoned while
+    it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
+    with poisoned_allocations():
+        poison_written(state, checked.inputs)
+        out = run()
+        sync(state.device)
+    verdict = checked.judge(out)
+    scrub(out, keep=checked.inputs)
+    return verdict
+
+
 def gate(state: CaseState, call, impl: str) -> Verdict:
     """The first call's output on the standard inputs, then, where the operator has them, a call on its stress
     inputs: the verdict of the first that fails, else the standard one."""
-    out = call.run()
-    sync(state.device)
-    verdict = state.standard.judge(out)
-    del out
+    verdict = judged_call(state, state.standard, call.run)
     if not verdict.ok or state.stressed is None:
         return verdict
-    stressed = state.op.prepare(state.case, state.stressed.inputs, impl).run()
-    sync(state.device)
-    found = state.stressed.judge(stressed)
-    del stressed
+    found = judged_call(state, state.stressed,
+                        lambda: state.op.prepare(state.case, state.stressed.inputs, impl).run())
     if not found.ok:
         return dataclasses.replace(found, reason=f"{found.reason}, on {state.op.stress_note or 'stress inputs'}")
     return verdict
@@ -226,20 +243,22 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
             verdict = gate(state, call, impl)
         row["max_rel_err"] = verdict.error
         if not verdict.ok:
-            return {**row, "status": "incorrect", "reason": verdict.reason}
+            return {**row, "status": verdict.status, "reason": verdict.reason}
         with nvtx_range(stage_name(SETUP, key)):
             timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"])
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
-        with watch as seen:
+        with watch as seen:  # the last timed call must rewrite what an in-place op writes: poisoned before it
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
-                             interpreter=row["mode"] == "interpreter", evict=timed.evict)
+                             interpreter=row["mode"] == "interpreter", evict=timed.evict,
+                             before_last=functools.partial(poison_written, state, *timed.inputs))
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)
         with nvtx_range(stage_name(CHECK, key)):  # what was timed is checked too, not only the first call
             last = state.standard.judge(timing.last)
+            scrub(timing.last, keep=timed.inputs)
         del timed
         if not last.ok:
-            return {**row, "status": "incorrect", "max_rel_err": last.error,
+            return {**row, "status": last.status, "max_rel_err": last.error,
                     "reason": f"the last timed call: {last.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}

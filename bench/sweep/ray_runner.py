@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
@@ -11,35 +10,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .selection import UsageError
+from .selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 from .worker import IN_PROCESS, Isolation
 
 MARKER = ".phasebench-sweep"  # written by the driver: a worker that sees it shares the driver's filesystem
 SHIPPED = ("results.csv", "samples.jsonl", "results.parquet", "run.json", "shard.json")
-
-
-@dataclass
-class Selection:
-    """The case and impl selection of `phasebench run`, as plain data a worker can plan from."""
-
-    suite: str = "quick"
-    op: list | None = None
-    impl: list | None = None
-    model: list | None = None
-    device: str | None = None
-    dtype: str | None = None
-    shape: list | None = None
-    plugin: list | None = None
-    cuda_graph: bool = False
-
-    @classmethod
-    def from_args(cls, args) -> Selection:
-        names = [f.name for f in dataclasses.fields(cls)]
-        sel = cls(**{name: getattr(args, name, None) for name in names})
-        sel.cuda_graph = bool(sel.cuda_graph)
-        # plugin files by absolute path: a worker need not start in the driver's folder
-        sel.plugin = [str(Path(p).resolve()) if Path(p).is_file() else p for p in sel.plugin or ()] or None
-        return sel
 
 
 @dataclass
@@ -61,6 +36,7 @@ class ShardJob:
     root: str
     token: str
     selection: Selection
+    cuda_graph: bool = False
     resume: bool = False
     retry_failed: bool = False
     refresh_ceilings: bool = False
@@ -70,8 +46,6 @@ class ShardJob:
 def worker_device(sel: Selection):
     """The device a worker measures on: the GPU Ray made visible (cuda:0 there), else the host."""
     import torch
-
-    from .selection import resolve_device
 
     if sel.device is None or sel.device == "cpu":
         return resolve_device(sel.device)
@@ -102,21 +76,19 @@ class ShardWorker:
     def __init__(self):
         self.done, self.total = 0, 0
 
-    def _setup(self, sel: Selection):
+    def _setup(self, sel: Selection, cuda_graph: bool):
         from .runner import measurement_options
-        from .selection import load_plugins
 
         load_plugins(sel.plugin)
         device = worker_device(sel)
-        timer = _timer(device, sel.cuda_graph)
+        timer = _timer(device, cuda_graph)
         return device, timer, measurement_options(device, timer, False)
 
-    def plan(self, sel: Selection) -> Plan:
-        from .selection import build_cases, case_ops, resolve_impls
+    def plan(self, sel: Selection, cuda_graph: bool = False) -> Plan:
         from .shards import sweep_options
 
-        device, _, options = self._setup(sel)
-        cases, suite = build_cases(argparse.Namespace(**dataclasses.asdict(sel)), device)
+        device, _, options = self._setup(sel, cuda_graph)
+        cases, suite = build_cases(sel, device)
         impls = resolve_impls(sel.impl, device, case_ops(cases))
         return Plan(cases, suite, impls, sweep_options(options), worker_env(device))
 
@@ -125,7 +97,7 @@ class ShardWorker:
         from .runner import RunConfig, run
         from .shards import finish_shard, mark_shard, sweep_options
 
-        device, timer, options = self._setup(job.selection)
+        device, timer, options = self._setup(job.selection, job.cuda_graph)
         if sweep_options(options) != job.info.options:  # e.g. Triton compiled here, interpreted where planned
             raise RuntimeError(f"worker on {socket.gethostname()} measures with {sweep_options(options)}, the sweep "
                                f"was planned with {job.info.options}")
@@ -139,7 +111,7 @@ class ShardWorker:
         def on_row(row, index, total):
             self.done = index
 
-        isolation = dataclasses.replace(job.isolation, plugins=tuple(job.selection.plugin or ()))
+        isolation = dataclasses.replace(job.isolation, plugins=job.selection.plugin)
         df = run(RunConfig(job.cases, job.info.impls, device, folder, suite=job.info.suite, resume=job.resume,
                            retry_failed=job.retry_failed, timer=timer, refresh_ceilings=job.refresh_ceilings,
                            on_row=on_row, isolation=isolation))
@@ -155,12 +127,14 @@ class ShardWorker:
 
 @dataclass
 class RaySweep:
-    """A `phasebench run --ray`: the selection, the Ray address (None: a local instance) and the workers."""
+    """A `phasebench run --ray`: the selection (plugin files by absolute path: Selection.portable), the Ray address
+    (None: a local instance), the workers, and whether each times CUDA-graph replays."""
 
     selection: Selection
     out: Path
     address: str | None = None
     workers: int | None = None
+    cuda_graph: bool = False
     resume: bool = False
     retry_failed: bool = False
     refresh_ceilings: bool = False
@@ -285,7 +259,7 @@ def _drive(ray, cfg: RaySweep) -> int:
     actor_class = ray.remote(ShardWorker).options(max_concurrency=2, **resources)
     actors = [actor_class.remote() for _ in range(workers)]  # all start at once; the first plans the sweep
     try:
-        plan = ray.get(actors[0].plan.remote(cfg.selection))
+        plan = ray.get(actors[0].plan.remote(cfg.selection, cfg.cuda_graph))
     except ray.exceptions.RayTaskError as err:
         cause = err.as_instanceof_cause() if hasattr(err, "as_instanceof_cause") else err
         raise UsageError(" ".join(str(getattr(cause, "cause", cause)).split())[:300]) from None
@@ -306,8 +280,8 @@ def _drive(ray, cfg: RaySweep) -> int:
             done_rows[k] = info.rows
             continue
         jobs.append(ShardJob(cases, info, str(folder.resolve()), str(cfg.out.resolve()), token, cfg.selection,
-                             resume=cfg.resume, retry_failed=cfg.retry_failed, refresh_ceilings=cfg.refresh_ceilings,
-                             isolation=cfg.isolation))
+                             cuda_graph=cfg.cuda_graph, resume=cfg.resume, retry_failed=cfg.retry_failed,
+                             refresh_ceilings=cfg.refresh_ceilings, isolation=cfg.isolation))
     total = sum(j.info.rows for j in jobs) + sum(done_rows.values())
     where = f"{workers} {'GPU' if 'num_gpus' in resources else 'CPU'} worker(s)"
     _say(cfg, f"sweep {sweep}: {len(plan.cases)} cases, {total} rows in {n} shard(s) on {where} "

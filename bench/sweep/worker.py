@@ -126,10 +126,11 @@ def _serve(conn, plugins) -> None:
 
     faulthandler.enable()  # a segfault prints its Python stack to the inherited stderr
     try:
+        from ...kernels import load_plugin
         from . import measure  # noqa: F401  (torch, the kernels, the gate: imported while the parent starts too)
-        from .selection import load_plugins
 
-        load_plugins(plugins)
+        for plugin in plugins:  # the parent loaded them first: a bad one is its one-line error there
+            load_plugin(plugin)
     except BaseException as err:  # reported on the first call
         conn.send(("raised", _portable(err)))
         return

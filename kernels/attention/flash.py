@@ -28,7 +28,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from .. import buffers
 from ..errors import Unsupported
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .naive import allowed_keys
 from .paged import gatherer
 from .request import AttentionRequest
@@ -59,7 +59,7 @@ def _sdpa(req: AttentionRequest, backend: SDPBackend, q, k, v, *, is_causal=Fals
             raise
 
 
-def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> AttentionCall:
+def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> PlannedCall:
     """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask. A paged
     request's pages are gathered into contiguous K/V inside the call (the label says `gather+`)."""
     q = req.q
@@ -69,7 +69,7 @@ def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: st
     causal_square = req.causal and req.q_len == req.kv_len  # Sq == 1 needs no mask: it sees every key
     if req.ragged and masks:
         keep = allowed_keys(req)[:, None]  # built here, outside the timed call
-        return AttentionCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, *kv(), attn_mask=keep))
+        return PlannedCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, *kv(), attn_mask=keep))
     if req.ragged:
         def per_sequence():
             k, v = kv()
@@ -80,16 +80,16 @@ def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: st
                 out[b:b + 1] = _sdpa(req, backend, q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n],
                                      is_causal=sq_causal and req.q_len == n, attn_mask=mask)
             return out
-        return AttentionCall(impl, label + "+per-seq", per_sequence)
+        return PlannedCall(impl, label + "+per-seq", per_sequence)
     if chunk_causal:
         # On CUDA, causal_lower_right dispatches to the flash kernel with its bottom-right alignment.
         # On the host it would rebuild a boolean mask on every call, so it is built once here.
         bias = allowed_keys(req)[:, None] if req.device_type == "cpu" else causal_lower_right(req.q_len, req.kv_len)
-        return AttentionCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, *kv(), attn_mask=bias))
-    return AttentionCall(impl, label, lambda: _sdpa(req, backend, q, *kv(), is_causal=causal_square))
+        return PlannedCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, *kv(), attn_mask=bias))
+    return PlannedCall(impl, label, lambda: _sdpa(req, backend, q, *kv(), is_causal=causal_square))
 
 
-def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> AttentionCall:
+def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> PlannedCall:
     """flash_attn_with_kvcache on the pools themselves ([num_pages, page_size, Hkv, D] is its layout)."""
     if req.page_size % FLASH_ATTN_PAGE_MULTIPLE:
         raise Unsupported(f"{label} reads pages of a multiple of {FLASH_ATTN_PAGE_MULTIPLE} tokens only, "
@@ -102,10 +102,10 @@ def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> AttentionCall:
         out = fa.flash_attn_with_kvcache(q, req.k, req.v, cache_seqlens=lens, block_table=req.block_table,
                                          softmax_scale=req.scale, causal=req.causal)
         return out.transpose(1, 2)
-    return AttentionCall("flash", label + ":with_kvcache+paged", paged)
+    return PlannedCall("flash", label + ":with_kvcache+paged", paged)
 
 
-def _flash_attn_route(req: AttentionRequest, fa) -> AttentionCall:
+def _flash_attn_route(req: AttentionRequest, fa) -> PlannedCall:
     label = f"flash_attn-{getattr(fa, '__version__', '?')}"
     if req.paged:
         return _flash_attn_paged(req, fa, label)
@@ -116,14 +116,14 @@ def _flash_attn_route(req: AttentionRequest, fa) -> AttentionCall:
             out = fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=req.cache_seqlens,
                                              softmax_scale=req.scale, causal=req.causal)
             return out.transpose(1, 2)
-        return AttentionCall("flash", label + ":with_kvcache", kvcache)
+        return PlannedCall("flash", label + ":with_kvcache", kvcache)
 
     def func():
         return fa.flash_attn_func(q, k, v, softmax_scale=req.scale, causal=req.causal).transpose(1, 2)
-    return AttentionCall("flash", label + ":func", func)
+    return PlannedCall("flash", label + ":func", func)
 
 
-def _plan_flash(req: AttentionRequest) -> AttentionCall:
+def _plan_flash(req: AttentionRequest) -> PlannedCall:
     fa = flash_attn_module()
     if fa is not None and req.device_type == "cuda" and req.dtype in HALF_DTYPES:
         return _flash_attn_route(req, fa)
@@ -139,7 +139,7 @@ def _flash_backends(device_type: str) -> str:
 
 
 def _plan_pinned(name: str, backend: SDPBackend, masks: bool):
-    def plan(req: AttentionRequest) -> AttentionCall:
+    def plan(req: AttentionRequest) -> PlannedCall:
         if not masks and req.causal and 1 < req.q_len < req.kv_len:
             raise Unsupported(f"{name} has no bottom-right causal mask for q_len < kv_len")
         return _sdpa_route(req, name, backend, f"sdpa-{name}", masks=masks)

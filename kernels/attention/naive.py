@@ -1,11 +1,11 @@
-"""Naive attention: scores as a matmul, softmax in fp32, then a matmul (materialises the scores); a paged cache is
-gathered into contiguous K/V first, inside the call."""
+"""Naive attention: fp32 scores as a matmul, softmax in fp32, then a matmul (materialises the scores); a paged
+cache is gathered into contiguous K/V first, inside the call."""
 
 from __future__ import annotations
 
 import torch
 
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
@@ -33,10 +33,12 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
     group = hq // hkv
     # GQA without copying K/V: the `group` query heads that share a kv head are stacked along
     # the query rows, so one [G*Sq, D] x [D, Sk] matmul per kv head serves all of them.
-    q_rows = q.reshape(b, hkv, group * sq, d)
-    scores = torch.matmul(q_rows, k.transpose(-1, -2))
-    acc_dtype = torch.promote_types(scores.dtype, torch.float32)
-    scores = scores.to(acc_dtype).mul_(req.scale).view(b, hkv, group, sq, sk)
+    # the scores in fp32 from the low-precision operands, as a tiled kernel keeps them: rounded to bf16, a logit of
+    # 100 would move by 0.25 (a probability by 28%)
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    q_rows = q.reshape(b, hkv, group * sq, d).to(acc_dtype)
+    scores = torch.matmul(q_rows, k.to(acc_dtype).transpose(-1, -2))
+    scores = scores.mul_(req.scale).view(b, hkv, group, sq, sk)
     keep = allowed_keys(req)
     if keep is not None:
         scores = scores.masked_fill(~keep[:, None, None], float("-inf"))
@@ -44,16 +46,17 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
     return torch.matmul(probs, v).view(b, hq, sq, d)
 
 
-def _plan(req: AttentionRequest) -> AttentionCall:
+def _plan(req: AttentionRequest) -> PlannedCall:
     if req.paged:  # the pages copied into contiguous K/V inside the call, then the same math
         gather = gatherer(req)
-        return AttentionCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
-    return AttentionCall("naive", "torch-matmul", lambda: naive_attention(req))
+        return PlannedCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
+    return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
 NAIVE = add_builtin(Impl(
     name="naive",
-    summary="matmul, fp32 softmax, matmul; materialises the [Sq, Sk] scores; GQA folds query heads into rows",
+    summary="fp32 score matmul, fp32 softmax, matmul; materialises the [Sq, Sk] scores; GQA folds query heads "
+            "into rows",
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
     plan=_plan,

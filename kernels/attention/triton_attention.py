@@ -7,7 +7,7 @@ import triton
 
 from .. import buffers, triton_mode
 from ..errors import Unsupported
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_mode import interpreted, mode
 from .request import AttentionRequest, validate
 from .triton_decode import launch_split_kv
@@ -56,9 +56,9 @@ def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None,
     return out
 
 
-def _plan(req: AttentionRequest) -> AttentionCall:
+def _plan(req: AttentionRequest) -> PlannedCall:
     backend = ("triton-splitkv" if uses_split_kv(req) else "triton-prefill") + ("+paged" if req.paged else "")
-    return AttentionCall("triton", f"{backend}:{mode()}", lambda: triton_attention(req))
+    return PlannedCall("triton", f"{backend}:{mode()}", lambda: triton_attention(req))
 
 
 TRITON = add_builtin(Impl(

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import buffers
+from ..triton_cast import cast_out
 from ..triton_mode import interpreted, multiprocessor_count
 from .paged import bhsd_strides
 
@@ -119,7 +120,8 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
 
 @triton.jit
 def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om, stride_od,
-                  q_heads, q_len, D, num_splits, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                  q_heads, q_len, D, num_splits, UPCAST: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # flat (b, h, token)
     tok = row % q_len
     h = (row // q_len) % q_heads
@@ -135,7 +137,7 @@ def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om
     w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))  # empty splits weigh nothing
     out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
     o_ptrs = Out + b * stride_ob + h * stride_oh + tok * stride_om + offs_d * stride_od
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < D)
+    tl.store(o_ptrs, cast_out(out, Out.dtype.element_ty, UPCAST), mask=offs_d < D)
 
 
 TUNING_CONFIGS = [
@@ -188,5 +190,5 @@ def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_sp
         split_kv_kernel_tuned[grid](*args, **flags)
     reduce_kernel[(req.batch * req.q_heads * req.q_len,)](
         part_m, part_l, part_acc, out, *out.stride(), req.q_heads, req.q_len, req.head_dim, num_splits,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
+        UPCAST=upcast, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
     return num_splits

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_cast import cast_out
 from ..triton_mode import interpreted
 from .paged import bhsd_strides
 from .triton_decode import LOG2E, page_offsets
@@ -119,7 +120,8 @@ def prefill_kernel(Q, K, V, Out, SEQLENS, TABLE, qk_scale,
 
     out = acc / l_i[:, None]
     o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < D))
+    tl.store(o_ptrs, cast_out(out, Out.dtype.element_ty, UPCAST),
+             mask=(offs_m[:, None] < q_len) & (offs_d[None, :] < D))
 
 
 def _prune(configs, named_args, **kwargs):

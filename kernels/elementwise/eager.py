@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .request import ElementwiseRequest
 
 
@@ -58,11 +58,11 @@ EAGER = {"rmsnorm": _rmsnorm, "residual_add": _residual_add, "silu_mul": _silu_m
 BACKEND = "torch-eager"
 
 
-def _plan(req: ElementwiseRequest) -> AttentionCall:
+def _plan(req: ElementwiseRequest) -> PlannedCall:
     fn, tensors, options = EAGER[req.kind], req.tensors, dict(req.options)
     if req.kind == "rotary":  # the frequencies are made once, as a model holds them in a buffer
         options = {"inv_freq": rotary_inv_freq(tensors[0].shape[2], options["base"], tensors[0].device)}
-    return AttentionCall("torch", BACKEND, lambda: fn(*tensors, **options))
+    return PlannedCall("torch", BACKEND, lambda: fn(*tensors, **options))
 
 
 TORCH_ELEMENTWISE = add_builtin(Impl(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .request import LinearRequest
 
 # Each step materialises at most this many products (rows x cols x K elements of x[i, k] * w[j, k]).
@@ -26,8 +26,8 @@ def naive_linear(req: LinearRequest) -> torch.Tensor:
     return out
 
 
-def _plan(req: LinearRequest) -> AttentionCall:
-    return AttentionCall("naive", "elementwise-sum", lambda: naive_linear(req))
+def _plan(req: LinearRequest) -> PlannedCall:
+    return PlannedCall("naive", "elementwise-sum", lambda: naive_linear(req))
 
 
 NAIVE_LINEAR = add_builtin(Impl(

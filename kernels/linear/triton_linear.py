@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from .. import buffers
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
+from ..triton_cast import cast_out
 from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
 from .request import LinearRequest, validate_linear
 
@@ -58,19 +59,6 @@ def _tile_pointers(X, W, start_m, start_n, lo, M, N, stride_xm, stride_xk, strid
 
 
 @triton.jit
-def _cast_out(acc, dtype: tl.constexpr, UPCAST: tl.constexpr):
-    """acc (fp32) in the output dtype, rounded to nearest even in the interpreter too."""
-    if UPCAST and dtype == tl.bfloat16:
-        # the interpreter truncates fp32 -> bf16 where a GPU rounds to nearest even: round the bits
-        # first so the truncation is exact; NaN stays NaN (the carry could turn it into a zero)
-        bits = acc.to(tl.uint32, bitcast=True)
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        rounded = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-        acc = tl.where(acc != acc, acc, rounded)
-    return acc.to(dtype)
-
-
-@triton.jit
 def splitk_gemv_kernel(X, W, Dst, M, N, K, m_bucket, split_k,
                        stride_xm, stride_xk, stride_wn, stride_wk, stride_ds, stride_dm, stride_dn,
                        EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
@@ -95,7 +83,7 @@ def splitk_gemv_kernel(X, W, Dst, M, N, K, m_bucket, split_k,
     cols = start_n + tl.arange(0, BLOCK_N)
     d_ptrs = (Dst + split.to(tl.int64) * stride_ds + rows.to(tl.int64)[:, None] * stride_dm
               + cols[None, :] * stride_dn)
-    tl.store(d_ptrs, _cast_out(acc, Dst.dtype.element_ty, UPCAST), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(d_ptrs, cast_out(acc, Dst.dtype.element_ty, UPCAST), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @triton.jit
@@ -108,7 +96,7 @@ def splitk_reduce_kernel(Part, Out, total, split_k, UPCAST: tl.constexpr, BLOCK:
     for _ in range(0, split_k):
         acc += tl.load(part_ptrs, mask=ok, other=0.0)
         part_ptrs += total  # pointer steps: split x M x N may pass 2**31 elements
-    tl.store(Out + offs, _cast_out(acc, Out.dtype.element_ty, UPCAST), mask=ok)
+    tl.store(Out + offs, cast_out(acc, Out.dtype.element_ty, UPCAST), mask=ok)
 
 
 @triton.jit
@@ -136,7 +124,7 @@ def gemm_kernel(X, W, Out, M, N, K, m_bucket,
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = start_n + tl.arange(0, BLOCK_N)
     o_ptrs = Out + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
-    tl.store(o_ptrs, _cast_out(acc, Out.dtype.element_ty, UPCAST), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(o_ptrs, cast_out(acc, Out.dtype.element_ty, UPCAST), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 _EVEN_K = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -263,9 +251,9 @@ def triton_linear(x, w, *, path: str | None = None, split_k: int | None = None) 
     return _run(req, path, split_k)
 
 
-def _plan(req: LinearRequest) -> AttentionCall:
+def _plan(req: LinearRequest) -> PlannedCall:
     path = choose_path(req.m)
-    return AttentionCall("triton", backend_name(path), lambda: _run(req, path, None))
+    return PlannedCall("triton", backend_name(path), lambda: _run(req, path, None))
 
 
 TRITON_LINEAR = add_builtin(Impl(

@@ -8,7 +8,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from ..registry import AttentionCall, Impl, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin
 from .request import LinearRequest
 
 
@@ -25,8 +25,8 @@ def backend(device_type: str) -> str:
     return f"{host_blas()}{'+onednn' if torch.backends.mkldnn.is_available() else ''}"
 
 
-def _plan(req: LinearRequest) -> AttentionCall:
-    return AttentionCall("torch", backend(req.device_type), lambda: F.linear(req.x, req.w))
+def _plan(req: LinearRequest) -> PlannedCall:
+    return PlannedCall("torch", backend(req.device_type), lambda: F.linear(req.x, req.w))
 
 
 TORCH_LINEAR = add_builtin(Impl(

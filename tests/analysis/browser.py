@@ -19,7 +19,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 TIMEOUT_S = 90
 
 # Runs on load (images decoded): the rectangles of what the test asks about, in page coordinates, the elements
-# that reach past the page's width outside a box that scrolls, and every resource the page fetched.
+# that reach past the page's width outside a box that scrolls (`overflowing`) and anywhere (`wide`), the boxes
+# whose content is wider than they are (`scrolling`), and every resource the page fetched.
 PROBE = """<script>
 window.addEventListener('load', () => {
   const box = el => { if (!el) return null; const r = el.getBoundingClientRect();
@@ -30,13 +31,21 @@ window.addEventListener('load', () => {
     && el.getBoundingClientRect().right > innerWidth + 1 && !clipped(el))
     .slice(0, 20).map(el => `${el.tagName.toLowerCase()}#${el.id}.${el.className} right=${
       Math.round(el.getBoundingClientRect().right)}`);
+  const name = el => `${el.tagName.toLowerCase()}#${el.id}.${el.className} in #${(el.closest('section') || {}).id}`;
+  const wide = [...document.body.querySelectorAll('*')].filter(el => el.id !== 'layout-probe'
+    && el.getBoundingClientRect().right > innerWidth + 1)
+    .slice(0, 20).map(el => `${name(el)} right=${Math.round(el.getBoundingClientRect().right)}`);
+  const scrolling = [...document.body.querySelectorAll('*')].filter(el =>
+    ['auto', 'scroll'].includes(getComputedStyle(el).overflowX) && el.scrollWidth > el.clientWidth + 1)
+    .slice(0, 20).map(el => `${name(el)} ${el.scrollWidth}px in ${el.clientWidth}px`);
   const img = document.querySelector('#roofline img');
   const out = {width: innerWidth, scrollWidth: document.documentElement.scrollWidth,
     answer: box(document.querySelector('#headline .answer')),
     blocks: [...document.querySelectorAll('#headline .hl-block')].map(box),
     roofline: Object.assign(box(img) || {}, {natural: img ? img.naturalWidth : 0}),
     firstTable: box(document.querySelector('section:not(#headline) table')),
-    overflowing: over,
+    overflowing: over, wide: wide, scrolling: scrolling, tables: document.querySelectorAll('table').length,
+    linearTable: box(document.querySelector('#linear table')),
     resources: performance.getEntriesByType('resource').map(e => e.name.slice(0, 60))};
   const pre = document.createElement('pre'); pre.id = 'layout-probe';
   pre.textContent = JSON.stringify(out); document.body.appendChild(pre);

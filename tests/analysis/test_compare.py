@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import compare, comparison_figure, load, regressions, with_samples, write_report
-from phasebench.analysis.compare import parse_threshold
-from phasebench.analysis.compare_output import format_comparison
+from phasebench.analysis.comparison.display import format_comparison
+from phasebench.analysis.comparison.pairs import parse_threshold
 from phasebench.bench.spec.schema import conform
 from phasebench.bench.sweep.results import ResultsStore
 
@@ -227,7 +227,7 @@ def test_a_row_that_stops_being_ok_or_vanishes_is_a_regression(sets):
                      "missing in new": len(gone)}
     lenient = regressions(frame, allow_missing=True)
     assert "missing in new" not in set(lenient["regression"]) and len(lenient) == len(found) - len(gone)
-    from phasebench.analysis.compare import regression_line
+    from phasebench.analysis.comparison.pairs import regression_line
 
     lines = [regression_line(row) for _, row in found.iterrows()]
     assert all("\n" not in line for line in lines)

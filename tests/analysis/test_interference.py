@@ -14,11 +14,11 @@ from phasebench.analysis import (
     write_interference_figures,
     write_report,
 )
-from phasebench.analysis._figures import SERIES_GID
-from phasebench.analysis.interference import interference_summary, verdicts
-from phasebench.analysis.load import DataFileError
+from phasebench.analysis.figures.kit import SERIES_GID
+from phasebench.analysis.interference.rows import interference_summary, verdicts
+from phasebench.analysis.loading.results import DataFileError
 from phasebench.bench.cli.main import main
-from phasebench.bench.spec.interference import INTERFERENCE_COLUMNS, conform_interference
+from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, conform_interference
 from phasebench.bench.spec.schema import conform
 
 # decode ms of each (batch, mode) at prompt 64; at prompt 512 the co-located one doubles

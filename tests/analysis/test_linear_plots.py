@@ -26,7 +26,7 @@ from phasebench.analysis import (
     tokens_per_second,
     write_report,
 )
-from phasebench.analysis.linear_plots import crossing_m, linear_intensity
+from phasebench.analysis.figures.linear import crossing_m, linear_intensity
 from phasebench.bench.spec.models import DecoderConfig
 from phasebench.bench.spec.schema import conform
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import paged_figure, paged_table, write_report
-from phasebench.analysis.paged_plots import REFERENCE_GID
+from phasebench.analysis.figures.paged import REFERENCE_GID
 from phasebench.bench.spec.schema import conform
 
 from .conftest import make_rows

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import load_phases, phases_summary
-from phasebench.analysis import phase_model as pm
-from phasebench.analysis.phase_check import (
+from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases.check import (
     GOAL_PCT,
     ReferencePlan,
     check_sentence,

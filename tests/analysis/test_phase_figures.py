@@ -22,9 +22,9 @@ from phasebench.analysis import (
     ttft_figure,
     write_report,
 )
-from phasebench.analysis import phase_model as pm
-from phasebench.analysis._figures import SERIES_GID
-from phasebench.analysis.phase_check import normalised
+from phasebench.analysis.figures.kit import SERIES_GID
+from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases.check import normalised
 from phasebench.bench.cli.main import main
 from phasebench.bench.spec import steps as step_defs
 
@@ -188,7 +188,7 @@ def test_load_phases_reads_back_what_was_written(tables, tmp_path):
     assert "colocated" not in load_phases(tmp_path / "ph") and "colocated" in back
     for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "colocated"):
         pd.testing.assert_frame_equal(back[name], tables[name].reset_index(drop=True), check_dtype=False)
-    # the reference table comes back in today's columns (phase_check.normalised)
+    # the reference table comes back in today's columns (phases.check.normalised)
     pd.testing.assert_frame_equal(back["reference"], normalised(tables["reference"], "cpu"), check_dtype=False)
     assert back["decode"]["saturated"].dtype == bool
     assert load_phases(tmp_path / "ph" / "phases.json")["meta"]["chunk_batch"] == 4
@@ -234,7 +234,7 @@ def test_phases_whose_every_op_was_left_out_draw_no_data_and_write(tmp_path):
     for draw in (ttft_figure, decode_figure, chunk_figure):
         fig = draw(blank)
         assert any("composed" in t.get_text() for ax in fig.axes for t in ax.texts), draw.__name__
-    from phasebench.analysis.phases import write_phase_figures
+    from phasebench.analysis.phases.figures import write_phase_figures
 
     assert all(p.stat().st_size > 1000 for p in write_phase_figures(blank, tmp_path))
 
@@ -271,7 +271,7 @@ def test_the_composition_of_the_reference_layers_matches_the_model_scaled():
 
 
 def test_the_phases_module_imports_without_torch():
-    code = ("import sys, phasebench.analysis.phases, phasebench.analysis.phase_model; "
+    code = ("import sys, phasebench.analysis.phases.figures, phasebench.analysis.phases.model; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton') or m == 'matplotlib.pyplot']; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

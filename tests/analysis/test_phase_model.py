@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from phasebench.analysis import phase_model as pm
+from phasebench.analysis.phases import model as pm
 from phasebench.bench.spec import steps as step_defs
 
 from .phase_rows import TINY, op_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from phasebench.analysis.remedies import options_table, remedy_lines
+from phasebench.analysis.phases.remedies import options_table, remedy_lines
 
 
 def designed(protected_ms=np.nan) -> dict:

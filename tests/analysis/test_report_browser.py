@@ -51,6 +51,17 @@ def test_nothing_reaches_past_the_page_width_and_nothing_is_fetched(page, width)
         assert found["roofline"]["top"] >= found["answer"]["bottom"] - 1
 
 
+@needs_browser
+def test_at_1400_px_every_table_fits_the_page_without_scrolling(page):
+    """Wide tables (the linear crossings: 23 columns) fold their one-value columns into a line and break their
+    column names, so at 1400 px no element, in a scroll box or not, is wider than the page."""
+    found = chromium.layout(BROWSER, page, 1400)
+    assert found["tables"] >= 10, found["tables"]  # the sample's tables
+    assert found["linearTable"]["right"] <= 1400, found["linearTable"]  # 2328 px wide before it folded
+    assert not found["wide"], found["wide"]
+    assert not found["scrolling"], found["scrolling"]
+
+
 def test_the_page_names_nothing_outside_itself(page):
     text = page.read_text(encoding="utf-8")
     assert "<script" not in text and "http://" not in text and "https://" not in text

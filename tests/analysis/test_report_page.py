@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from phasebench.analysis import load, read_sources, write_report
 from phasebench.analysis.report import SECTIONS, Kind, Section, comparison_of, problems_table, sources
+from phasebench.analysis.report.context import MANY_COLUMNS, table_html
 from phasebench.bench.cli.main import main
 from phasebench.bench.spec.schema import conform
 
@@ -59,6 +60,28 @@ def two_runs(tmp_path, rng, helpers):
     again = helpers.make_rows(rng, run_id="a2")
     again = again[~((again["impl"] == "naive") & (again["phase"] == "decode"))]  # naive decode not measured again
     return attention, linear, helpers.write_run(tmp_path / "again", again)
+
+
+def header(page: str) -> list[str]:
+    return [name.replace("<wbr>", "") for name in re.findall(r"<th>(.*?)</th>", page)]
+
+
+def test_a_wide_table_says_its_one_value_columns_once_and_breaks_its_column_names(rng):
+    rows = 7
+    varying = {f"figure_{i}": rng.standard_normal(rows) * 10 ** i for i in range(MANY_COLUMNS - 3)}
+    table = pd.DataFrame({"device": ["AMD EPYC"] * rows, "impl": rng.choice(["naive", "torch"], rows),
+                          "compute_bound": [True] * rows, "model": [None] * rows, "noisy": [0] * rows,
+                          **varying, "projection": ["gate_up"] * rows})
+    page = table_html(table)
+    said = re.search(r'<p class="note">In every row: (.*?)</p>', page).group(1)
+    assert said == ("device <b>AMD EPYC</b> · compute_bound <b>yes</b> · model <b>–</b> · "
+                    "projection <b>gate_up</b>")
+    assert header(page) == ["impl", "noisy", *varying]  # numbers stay columns, constant or not
+    assert "<th>figure_<wbr>0</th>" in page and page.count("<tr>") == rows + 1
+    narrow = table.drop(columns=list(varying)[:3])  # MANY_COLUMNS columns or fewer: every column stays
+    assert "In every row" not in table_html(narrow) and header(table_html(narrow)) == list(narrow.columns)
+    one = table.head(1)  # one row: nothing to say once
+    assert "In every row" not in table_html(one) and header(table_html(one)) == list(table.columns)
 
 
 def test_a_comparison_only_when_the_runs_share_a_measurement(two_runs, tmp_path, capsys):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from phasebench.kernels import IMPLS, Unsupported, attention, available_impls, backend_for, describe_impls, triton_mode
 
+from ..conftest import REPO
 from .reference import make_qkv
 
 
@@ -70,3 +71,20 @@ def test_the_facade_names_stay_functions_beside_their_operator_packages():
             importlib.import_module(f"phasebench.kernels.{package}.{sub.name}")  # a late submodule import
     assert all(callable(f) and not hasattr(f, "__path__") for f in (k.attention, k.linear, k.elementwise))
     assert set(k.OPS) >= {"attention", "linear", "elementwise"}
+
+
+def test_every_operator_plans_a_planned_call_still_importable_by_its_old_name():
+    """`AttentionCall` named the planned call of every operator in the facade's API (__all__): it stays there as the
+    same class, and no module inside phasebench uses it."""
+    import phasebench.kernels as k
+
+    gen = torch.Generator().manual_seed(34)
+    x, w = torch.randn(5, 24, generator=gen), torch.randn(40, 24, generator=gen)
+    q, kv = torch.randn(1, 4, 3, 16, generator=gen), torch.randn(1, 2, 11, 16, generator=gen)
+    calls = [k.prepare(q, kv, kv, impl="naive"), k.prepare_linear(x, w, impl="torch"),
+             k.prepare_elementwise("residual_add", x, torch.randn(5, 24, generator=gen))]
+    assert all(type(call) is k.PlannedCall for call in calls)
+    assert k.AttentionCall is k.PlannedCall and {"PlannedCall", "AttentionCall"} <= set(k.__all__)
+    users = [str(path.relative_to(REPO)) for folder in ("kernels", "bench", "analysis", "profiles")
+             for path in (REPO / folder).rglob("*.py") if "AttentionCall" in path.read_text()]
+    assert users == ["kernels/__init__.py"]

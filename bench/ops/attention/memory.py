@@ -10,9 +10,9 @@ from ....kernels.attention.triton_attention import uses_split_kv
 from ....kernels.attention.triton_decode import MAX_SPLITS, choose_splits
 from ...instruments.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
 from .cases import AttentionCase
-from .check import reference_dtype, reference_scratch_bytes
 from .cost import ELEMENT_BYTES
 from .pages import gather_bytes, pool_bytes
+from .reference import reference_dtype, reference_scratch_bytes
 
 FLASH_ATTN_MAX_SPLITS = 128  # flash_attn_with_kvcache keeps up to this many fp32 split-KV partials
 HOST_MASK_BYTES = 1 + 4  # a host mask per (query, key): the bool, and SDPA's float copy of it
@@ -63,13 +63,14 @@ def case_bytes(case: AttentionCase, device: torch.device) -> int:
 
 def _naive(case: AttentionCase, device: torch.device) -> int:
     # kernels/attention/naive.py, with GQA folded into rows (B x Hkv x G*Sq x Sk = B x Hq x Sq x Sk elements):
-    # the scores in the dtype, then the fp32 scores and the fp32 softmax live together, and the
+    # fp32 copies of q and K (a low-precision case), the fp32 scores and the fp32 softmax together, and the
     # probabilities in the dtype beside them (an fp32 case converts nothing: 8 bytes a pair).
     elem = _elem(case)
     per_pair = 8 + (elem if elem < 4 else 0)
+    upcast = 4 * case.head_dim * (_rows(case) + case.batch * case.kv_heads * case.kv_len) if elem < 4 else 0
     mask_rows = case.batch if _seqlens(case) is not None else 1
     mask = 3 * mask_rows * case.q_len * case.kv_len  # the bool keep mask, its inverse, one intermediate
-    return _pairs(case) * per_pair + mask + _gather(case)
+    return _pairs(case) * per_pair + upcast + mask + _gather(case)
 
 
 def _gather(case: AttentionCase) -> int:

@@ -3,15 +3,15 @@
 from ....kernels import prepare
 from ....profiles.names import case_key_for
 from ..records import Operator, register_operator
-from . import check, cost, memory
+from . import baseline, cost, inputs, memory, reference
 from .cases import AttentionCase
 
 ATTENTION = register_operator(Operator(
     name="attention", case_type=AttentionCase, flops=cost.flops, min_bytes=cost.min_bytes,
-    make_inputs=check.make_inputs, reference=check.reference, baseline_error=check.baseline_error,
+    make_inputs=inputs.make_inputs, reference=reference.reference, baseline_error=baseline.baseline_error,
     prepare=lambda case, x, impl: prepare(x.q, x.k, x.v, impl=impl, causal=case.causal,
                                           cache_seqlens=x.cache_seqlens, block_table=x.block_table),
-    does_not_fit=memory.does_not_fit, key=case_key_for, streamed=("k", "v"), stress=check.large_logits,
-    stress_note=f"large-logit inputs (q x {check.LOGIT_SCALE:g}: logits of about +-100, past exp's range without "
+    does_not_fit=memory.does_not_fit, key=case_key_for, streamed=("k", "v"), stress=inputs.large_logits,
+    stress_note=f"large-logit inputs (q x {inputs.LOGIT_SCALE:g}: logits of about +-100, past exp's range without "
                 "softmax's max subtraction)",
 ))

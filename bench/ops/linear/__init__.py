@@ -1,2 +1,3 @@
-"""The linear operator: cases over a model's projections and their sweeps, the cost model, inputs and the
-float64 reference, the low-precision baseline and the memory charge; record.py registers them as one record."""
+"""The linear operator: cases over a model's projections, their sweeps and the cost model (cases.py), the seeded
+inputs (inputs.py), the float64 reference (reference.py), the low-precision baseline (baseline.py) and the memory
+charge (memory.py); record.py registers them as one record."""

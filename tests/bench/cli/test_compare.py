@@ -177,7 +177,7 @@ KILLER = textwrap.dedent("""
     import torch
     from phasebench.bench.sweep import runner
     from phasebench.bench.ops.attention.cases import AttentionCase
-    from phasebench.kernels import IMPLS, AttentionCall, Impl
+    from phasebench.kernels import IMPLS, PlannedCall, Impl
     from phasebench.kernels.attention.naive import naive_attention
 
     die = sys.argv[2] == "die"
@@ -186,7 +186,7 @@ KILLER = textwrap.dedent("""
             if die and req.kv_len == 41:  # the second case: kill -9 in the middle of the sweep
                 os.kill(os.getpid(), signal.SIGKILL)
             return naive_attention(req)
-        return AttentionCall("flaky", "fake", call)
+        return PlannedCall("flaky", "fake", call)
     IMPLS["flaky"] = Impl("flaky", "test double", frozenset({"cpu"}), frozenset({torch.float32}), plan)
     cases = [AttentionCase(1, 4, 2, 17, 17, 24, True, "float32"), AttentionCase(3, 4, 1, 1, 41, 40, True, "float32"),
              AttentionCase(1, 2, 2, 9, 23, 24, True, "float32")]

@@ -7,7 +7,7 @@ import contextlib
 import pytest
 import torch
 from phasebench.bench.instruments import timing as timing_mod
-from phasebench.bench.instruments.timing import TimerConfig, Timing, _sample_count, time_call, time_cpu
+from phasebench.bench.instruments.timing import TimerConfig, Timing, _sample_count, time_call, time_cpu, time_cuda
 
 
 def test_percentiles_and_median_of_known_samples():
@@ -49,6 +49,30 @@ def test_cpu_timer_keeps_only_the_last_output():
     assert time_cpu(lambda: next(outputs), cfg).last == 5  # warm-up 0, samples 1..5
     with pytest.raises(ValueError, match="calls: need at least one"):
         time_cpu([], cfg)
+
+
+def test_before_last_runs_once_before_the_last_call_outside_the_clock():
+    log = []
+    calls = [lambda i=i: log.append(("call", i)) or i for i in range(2)]
+    cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5)
+    timing = time_cpu(calls, cfg, evict=lambda: log.append(("evict",)), before_last=lambda: log.append(("last",)))
+    assert log.count(("last",)) == 1 and log[-3:] == [("last",), ("evict",), ("call", timing.last)]
+    assert [e for e in log if e[0] == "call"] == [("call", i % 2) for i in range(6)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
+def test_cuda_before_last_rewrites_what_only_the_last_replay_must_write_again(graph):
+    device = torch.device("cuda")
+    x, out = torch.randn(4096, device=device), torch.empty(4096, device=device)
+
+    def call():
+        return torch.mul(x, 2.0, out=out)  # in place, as kv_append writes its caches
+
+    cfg = TimerConfig(warmup_s=0.002, budget_s=0.0, min_samples=6, max_samples=6, cuda_graph=graph)
+    timing = time_cuda(call, device, cfg, before_last=lambda: out.fill_(float("nan")))
+    torch.cuda.synchronize()
+    assert torch.equal(timing.last, x * 2)  # poisoned before the last replay, rewritten by it
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ TOY = textwrap.dedent('''
     from phasebench.bench.ops import Operator, register_operator
     from phasebench.bench.sweep.suites import SUITES
     from phasebench.kernels import register
-    from phasebench.kernels.registry import AttentionCall, Impl, add_builtin, add_operator, get_impl
+    from phasebench.kernels.registry import PlannedCall, Impl, add_builtin, add_operator, get_impl
 
     ELEM = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -54,7 +54,7 @@ TOY = textwrap.dedent('''
     add_operator("rowscale", lambda fn, req: fn(req.x, req.s))
     add_builtin(Impl(name="torch", summary="x * s in torch", devices=frozenset({"cpu", "cuda"}),
                      dtypes=frozenset({torch.float32, torch.float16, torch.bfloat16}), op="rowscale",
-                     plan=lambda req: AttentionCall("torch", "torch-mul", lambda: req.x * req.s)))
+                     plan=lambda req: PlannedCall("torch", "torch-mul", lambda: req.x * req.s)))
     register("rowscale", "off_by_one", lambda x, s: x * s + 1.0, devices=("cpu", "cuda"))
 
 

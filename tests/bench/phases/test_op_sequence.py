@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phasebench.analysis import phase_model as pm
+from phasebench.analysis.phases import model as pm
 from phasebench.bench.instruments.contention import ContentionProbe
 from phasebench.bench.instruments.timing import TimerConfig
 from phasebench.bench.phases import op_sequence

@@ -7,7 +7,7 @@ import importlib.util
 import json
 
 import pandas as pd
-from phasebench.analysis.phase_check import ReferencePlan
+from phasebench.analysis.phases.check import ReferencePlan
 
 from ...analysis.phase_rows import TINY
 from ...conftest import run_cli

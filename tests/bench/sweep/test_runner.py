@@ -15,7 +15,7 @@ from phasebench.bench.ops.attention import cost
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.sweep import runner
 from phasebench.bench.sweep.results import COLUMNS, ResumeError, row_key
-from phasebench.kernels import IMPLS, AttentionCall, Impl, Unsupported, available_impls
+from phasebench.kernels import IMPLS, Impl, PlannedCall, Unsupported, available_impls
 from phasebench.kernels.attention.naive import naive_attention
 
 CASES = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32")]
@@ -29,11 +29,11 @@ def fake(name, plan):
 def raising_plan(req):
     def boom():
         raise RuntimeError("kernel exploded\nsecond line")
-    return AttentionCall("raises", "fake", boom)
+    return PlannedCall("raises", "fake", boom)
 
 
 def wrong_plan(req):
-    return AttentionCall("wrong", "fake", lambda: naive_attention(req) + 0.5)
+    return PlannedCall("wrong", "fake", lambda: naive_attention(req) + 0.5)
 
 
 def unsupported_plan(req):
@@ -89,7 +89,7 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import torch
-    from phasebench.kernels import IMPLS, AttentionCall, Impl
+    from phasebench.kernels import IMPLS, PlannedCall, Impl
     from phasebench.kernels.attention.naive import naive_attention
     from phasebench.bench.sweep import runner
     from phasebench.bench.ops.attention.cases import AttentionCase
@@ -100,7 +100,7 @@ KILLER = textwrap.dedent("""
             if die and req.q_len == 1:  # the second case: kill -9 in the middle of the sweep
                 os.kill(os.getpid(), signal.SIGKILL)
             return naive_attention(req)
-        return AttentionCall("flaky", "fake", call)
+        return PlannedCall("flaky", "fake", call)
     IMPLS["flaky"] = Impl("flaky", "test double", frozenset({"cpu"}), frozenset({torch.float32}), plan)
     cases = [AttentionCase(1, 4, 2, 16, 16, 32, True, "float32"), AttentionCase(2, 4, 1, 1, 40, 32, True, "float32"),
              AttentionCase(1, 2, 2, 8, 24, 32, True, "float32")]
@@ -168,11 +168,11 @@ def test_a_row_above_its_measured_roof_is_a_finding(tmp_path, monkeypatch, capsy
     state = {}
 
     def memoized(req):
-        def call():  # computes once per query, then hands back the same (right) output without reading K/V again
+        def call():  # computes once per query, then hands back a copy of the (right) output without reading K/V
             if id(req.q) not in state:
                 state[id(req.q)] = naive_attention(req)
-            return state[id(req.q)]
-        return AttentionCall("memo", "fake", call)
+            return state[id(req.q)].clone()  # a copy: the gate NaN-fills each output it has judged
+        return PlannedCall("memo", "fake", call)
 
     monkeypatch.setitem(IMPLS, "memo", fake("memo", memoized))
     case = AttentionCase(1, 8, 2, 1, 8192, 64, True, "float32")
@@ -204,7 +204,7 @@ def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypat
             if state["broken"]:
                 raise RuntimeError("transient")
             return naive_attention(req)
-        return AttentionCall("flaky", "fake", call)
+        return PlannedCall("flaky", "fake", call)
 
     monkeypatch.setitem(IMPLS, "flaky", fake("flaky", plan))
     first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
@@ -277,7 +277,7 @@ def slow_plan(req):
 
         time.sleep(0.15)
         return naive_attention(req)
-    return AttentionCall("slow", "fake", call)
+    return PlannedCall("slow", "fake", call)
 
 
 def test_a_time_budget_skips_the_rows_that_would_overrun_and_says_so(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from phasebench.bench.instruments.timing import TimerConfig
-from phasebench.bench.ops.attention import check, cost, memory, pages
+from phasebench.bench.ops.attention import baseline, cost, inputs, memory, pages, reference
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.sweep import runner
 from phasebench.kernels import attention, register, triton_mode
@@ -27,21 +27,21 @@ def paged(page=16, **over):
 
 def test_the_pool_is_a_seeded_shuffled_permutation_of_every_sequences_pages():
     case = paged(batch=4, kv_len=200, seqlens=(200, 1, 16, 90))  # 13, 1, 1 and 6 pages
-    x = check.make_inputs(case, CPU, seed=3)
+    x = inputs.make_inputs(case, CPU, seed=3)
     assert x.k.shape == x.v.shape == (21, 16, 2, 32) and x.block_table.shape == (4, 13)
     assert x.block_table.dtype == torch.int32 and x.cache_seqlens.tolist() == [200, 1, 16, 90]
     used = torch.cat([x.block_table[b, :n] for b, n in enumerate(case.pages)])
     assert sorted(used.tolist()) == list(range(21))  # each page of the pool held by one sequence
     assert used.tolist() != list(range(21))  # not in order
     assert all((x.block_table[b, n:] == 0).all() for b, n in enumerate(case.pages))
-    again = check.make_inputs(case, CPU, seed=3)
+    again = inputs.make_inputs(case, CPU, seed=3)
     assert torch.equal(again.block_table, x.block_table) and torch.equal(again.k, x.k)
-    assert not torch.equal(check.make_inputs(case, CPU, seed=4).block_table, x.block_table)
+    assert not torch.equal(inputs.make_inputs(case, CPU, seed=4).block_table, x.block_table)
 
 
 def test_keys_in_order_follow_the_table():
     case = paged(page=16)
-    x = check.make_inputs(case, CPU, seed=1)
+    x = inputs.make_inputs(case, CPU, seed=1)
     k, v = pages.keys_in_order(x, case, 5, 40)
     for b in range(case.batch):
         for j in range(5, 40):
@@ -51,17 +51,17 @@ def test_keys_in_order_follow_the_table():
 
 @pytest.mark.parametrize("page,q_len", [(16, 1), (64, 1), (16, 5)])
 def test_the_reference_of_a_paged_case_is_that_of_its_keys_in_order(page, q_len, monkeypatch):
-    monkeypatch.setattr(check, "REFERENCE_SCORE_BYTES", 1 << 14)  # several key chunks, each gathered on its own
+    monkeypatch.setattr(reference, "REFERENCE_SCORE_BYTES", 1 << 14)  # several key chunks, each gathered on its own
     case = paged(page=page, q_len=q_len, seqlens=(100, q_len, 47))
-    x = check.make_inputs(case, CPU, seed=2)
+    x = inputs.make_inputs(case, CPU, seed=2)
     k, v = pages.keys_in_order(x, case, 0, case.kv_len)
     dense = dataclasses.replace(case, page_size=0)
-    expected = check.reference(dense, check.CaseInputs(x.q, k.contiguous(), v.contiguous(), x.cache_seqlens), CPU)
-    assert torch.allclose(check.reference(case, x, CPU), expected, rtol=0, atol=1e-12)
+    expected = reference.reference(dense, inputs.CaseInputs(x.q, k.contiguous(), v.contiguous(), x.cache_seqlens), CPU)
+    assert torch.allclose(reference.reference(case, x, CPU), expected, rtol=0, atol=1e-12)
     half = dataclasses.replace(case, dtype="bfloat16")
-    xh = check.make_inputs(half, CPU, seed=2)
-    err = check.baseline_error(half, xh, check.reference(half, xh, CPU))
-    assert 0 < err < 0.05  # the naive math in bf16, read through the table too
+    xh = inputs.make_inputs(half, CPU, seed=2)
+    err = baseline.baseline_error(half, xh, reference.reference(half, xh, CPU))
+    assert 0 < err < 0.01  # the same math in bf16, read through the table too
 
 
 def test_cost_adds_the_block_table_reads_to_the_contiguous_bytes():

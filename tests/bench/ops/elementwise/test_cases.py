@@ -1,12 +1,10 @@
-"""Elementwise cases: validation, cost by hand, keys and rows, the gate's views, and runs through the measuring path."""
+"""Elementwise cases: validation, cost by hand, keys and rows, and runs through the measuring path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from phasebench.bench.instruments.gate import judge
 from phasebench.bench.ops import operator_of
-from phasebench.bench.ops.elementwise import check as elementwise_check
 from phasebench.bench.ops.elementwise.cases import KINDS, ElementwiseCase, flops, min_bytes
 from phasebench.bench.sweep.runner import RunConfig, run
 from phasebench.kernels import elementwise, register
@@ -76,39 +74,6 @@ def test_labels_rows_and_keys():
     assert parse_case_key("elementwise/torch/decode/rmsnorm-m8-bfloat16") is None  # n is not optional
 
 
-def test_inputs_are_seeded_and_never_zero():
-    case = CASES["rotary"]
-    a, b = elementwise_check.make_inputs(case, CPU, 7), elementwise_check.make_inputs(case, CPU, 7)
-    assert all(torch.equal(x, y) for x, y in zip(a.tensors, b.tensors, strict=True))
-    assert torch.equal(a.tensors[2], torch.arange(1025 - 97, 1025)) and a.tensors[0].abs().min() > 0
-    weight = elementwise_check.make_inputs(CASES["rmsnorm"], CPU, 7).tensors[1].float()
-    assert 0.8 < weight.mean() < 1.2 and weight.std() > 0.5
-
-
-def test_views_turn_wrong_output_shapes_into_one_line_verdicts():
-    case = CASES["rotary"]
-    x = elementwise_check.make_inputs(case, CPU, 1)
-    ref = elementwise_check.reference(case, x, CPU)
-    q_rot, k_rot = elementwise("rotary", *x.tensors)
-    assert judge((q_rot, k_rot), ref, case.dtype, 1e-2).ok
-    assert "pair of tensors (q, k)" in judge(q_rot, ref, case.dtype, 1e-2).reason
-    assert "output k is" in judge((q_rot, k_rot[:, :1]), ref, case.dtype, 1e-2).reason
-    pick = CASES["greedy_pick"]
-    logits = elementwise_check.make_inputs(pick, CPU, 1)
-    ref = elementwise_check.reference(pick, logits, CPU)
-    picked = elementwise("greedy_pick", *logits.tensors)
-    assert judge(picked, ref, pick.dtype, 0.0).ok
-    assert not judge(logits.tensors[0].argmin(dim=1), ref, pick.dtype, 0.0).ok
-    assert "must lie in [0, 4097)" in judge(picked + 4097, ref, pick.dtype, 0.0).reason
-
-
-def test_memory_charge():
-    big = ElementwiseCase("rmsnorm", 16384, 8192, "bfloat16", "prefill")
-    assert elementwise_check.does_not_fit(big, "torch", CPU, free=1 << 40) is None
-    assert "needs about" in elementwise_check.does_not_fit(big, "torch", CPU, free=1 << 28)
-    assert "charged its output plus" in elementwise_check.does_not_fit(big, "mine", CPU, free=1 << 28)
-
-
 def _run(tmp_path, cases, impls):
     return run(RunConfig(cases, impls, CPU, tmp_path, detect_contention=False))
 
@@ -149,7 +114,7 @@ def test_wrong_plugins_are_recorded_incorrect(tmp_path):
         if kind == "rotary":
             return elementwise(kind, *t, base=10000.0)
         if kind == "kv_append":
-            return t[0], t[1]  # writes nothing: the rows the torch impl wrote before it are put back first
+            return t[0], t[1]  # writes nothing: the rows it must write are poisoned first
         return t[0].argmin(dim=1)
 
     register("elementwise", "wrong", wrong)
@@ -159,13 +124,3 @@ def test_wrong_plugins_are_recorded_incorrect(tmp_path):
         OPS["elementwise"].pop("wrong", None)
     assert (df.status == "incorrect").all(), df[["kind", "status", "reason"]]
     assert set(df.kind) == set(KINDS)
-
-
-def test_a_no_op_kv_append_after_a_correct_one_is_incorrect():
-    case = CASES["kv_append"]
-    x = elementwise_check.make_inputs(case, CPU, 3)
-    ref = elementwise_check.reference(case, x, CPU)
-    assert judge(elementwise_check.prepare(case, x, "torch").run(), ref, case.dtype, 0.0).ok
-    elementwise_check.prepare(case, x, "torch")  # the next impl's setup puts the drawn rows back
-    assert not judge((x.tensors[0], x.tensors[1]), ref, case.dtype, 0.0).ok
-    assert "in place" in judge((x.tensors[0].clone(), x.tensors[1]), ref, case.dtype, 0.0).reason

@@ -1,0 +1,228 @@
+"""Shared plotting helpers: the rows a plot may show and their groups, Agg figures, stable colours and markers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ...bench.spec.schema import PHASES, cell_true
+
+# Figures are built without pyplot: no global state, no GUI backend, nothing to close;
+# Jupyter still renders a returned Figure inline.
+
+IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn", "torch")
+OPS = ("attention", "linear")
+PHASE_MARKERS = {"prefill": "o", "chunked_prefill": "s", "decode": "^"}
+LINEAR_MARKERS = {"prefill": "D", "decode": "v"}
+EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
+LINESTYLES = ("-", "--", ":", "-.")
+# Rows that differ in any of these are never pooled: not in a median, a speedup or a plot.
+GROUP_FIELDS = ("device", "mode", "timer", "profiled")
+SERIES_GID = "series"  # gid of lines that carry data (tests and callers can find them)
+CEILING_GID = "ceiling"
+
+_PALETTE = (
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+    "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+)
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, squeeze: bool = False, **kwargs):
+    """A Figure with an Agg canvas and its axes grid (a 2-D array unless squeeze)."""
+    if figsize is None:
+        figsize = (4.8 * ncols + 1.2, 3.8 * nrows + 0.6)
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
+    return fig, axes
+
+
+def no_data(title: str, why: str, *, figsize=(6.0, 3.0)) -> Figure:
+    """A figure that says there is nothing to plot, instead of raising."""
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"no data: {why}", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return fig
+
+
+def op_rows(df: pd.DataFrame, op: str) -> pd.DataFrame:
+    """The rows of one operator; rows of a frame without an op column are attention rows."""
+    if "op" not in df.columns:
+        return df if op == "attention" else df.iloc[0:0]
+    return df[df["op"].fillna("attention").replace("", "attention") == op]
+
+
+def ordered_ops(ops) -> list[str]:
+    present = set(ops)
+    return [op for op in OPS if op in present] + sorted(present - set(OPS))
+
+
+def ok_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """Rows with status 'ok' (the only ones with performance figures), of one phase if given."""
+    if "status" not in df.columns:
+        return df.iloc[0:0]
+    rows = df[df["status"] == "ok"]
+    return rows if phase is None else rows[rows["phase"] == phase]
+
+
+def flag(rows: pd.DataFrame, column: str) -> pd.Series:
+    """A boolean column as plain bools (blank: False); all False where the column is absent."""
+    if column not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows[column].fillna(False).astype(bool)
+
+
+def interpreter(rows: pd.DataFrame) -> pd.Series:
+    """Rows timed in the Triton interpreter: they prove correctness, their timings are not performance."""
+    if "mode" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows["mode"] == "interpreter"
+
+
+def performance_rows(df: pd.DataFrame, phase: str | None = None) -> pd.DataFrame:
+    """The ok rows a performance figure or median may use: not interpreter-mode, not noisy, not above their roof."""
+    rows = ok_rows(df, phase)
+    return rows[~interpreter(rows) & ~flag(rows, "noisy") & ~flag(rows, "above_roof")]
+
+
+def left_out_note(df: pd.DataFrame, phase: str | None = None) -> str:
+    """A title suffix that counts the ok rows performance_rows() left out, and why."""
+    rows = ok_rows(df, phase)
+    in_interpreter = interpreter(rows)
+    counts = {
+        "interpreter-mode rows (correctness only)": int(in_interpreter.sum()),
+        "noisy rows (device contended)": int((flag(rows, "noisy") & ~in_interpreter).sum()),
+        "rows above their roof (findings)": int((flag(rows, "above_roof") & ~flag(rows, "noisy")
+                                                 & ~in_interpreter).sum()),
+    }
+    parts = [f"{count} {what}" for what, count in counts.items() if count]
+    return f"\n(left out: {'; '.join(parts)})" if parts else ""
+
+
+def no_performance(title: str, df: pd.DataFrame, phase: str | None = None) -> Figure:
+    """The 'no data' figure when performance_rows() is empty, saying whether ok rows were left out."""
+    what = f"ok {phase} rows" if phase else "rows with status 'ok'"
+    if ok_rows(df, phase).empty:
+        return no_data(title, f"no {what}")
+    return no_data(title, f"every one of the {what} is interpreter-mode, noisy or above its roof")
+
+
+def group_fields(df: pd.DataFrame) -> list[str]:
+    return [name for name in GROUP_FIELDS if name in df.columns]
+
+
+def group_label(values: dict) -> str:
+    """'NVIDIA H200 · compiled · cuda_events' (· profiled) for one (device, mode, timer, profiled) group."""
+    parts = [
+        str(values.get("device") or "(unknown device)"),
+        str(values.get("mode") or "(no mode)"),
+        str(values.get("timer") or "(no timer)"),
+    ]
+    if cell_true(values.get("profiled")):
+        parts.append("profiled")
+    return " · ".join(parts)
+
+
+def one_group_note(rows: pd.DataFrame) -> str:
+    """A title line naming the group when every row is of one group (labels then show impls only)."""
+    found = groups(rows)
+    return f"\n{found[0][0]}" if len(found) == 1 else ""
+
+
+def groups(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows) per (device, mode, timer, profiled) group, in a stable order."""
+    fields = group_fields(rows)
+    if not fields:
+        return [(group_label({}), rows)]
+    found = []
+    for key, group in rows.groupby(fields, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        found.append((group_label(dict(zip(fields, key, strict=True))), group))
+    return found
+
+
+def ordered_impls(impls) -> list[str]:
+    known = [name for name in IMPL_ORDER if name in set(impls)]
+    return known + sorted(set(impls) - set(known))
+
+
+def impl_colors(impls) -> dict[str, str]:
+    """One colour per impl; the known impls keep the same colour in every plot."""
+    names = list(IMPL_ORDER) + sorted(set(impls) - set(IMPL_ORDER))
+    return {name: _PALETTE[index % len(_PALETTE)] for index, name in enumerate(names)}
+
+
+def phase_marker(phase: str) -> str:
+    if phase in PHASE_MARKERS:
+        return PHASE_MARKERS[phase]
+    return EXTRA_MARKERS[sum(map(ord, phase)) % len(EXTRA_MARKERS)]  # stable across processes
+
+
+def op_phase_marker(op: str, phase: str) -> str:
+    """Attention keeps the phase markers; linear rows get markers of their own."""
+    if op == "linear" and phase in LINEAR_MARKERS:
+        return LINEAR_MARKERS[phase]
+    if op in ("attention", ""):
+        return phase_marker(phase)
+    return EXTRA_MARKERS[sum(map(ord, op + phase)) % len(EXTRA_MARKERS)]
+
+
+def ordered_phases(phases) -> list[str]:
+    present = set(phases)
+    return [phase for phase in PHASES if phase in present] + sorted(present - set(PHASES))
+
+
+def floats(series: pd.Series) -> np.ndarray:
+    """A column as a float array (nullable ints and booleans included), NA as NaN."""
+    return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def varying(df: pd.DataFrame, columns) -> list[str]:
+    """The columns (of those given and present) that hold more than one value in df."""
+    return [name for name in columns if name in df.columns and df[name].nunique(dropna=False) > 1]
+
+
+def describe(values: dict) -> str:
+    """'impl · bfloat16 · b4' style label from {column: value}."""
+    parts = []
+    for name, value in values.items():
+        if name in ("batch",):
+            parts.append(f"b{value}")
+        elif name in ("q_heads", "kv_heads", "head_dim"):
+            parts.append(f"{name}={value}")
+        elif name == "causal":
+            parts.append("causal" if value else "non-causal")
+        elif name == "profiled":
+            parts.append("profiled" if cell_true(value) else "not profiled")
+        elif name == "page_size":
+            parts.append(f"page {value}" if value else "contiguous")
+        elif value == "":
+            parts.append("(none)")
+        else:
+            parts.append(str(value))
+    return " · ".join(parts)
+
+
+def categories(df: pd.DataFrame, extra=GROUP_FIELDS + ("dtype",)) -> pd.Series:
+    """Per-row category label: the impl, plus device, mode, timer, profiled and dtype where those vary in df."""
+    shown = varying(df, extra)
+    if not shown:
+        return df["impl"].astype(str)
+    return df[["impl", *shown]].apply(lambda row: describe(row.to_dict()), axis=1)
+
+
+def series_fields(df: pd.DataFrame, fields) -> list[str]:
+    """The fields that take several values within one impl: they must split an impl's lines."""
+    present = [name for name in fields if name in df.columns]
+    return [name for name in present if (df.groupby("impl")[name].nunique(dropna=False) > 1).any()]
+
+
+def spread(count: int, width: float = 0.5) -> np.ndarray:
+    """Deterministic horizontal offsets for a strip of `count` points."""
+    if count <= 1:
+        return np.zeros(count)
+    return np.linspace(-width / 2, width / 2, count)

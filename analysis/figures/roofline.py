@@ -1,0 +1,212 @@
+"""Roofline plot: achieved TFLOP/s against arithmetic intensity, under the measured (and datasheet) ceilings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from .kit import (
+    CEILING_GID,
+    SERIES_GID,
+    floats,
+    groups,
+    impl_colors,
+    left_out_note,
+    new_figure,
+    no_performance,
+    op_phase_marker,
+    ordered_impls,
+    ordered_ops,
+    ordered_phases,
+    performance_rows,
+)
+
+_CEILING_SHADES = ("0.1", "0.45", "0.3", "0.6", "0.2", "0.5")
+
+
+def roofline(
+    df: pd.DataFrame,
+    *,
+    datasheet: dict | None = None,
+    title: str = "Roofline",
+    figsize=None,
+    legend: str = "right",
+) -> Figure:
+    """Log-log roofline of the ok rows of every operator: one point per row, colour = impl,
+    marker = operator and phase (attention and linear rows have markers of their own), one
+    panel per (device, mode, timer) group (titled with it).
+
+    Interpreter-mode and noisy rows are left out (the title counts them). For each
+    (device, dtype) in a panel the measured ceilings (median of the rows' peak_gbps and
+    peak_tflops) are drawn as one solid roof with its ridge point marked; datasheet ceilings
+    are dashed. `datasheet` is either {"peak_gbps": float, "peak_tflops": {dtype: float}}
+    (applies to every device, the layout of run.json ceilings.datasheet) or a dict of those
+    keyed by device name; without it the loader's datasheet_gbps/datasheet_tflops columns
+    are used, and nothing is drawn where they are missing. Points carry gid "series". `legend` "below" puts
+    the legend under each panel in columns (a narrower figure whose plot keeps its width), "right" beside it.
+    """
+    if legend not in ("right", "below"):
+        raise ValueError(f"legend: expected 'right' or 'below', got {legend!r}")
+    rows = performance_rows(df)
+    if rows.empty:
+        return no_performance(title, df)
+    panels = groups(rows)
+    below = legend == "below"
+    width, height = (8.0, 6.6) if below else (9.5, 6.0)
+    fig, axes = new_figure(len(panels), 1, figsize=figsize or (width, height * len(panels)))
+    colors = impl_colors(rows["impl"].unique())
+    ceilings = []
+    for ax, (label, group) in zip(axes[:, 0], panels, strict=True):
+        ceilings += _panel(ax, group, colors, datasheet, below)
+        ax.set_title(label, fontsize="medium")
+    if ceilings:  # legend "below": every panel's ceilings, one per line, under the figure
+        fig.legend(handles=ceilings, loc="outside lower center", fontsize="small", frameon=False)
+    fig.suptitle(title + left_out_note(df))
+    return fig
+
+
+def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: bool = False) -> list:
+    """Draw one group's points and roofs; with `below`, return the ceilings' legend handles for the figure."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    rows = rows.assign(_op=_ops(rows))
+    for (impl, op, phase), group in rows.groupby(["impl", "_op", "phase"], sort=False):
+        ax.scatter(
+            floats(group["intensity"]), floats(group["tflops"]),
+            color=colors[impl], marker=op_phase_marker(op, phase), s=40, alpha=0.85,
+            edgecolors="white", linewidths=0.6, zorder=3, gid=SERIES_GID,
+        )
+
+    ceilings = _ceilings(rows, datasheet)
+    x_low, x_high = _x_range(rows, ceilings)
+    ceiling_handles = []
+    for index, ceiling in enumerate(ceilings):
+        shade = _CEILING_SHADES[index % len(_CEILING_SHADES)]
+        name = f"{ceiling['device']} · {ceiling['dtype']}"
+        handle = _draw_roof(ax, ceiling["gbps"], ceiling["tflops"], x_low, x_high, shade, "-", 1.6, (4, 4))
+        if handle is not None:
+            handle.set_label(f"{name} measured ({_describe_roof(ceiling['gbps'], ceiling['tflops'])})")
+            ceiling_handles.append(handle)
+        handle = _draw_roof(
+            ax, ceiling["sheet_gbps"], ceiling["sheet_tflops"], x_low, x_high, shade, "--", 1.0, (4, -10)
+        )
+        if handle is not None:
+            handle.set_label(f"{name} datasheet ({_describe_roof(ceiling['sheet_gbps'], ceiling['sheet_tflops'])})")
+            ceiling_handles.append(handle)
+
+    ax.set_xlim(x_low, x_high)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, minimum bytes)")
+    ax.set_ylabel("achieved TFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    impl_handles = [
+        Line2D([], [], linestyle="", marker="o", color=colors[impl], label=impl)
+        for impl in ordered_impls(rows["impl"].unique())
+    ]
+    ops = ordered_ops(rows["_op"].unique())
+    phase_handles = [
+        Line2D([], [], linestyle="", marker=op_phase_marker(op, phase), color="0.35",
+               label=phase if ops == ["attention"] else f"{op} · {phase}")
+        for op in ops
+        for phase in ordered_phases(rows.loc[rows["_op"] == op, "phase"].unique())
+    ]
+    if below:  # impls and markers in columns under the panel; the ceilings go under the figure
+        ax.legend(handles=impl_handles + phase_handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3,
+                  fontsize="small", frameon=False)
+        return ceiling_handles
+    ax.legend(
+        handles=impl_handles + phase_handles + ceiling_handles,
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False,
+    )
+    return []
+
+
+def _ops(rows: pd.DataFrame) -> pd.Series:
+    if "op" not in rows.columns:
+        return pd.Series("attention", index=rows.index)
+    return rows["op"].fillna("attention").replace("", "attention")
+
+
+def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
+    """Measured and datasheet ceilings per (device, dtype) of the plotted rows."""
+    found = []
+    for (device, dtype), group in rows.groupby(["device", "dtype"], sort=True):
+        sheet_gbps, sheet_tflops = _datasheet_for(group, device, dtype, datasheet)
+        found.append({
+            "device": device or "(unknown device)",
+            "dtype": dtype,
+            "gbps": _median(group, "peak_gbps"),
+            "tflops": _median(group, "peak_tflops"),
+            "sheet_gbps": sheet_gbps,
+            "sheet_tflops": sheet_tflops,
+        })
+    return found
+
+
+def _datasheet_for(group: pd.DataFrame, device: str, dtype: str, datasheet: dict | None):
+    if datasheet is None:
+        return _median(group, "datasheet_gbps"), _median(group, "datasheet_tflops")
+    entry = datasheet if ("peak_gbps" in datasheet or "peak_tflops" in datasheet) else datasheet.get(device)
+    if not isinstance(entry, dict):
+        return np.nan, np.nan
+    per_dtype = entry.get("peak_tflops")
+    tflops = per_dtype.get(dtype) if isinstance(per_dtype, dict) else per_dtype
+    return _positive(entry.get("peak_gbps")), _positive(tflops)
+
+
+def _median(group: pd.DataFrame, column: str) -> float:
+    if column not in group.columns:
+        return np.nan
+    return _positive(np.nanmedian(floats(group[column]))) if group[column].notna().any() else np.nan
+
+
+def _positive(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return np.nan
+    return value if np.isfinite(value) and value > 0 else np.nan
+
+
+def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
+    xs = floats(rows["intensity"])
+    xs = list(xs[np.isfinite(xs) & (xs > 0)])
+    for ceiling in ceilings:
+        for gbps, tflops in ((ceiling["gbps"], ceiling["tflops"]), (ceiling["sheet_gbps"], ceiling["sheet_tflops"])):
+            if np.isfinite(gbps) and np.isfinite(tflops):
+                xs.append(tflops * 1e3 / gbps)  # ridge point
+    if not xs:
+        return 0.1, 1000.0
+    return min(xs) / 4, max(xs) * 4
+
+
+def _draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset):
+    """Draw min(x * gbps / 1000, tflops) with its ridge point; returns the roof line (or None)."""
+    has_memory, has_compute = np.isfinite(gbps), np.isfinite(tflops)
+    style_kw = dict(color=shade, linestyle=style, linewidth=width, gid=CEILING_GID, zorder=2)
+    if has_memory and has_compute:
+        ridge = tflops * 1e3 / gbps
+        xs = [x for x in (x_low, ridge, x_high) if x_low <= x <= x_high]
+        (line,) = ax.plot(xs, np.minimum(np.array(xs) * gbps / 1e3, tflops), **style_kw)
+        ax.plot([ridge], [tflops], marker="o", markersize=6, markerfacecolor="white",
+                markeredgecolor=shade, linestyle="", gid=CEILING_GID, zorder=4)
+        ax.annotate(f"ridge {ridge:.3g}", (ridge, tflops), textcoords="offset points", xytext=text_offset,
+                    fontsize="x-small", color=shade)
+        return line
+    if has_memory:
+        (line,) = ax.plot([x_low, x_high], [x_low * gbps / 1e3, x_high * gbps / 1e3], **style_kw)
+        return line
+    if has_compute:
+        (line,) = ax.plot([x_low, x_high], [tflops, tflops], **style_kw)
+        return line
+    return None
+
+
+def _describe_roof(gbps: float, tflops: float) -> str:
+    parts = []
+    if np.isfinite(gbps):
+        parts.append(f"{gbps:.4g} GB/s")
+    if np.isfinite(tflops):
+        parts.append(f"{tflops:.4g} TFLOP/s")
+    return ", ".join(parts)

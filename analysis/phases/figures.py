@@ -1,0 +1,362 @@
+"""A `phasebench phases` folder's TTFT / decode / chunking / breakdown figures and its summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter
+
+from ..figures.kit import SERIES_GID, floats, new_figure, no_data
+from .check import check_sentence, normalised, over_goal_notes
+from .folder import as_bool
+from .model import SATURATION_MARGIN, USER_TARGETS
+from .remedies import remedy_lines
+
+PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",
+               "sequence": "ops in sequence (beyond alone)", "head": "head (lm_head + pick)"}
+GAP_LABEL = "launch gaps and the rest"
+PART_COLORS = {"weights": "#1f77b4", "attention": "#d62728", "elementwise": "#2ca02c", "sequence": "#ff7f0e",
+               "head": "#9467bd", "gap": "#bbbbbb"}
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _heading(tables: dict, what: str) -> str:
+    """'what · model · device · dtype' from phases.json, as far as it says."""
+    meta = tables.get("meta") or {}
+    model = (meta.get("model") or {}).get("name") if isinstance(meta.get("model"), dict) else meta.get("model")
+    parts = [what] + [str(v) for v in (model, meta.get("device"), meta.get("dtype")) if v]
+    return " · ".join(parts)
+
+
+def _incomplete_note(table: pd.DataFrame) -> str:
+    count = int((floats(table["missing"]) > 0).sum()) if "missing" in table else 0
+    return f"\n({count} point(s) left out: ops not measured)" if count else ""
+
+
+def _unmeasured(table: pd.DataFrame, column: str) -> bool:
+    """No point of the table has a figure (every one lacks a measured op, e.g. all of them noisy): nothing to
+    draw on a log axis."""
+    return not np.isfinite(floats(table[column])).any()
+
+
+def _log2_batches(ax, values) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in values if np.isfinite(v)})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def _plain_log(ax) -> None:
+    """Log y with plain numbers on the ticks (4, 40, 400 rather than 4x10^1); linear while nothing is positive."""
+    if not any((np.asarray(line.get_ydata(), float) > 0).any() for line in ax.get_lines()):
+        return  # every point missing (noisy rows left out): matplotlib refuses to log-scale nothing
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labels some minor ticks on a short range
+
+
+def _empty(tables: dict, name: str) -> bool:
+    table = tables.get(name)
+    return table is None or len(table) == 0
+
+
+def ttft_figure(tables: dict, *, figsize=None) -> Figure:
+    """Time to first token against prompt length, and prompt tokens/s (prompt / TTFT) beside it."""
+    title = _heading(tables, "Prefill: time to first token")
+    if _empty(tables, "prefill"):
+        return no_data(title, "no prefill table")
+    if _unmeasured(tables["prefill"], "ttft_ms"):
+        return no_data(title, "no prompt composed: " + _incomplete_note(tables["prefill"]).strip("\n()"))
+    table = tables["prefill"].sort_values("prompt")
+    prompts = floats(table["prompt"])
+    fig, axes = new_figure(1, 2, figsize=figsize)
+    for ax, column, label, color in ((axes[0, 0], "ttft_ms", "TTFT (ms)", "#1f77b4"),
+                                     (axes[0, 1], "prompt_tokens_per_s", "prompt tokens/s", "#ff7f0e")):
+        ax.plot(prompts, floats(table[column]), marker="o", color=color, gid=SERIES_GID, label=column)
+        _log2_batches(ax, prompts)
+        _plain_log(ax)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_title("TTFT (prompt alone)")
+    axes[0, 1].set_title("prefill throughput")
+    fig.suptitle(title + _incomplete_note(table))
+    return fig
+
+
+def decode_figure(tables: dict, *, figsize=None) -> Figure:
+    """TPOT and output tokens/s (batch / TPOT) against batch with the saturation batch marked; tokens/s per
+    user against the interactive targets on a second panel."""
+    title = _heading(tables, "Decode: the batch sweep")
+    if _empty(tables, "decode"):
+        return no_data(title, "no decode table")
+    if _unmeasured(tables["decode"], "tpot_ms"):
+        return no_data(title, "no batch composed: " + _incomplete_note(tables["decode"]).strip("\n()"))
+    table = tables["decode"].sort_values("batch")
+    batches = floats(table["batch"])
+    context = table["context"].iloc[0]
+    fig, axes = new_figure(1, 2, figsize=figsize)
+    ax = axes[0, 0]
+    ax.plot(batches, floats(table["tpot_ms"]), marker="o", color="#1f77b4", gid=SERIES_GID, label="TPOT (ms)")
+    ax.set_ylabel("TPOT (ms)", color="#1f77b4")
+    twin = ax.twinx()
+    twin.plot(batches, floats(table["tokens_per_s"]), marker="s", color="#ff7f0e", gid=SERIES_GID,
+              label="output tokens/s")
+    twin.set_ylabel("output tokens/s (batch / TPOT)", color="#ff7f0e")
+    saturated = table[table["saturated"].map(as_bool)]
+    if len(saturated):
+        knee = float(saturated["batch"].iloc[0])
+        ax.axvline(knee, color="0.35", linestyle="--", linewidth=1, gid="saturation")
+        ax.annotate(f"saturates at batch {int(knee)}", (knee, 0.96), xycoords=("data", "axes fraction"),
+                    xytext=(4, 0), textcoords="offset points", va="top", fontsize="small", color="0.25")
+        state = saturation_text(int(knee), None)
+    else:
+        state = saturation_text(None, int(np.nanmax(batches)))
+    for axis in (ax, twin):
+        _log2_batches(axis, batches)
+    ax.set_xlabel("decode batch")
+    ax.set_title(f"context {context}: {state}", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+
+    ax = axes[0, 1]
+    ax.plot(batches, floats(table["tokens_per_s_per_user"]), marker="o", color="#2ca02c", gid=SERIES_GID,
+            label="tokens/s per user")
+    for target, style in zip(USER_TARGETS, (":", "--"), strict=True):
+        ax.axhline(target, color="0.4", linestyle=style, linewidth=1, gid="target", label=f"{target:g} tok/s")
+    _log2_batches(ax, batches)
+    _plain_log(ax)
+    ax.set_xlabel("decode batch")
+    ax.set_ylabel("tokens/s per user (1 / TPOT)")
+    ax.set_title("what each user sees", fontsize="medium")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(title + _incomplete_note(table))
+    return fig
+
+
+def chunk_figure(tables: dict, *, figsize=(7.0, 5.0)) -> Figure:
+    """Chunked prefill: the prompt's TTFT against the mean inter-token latency the decode users see, one point
+    per chunk size, with the unchunked TTFT and the decode-only ITL as reference lines."""
+    title = _heading(tables, "Chunked prefill: TTFT against the decode users' ITL")
+    if _empty(tables, "chunked"):
+        return no_data(title, "no chunked table")
+    if _unmeasured(tables["chunked"], "ttft_ms"):
+        return no_data(title, "no chunk size composed: " + _incomplete_note(tables["chunked"]).strip("\n()"))
+    table = tables["chunked"].sort_values("chunk")
+    first = table.iloc[0]
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    itl, ttft = floats(table["itl_ms"]), floats(table["ttft_ms"])
+    ax.plot(itl, ttft, marker="o", color="#1f77b4", gid=SERIES_GID, label="chunked (mean ITL)")
+    for x, y, chunk in zip(itl, ttft, table["chunk"], strict=True):
+        if np.isfinite(x) and np.isfinite(y):
+            ax.annotate(f"C={chunk}", (x, y), xytext=(5, 4), textcoords="offset points", fontsize="small",
+                        gid="chunk_label")
+    ax.axhline(first["unchunked_ttft_ms"], color="0.4", linestyle="--", linewidth=1, gid="unchunked_ttft",
+               label=f"unchunked TTFT ({first['unchunked_ttft_ms']:.3g} ms)")
+    ax.axvline(first["decode_only_ms"], color="0.4", linestyle=":", linewidth=1, gid="decode_only_itl",
+               label=f"decode-only ITL ({first['decode_only_ms']:.3g} ms)")
+    ax.set_xlabel(f"inter-token latency of the {_number(first['decode_batch'])} decode users (ms)")
+    ax.set_ylabel(f"TTFT of the {_number(first['prompt'])}-token prompt (ms)")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(f"{title}\n{_number(first['decode_batch'])} users at context {_number(first['context'])}"
+                 + _incomplete_note(table))
+    return fig
+
+
+def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
+    """(bar label, {part: ms}) for the decode breakdown: the model's step as composed, and where the reference
+    decoder ran, the same step at its layer count with the measured remainder as "gap" (only when positive)."""
+    if _empty(tables, "decode_parts"):
+        return []
+    items = tables["decode_parts"]
+    per_part = {part: float(items.loc[items["part"] == part, "ms"].sum()) for part in PART_LABELS}
+    in_layers = items[items["part"] != "head"]
+    layers = int(floats(in_layers["count"]).min()) if len(in_layers) else 0  # the ops run once per layer or twice
+    bars = [(f"composed\n{layers} layers", per_part)]
+    reference = reference_table(tables)
+    decode = reference[(reference["phase"] == "decode") & (reference["reference"] == "phasebench")]
+    batch = items["batch"].iloc[0] if "batch" in items and len(items) else None
+    if batch is not None:  # the reference step of the breakdown's own batch
+        decode = decode[decode["batch"] == batch]
+    if layers and len(decode):
+        row = decode.iloc[0]
+        scale = float(row["layers"]) / layers
+        scaled = {part: ms * (1.0 if part == "head" else scale) for part, ms in per_part.items()}
+        gap = float(row["gap_ms"])  # against the published composition, whose parts the bar scales
+        if np.isfinite(gap) and gap > 0:
+            scaled["gap"] = gap
+        bars.append((f"reference\n{int(row['layers'])} layers", scaled))
+    return bars
+
+
+def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
+    """Where a decode step's time goes: a stacked bar per composition (weights, KV reads, elementwise, head)
+    and, on the reference decoder's layer count, what the measured step adds on top (launch gaps and the rest)."""
+    title = _heading(tables, "Decode step: where the time goes")
+    bars = breakdown_bars(tables)
+    if not bars:
+        return no_data(title, "no decode_parts table")
+    fig, axes = new_figure(figsize=figsize)
+    ax = axes[0, 0]
+    labelled = set()
+    for position, (_, parts) in enumerate(bars):
+        bottom = 0.0
+        for part, ms in parts.items():
+            if not ms > 0:
+                continue
+            name = GAP_LABEL if part == "gap" else PART_LABELS[part]
+            (patch,) = ax.bar(position, ms, bottom=bottom, width=0.55, color=PART_COLORS[part], edgecolor="0.3",
+                              hatch="//" if part == "gap" else None,
+                              label=name if name not in labelled else "_nolegend_")
+            patch.set_gid(part)
+            labelled.add(name)
+            bottom += ms
+        # the total of every part: a sequence faster than its ops alone (a negative term) is not drawn but counts
+        ax.annotate(f"{sum(parts.values()):.3g} ms", (position, bottom), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontsize="small")
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars])
+    ax.set_xlim(-0.7, len(bars) - 0.3)
+    ax.set_ylabel("ms per decode step")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
+    meta = tables.get("meta") or {}
+    setting = f"\nbatch {meta['chunk_batch']} at context {meta['context']}" if {"chunk_batch", "context"} <= set(
+        meta) else ""
+    fig.suptitle(title + setting)
+    return fig
+
+
+# ---------------------------------------------------------------- tables and text
+
+
+ROUND_COLUMNS = ("round_error_min_pct", "round_error_max_pct")
+CHECK_COLUMNS = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "published_composed_ms", "gap_ms",
+                 "published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "per_layer_ops_alone_error_pct",
+                 "head_share_pct", "sequence_pct", "goal_pct", "over_goal", "noisy", "left_out"]
+
+
+def reference_table(tables: dict) -> pd.DataFrame:
+    """The composition against real forward passes: per reference implementation, phase and batch the reference
+    and the published composition's ms, the gap, the error of the published figure (published_error_pct, from the
+    ops/ rows), of the check's interleaved rounds (interleaved_error_pct) and per layer (per_layer_error_pct, from
+    references of L and 2L layers), the head's share, the goal and whether an error is beyond it, whether the
+    reference was timed on a busy machine, and what the composition leaves out; with the range of the rounds' own
+    errors where the check ran in rounds. Errors are negative where the composition is faster."""
+    reference = tables.get("reference")
+    if reference is None or not len(reference):
+        return pd.DataFrame(columns=CHECK_COLUMNS)
+    meta = tables.get("meta") or {}
+    table = normalised(reference, meta.get("device"))
+    composed = table["published_composed_ms"].fillna(table["interleaved_composed_ms"])
+    table = table.assign(gap_ms=floats(table["reference_ms"]) - floats(composed))
+    defaults = {"reference": "phasebench", "noisy": False}  # tables written before there was a choice
+    for column, value in defaults.items():
+        table[column] = table[column].fillna(value) if column in table else value
+    table["left_out"] = table["left_out"].fillna("").astype(str)
+    rounds = [c for c in ROUND_COLUMNS if c in table]  # tables written before the interleaved rounds lack them
+    return table[CHECK_COLUMNS + rounds].reset_index(drop=True)
+
+
+def _number(value) -> str:
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        return str(value)
+    if not np.isfinite(value):
+        return "–"
+    if float(value).is_integer() and abs(value) < 1e6:
+        return str(int(value))
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def saturation_text(knee: int | None, largest: int | None) -> str:
+    """What the batch sweep says of throughput, from its saturated batch (None: none) and its largest batch."""
+    margin = f"{SATURATION_MARGIN:.0%}"
+    if knee is not None:
+        return f"no larger batch adds more than {margin} throughput beyond batch {knee}"
+    return f"throughput still grows by more than {margin} up to batch {largest}"
+
+
+def _text(table: pd.DataFrame, columns) -> str:
+    shown = table[[c for c in columns if c in table.columns]]
+    return shown.to_string(index=False, formatters={c: _number for c in shown.columns})
+
+
+def phases_summary(tables: dict) -> str:
+    """What `phasebench phases` prints: TTFT per prompt, the decode sweep with its saturation batch, the chunk
+    table, the interactive limits and the composition's error against a real forward pass."""
+    out = [_heading(tables, "phases")]
+    meta = tables.get("meta") or {}
+    if meta.get("impls"):
+        out[0] += " · " + ", ".join(f"{op}={impl}" for op, impl in meta["impls"].items())
+    if meta.get("page_size"):
+        out[0] += f" · KV cache in pages of {meta['page_size']} (decode and chunks)"
+    reference = reference_table(tables)
+    if not _empty(tables, "prefill"):
+        out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s",
+                                                                        "noisy_left_out"))]
+        out += [line for line in (check_sentence(reference, "prefill"),) if line]
+    if not _empty(tables, "decode"):
+        decode = tables["decode"].sort_values("batch")
+        marked = decode.assign(saturated=["<- saturates" if as_bool(s) else "" for s in decode["saturated"]])
+        knee = decode.loc[decode["saturated"].map(as_bool), "batch"]
+        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
+        out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
+                _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated",
+                               "noisy_left_out"))]
+        out += [line for line in (check_sentence(reference, "decode"),) if line]
+    if not _empty(tables, "chunked"):
+        chunked = tables["chunked"].sort_values("chunk")
+        first = chunked.iloc[0]
+        out += ["", f"Chunked prefill of {_number(first['prompt'])} tokens beside {_number(first['decode_batch'])} "
+                    f"decode users at context {_number(first['context'])} (unchunked TTFT "
+                    f"{_number(first['unchunked_ttft_ms'])} ms, decode-only ITL "
+                    f"{_number(first['decode_only_ms'])} ms):",
+                _text(chunked, ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct",
+                                "chunking_cost_pct"))]
+    out += remedy_lines(tables)
+    if not _empty(tables, "interactive"):
+        limits = tables["interactive"]
+        wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",
+                                  aggfunc="max")
+        wide.columns = [f"batch@{c:g}tok/s" for c in wide.columns]
+        ttft = limits.groupby("prompt")["ttft_ms"].first()
+        wide = pd.concat([ttft, wide], axis=1).reset_index()
+        out += ["", f"Interactive limits (TTFT within {_number(limits['ttft_target_s'].iloc[0])} s; the largest "
+                    "batch giving each user the rate):", _text(wide, wide.columns)]
+    if len(reference):
+        out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; published: the "
+                    "figures above, from ops/ with the sequence term; interleaved: the check's rounds; per layer: "
+                    "references of L and 2L layers, the head removed; ops alone: without the sequence term):",
+                _text(reference, ("reference", "phase", "layers", "batch", "reference_ms", "published_composed_ms",
+                                  "published_error_pct", "interleaved_error_pct", "per_layer_error_pct",
+                                  "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", *ROUND_COLUMNS,
+                                  "noisy"))]
+        out += [f"OVER GOAL: {note}" for note in over_goal_notes(reference)]
+        left_out = "; ".join(dict.fromkeys(s for s in reference["left_out"] if s))
+        if left_out:
+            out.append(f"left out of the composition: {left_out}")
+    return "\n".join(out)
+
+
+PHASE_FIGURES = {"phases_ttft": ttft_figure, "phases_decode": decode_figure, "phases_chunk": chunk_figure,
+                 "phases_breakdown": decode_breakdown_figure}
+
+
+def write_phase_figures(tables: dict, out_dir, *, dpi: int = 110) -> list[Path]:
+    """The four phase figures as PNG files in out_dir, named as PHASE_FIGURES."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, draw in PHASE_FIGURES.items():
+        path = out / f"{name}.png"
+        draw(tables).savefig(path, dpi=dpi)
+        paths.append(path)
+    return paths

@@ -1,0 +1,98 @@
+"""A `phasebench phases` folder read back: its tables by name (the columns each figure and table reads) and
+phases.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..loading.results import DataFileError, load
+from .check import normalised, recomposed
+
+# What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
+TABLES = {
+    "prefill": ("prompt", "ttft_ms", "prompt_tokens_per_s", "missing"),
+    "decode": ("batch", "context", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "missing", "saturated"),
+    "chunked": ("chunk", "prompt", "decode_batch", "context", "steps", "ttft_ms", "itl_ms", "itl_max_ms",
+                "decode_only_ms", "itl_increase_pct", "unchunked_ttft_ms", "chunking_cost_pct", "missing"),
+    "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
+    "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
+    # composed_ms / error_pct before the published and per-layer errors (phases.check.normalised renames them)
+    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "left_out"),
+    "colocated": ("option", "prompt", "decode_batch", "context", "itl_ms", "tokens_per_s_per_user", "ttft_ms",
+                  "source"),
+    # the ops of each layer and head in sequence against alone (bench/phases/op_sequence.py): the sequence term
+    "sequences": ("key", "sequence", "sequence_ms", "alone_ms", "term_ms", "status"),
+}
+OPTIONAL = ("colocated", "sequences")  # folders written before them lack them
+META = "phases.json"
+
+
+def load_phases(path) -> dict[str, pd.DataFrame]:
+    """The tables of a `phasebench phases --out DIR` folder (or its phases.json) by name, phases.json under "meta".
+
+    A missing folder or file raises FileNotFoundError, a malformed one DataFileError; one line, led by the path."""
+    folder = Path(path)
+    if folder.name == META and folder.is_file():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (expected the --out folder of `phasebench phases`)")
+    tables: dict = {"meta": _read_meta(folder / META)}
+    for name, columns in TABLES.items():
+        if name not in OPTIONAL or (folder / f"{name}.csv").is_file():
+            tables[name] = _read_table(folder / f"{name}.csv", columns)
+    if "saturated" in tables["decode"]:
+        tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
+    tables["reference"] = _checked(tables["reference"], tables["meta"], folder / "ops")
+    return tables
+
+
+def _checked(reference: pd.DataFrame, meta: dict, ops: Path) -> pd.DataFrame:
+    """The reference table in today's columns; a folder written before the published error gets it recomposed
+    from its ops/ rows (what it published) against the same reference times."""
+    if not {"composed_ms", "error_pct"} <= set(reference) and "published_error_pct" not in reference:
+        raise DataFileError(f"{ops.parent / 'reference.csv'}: missing column(s) published_error_pct (or composed_ms "
+                            "and error_pct)")
+    table = normalised(reference, meta.get("device"))
+    if table["published_error_pct"].isna().any() and ops.is_dir():
+        try:
+            table = recomposed(table, load(ops), meta)
+        except (KeyError, TypeError, ValueError):  # a phases.json too old to say what was checked, or rows unlike
+            pass
+    return table
+
+
+def _read_meta(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it beside the tables)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DataFileError(f"{path}: not valid JSON ({' '.join(str(error).split())})") from None
+    if not isinstance(meta, dict):
+        raise DataFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def _read_table(path: Path, columns) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (`phasebench phases` writes it)")
+    try:
+        table = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise DataFileError(f"{path}: file is empty") from None
+    except Exception as error:  # the CSV parser raises many types
+        raise DataFileError(f"{path}: cannot be read as CSV ({type(error).__name__}: "
+                            f"{' '.join(str(error).split())})") from None
+    lacking = [name for name in columns if name not in table.columns]
+    if lacking:
+        raise DataFileError(f"{path}: missing column(s) {', '.join(lacking)}")
+    return table
+
+
+def as_bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value) if pd.notna(value) else False

@@ -1,0 +1,59 @@
+"""The `interference` verb: a decode step timed alone, beside a prefill on the same device, and protected from it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+from ..sweep.selection import UsageError, resolve_device
+from .options import check_seconds, check_writable
+
+
+def cmd_interference(args) -> int:
+    check_seconds(args, "window")
+    device = resolve_device(args.device)
+    from ..phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
+    from ..spec.models import model_config
+
+    out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")
+    try:
+        model = model_config(args.model or (HOST_MODEL if device.type == "cpu" else "llama-3-8b"))
+        cfg = InterferenceConfig.defaults(model, device, out, dtype=args.dtype,
+                                          prompts=tuple(args.prompt) if args.prompt else None,
+                                          batches=tuple(args.batch) if args.batch else None, context=args.context,
+                                          layers=args.layers, window_s=args.window, rounds=args.rounds)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    check_writable(out)
+    cfg.on_line = lambda line: print(line, file=sys.stderr, flush=True)
+    print(f"phasebench interference: {model.name} ({cfg.layers} layers, {cfg.dtype}) on {device}, batches "
+          f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}, {cfg.rounds} rounds of "
+          f"{cfg.window_s:g} s windows -> {cfg.out_dir}", file=sys.stderr, flush=True)
+    rows = run_interference(cfg)
+    from ...analysis.interference.figures import write_interference_figures
+    from ...analysis.interference.rows import interference_summary
+
+    print(interference_summary(rows))
+    figures = write_interference_figures(rows, cfg.out_dir)
+    print(f"\nrows: {cfg.out_dir}/interference.csv, run.json; figures: {', '.join(p.name for p in figures)}")
+    return 130 if rows.attrs.get("interrupted") else 0
+
+
+def add_interference_verb(verbs) -> None:
+    verb = verbs.add_parser("interference", help="a real decode step timed alone, beside a looped prefill on the same "
+                                                 "device, and protected from it: the users' inter-token stretch")
+    verb.add_argument("--model", help="a preset or name=...,hidden=...,... (default: llama-3-8b on a GPU, a small "
+                                      "decoder on the host)")
+    verb.add_argument("--prompt", nargs="+", type=int, metavar="P", help="tokens of the co-located prefill")
+    verb.add_argument("--batch", nargs="+", type=int, metavar="B", help="decode batches")
+    verb.add_argument("--context", type=int, help="tokens already in each decode sequence's KV cache")
+    verb.add_argument("--layers", type=int, help="decoder layers (default: 2 on the host; on a GPU as many as fit)")
+    verb.add_argument("--window", type=float, metavar="S", help="seconds of decode samples per mode and round "
+                                                                "(default 1)")
+    verb.add_argument("--rounds", type=int, help="rounds over the modes, their order turned each round (default: 2 "
+                                                 "on the host, 3 on a GPU)")
+    verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    verb.add_argument("--out", help="folder (default: a new ./results/interference-<timestamp>/)")
+    verb.set_defaults(func=cmd_interference)

@@ -1,0 +1,101 @@
+"""The options several verbs share (the case selection, isolation, --warm) and what the CLI makes of them: the
+typed Selection and Isolation the rest of bench takes, the checks of seconds and counts, the output folder."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+
+from ..sweep.selection import Selection, UsageError
+
+WARM_HELP = ("host: time each op with warm caches (default: the weights and the KV cache cold, read from memory "
+             "as a forward pass streams them)")
+
+
+def add_case_arguments(verb: argparse.ArgumentParser) -> None:
+    """The case selection's options, for every verb that measures a suite's cases (run, profile)."""
+    verb.add_argument("--suite", default="quick",
+                      help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
+                           "prefill-linear, full")
+    verb.add_argument("--op", nargs="+", metavar="OP", help="only cases of these operators: attention, linear")
+    verb.add_argument("--impl", nargs="+", metavar="I",
+                      help="implementations (default: all available here); each case runs those its operator has")
+    verb.add_argument("--model", nargs="+", metavar="M", help="model presets for the suite (or heads for --shape)")
+    verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    verb.add_argument("--plugin", action="append", metavar="MODULE",
+                      help="import MODULE (or a .py file) first, so the kernels it registers can be named with --impl")
+    verb.add_argument("--shape", action="append", metavar="K=V,...",
+                      help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
+
+
+def add_isolation_arguments(verb) -> None:
+    """--no-isolate and --case-timeout, for every verb that measures cases."""
+    verb.add_argument("--no-isolate", action="store_true",
+                      help="measure in this process (default: in a worker process that a crash, a hang or a lost "
+                           "CUDA context costs one failed row, replaced after it dies)")
+    verb.add_argument("--case-timeout", type=float, metavar="S",
+                      help="seconds a (case, impl) may take in the worker before it is recorded failed and the worker "
+                           "replaced (default: 300 for an impl's first row, then 10x its longest row, at least 60; "
+                           "0: no limit)")
+
+
+def selection_of(args) -> Selection:
+    """The case selection a verb's options give (a verb without one of them selects its default)."""
+    return Selection(**{name: getattr(args, name, None) for name in ("op", "impl", "model", "device", "dtype",
+                                                                       "shape", "plugin")},
+                     suite=getattr(args, "suite", None) or "quick")
+
+
+def isolation_of(args, start: bool = False):
+    """Where the verb measures, from the command line (the worker imports the plugins again); `start` spawns the
+    worker's interpreter at once, so that its imports overlap the verb's own."""
+    from ..sweep.worker import Isolation, prestart
+
+    isolation = Isolation(not args.no_isolate, tuple(args.plugin or ()), args.case_timeout)
+    if start:
+        prestart(isolation)
+    return isolation
+
+
+def out_dir_for(args) -> Path:
+    if args.out:
+        return Path(args.out)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("results") / stamp
+
+
+def check_seconds(args, *flags: str, zero_ok: tuple[str, ...] = ("case_timeout",)) -> None:
+    """Each given option among `flags` (argparse names) a positive number of seconds (or 0 for those in `zero_ok`:
+    0 turns the limit off), else a one-line UsageError."""
+    for flag in flags:
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if flag in zero_ok and not value >= 0:
+            raise UsageError(f"{flag.replace('_', '-')}: must be 0 (no limit) or a positive number of seconds")
+        if flag not in zero_ok and not value > 0:
+            raise UsageError(f"{flag.replace('_', '-')}: must be a positive number of seconds")
+
+
+def check_counts(args, *flags: str, minimum: int = 1) -> None:
+    """Each given option among `flags` (argparse names; an int or a list of ints) at least `minimum`, else a
+    one-line UsageError: checked before anything is written."""
+    what = "a positive whole number" if minimum == 1 else f"a whole number of at least {minimum}"
+    for flag in flags:
+        value = getattr(args, flag, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and not item >= minimum:
+                raise UsageError(f"{flag.replace('_', '-')}: must be {what}, got {item}")
+
+
+def check_writable(path: Path) -> None:
+    """Fail before measuring anything when the results cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".phasebench-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"out: cannot write to {path}: {err.strerror or err}") from None

@@ -1,0 +1,137 @@
+"""The `phases` verb: TTFT, TPOT and tokens/s of a model composed from measured kernels, checked against a real
+forward pass (bench.phases.run_phases measures, analysis.phases composes and draws)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+from ..sweep.selection import UsageError, load_plugins, resolve_device
+from . import STARTED
+from .options import WARM_HELP, add_isolation_arguments, check_counts, check_seconds, check_writable, isolation_of
+
+
+def parse_op_impls(items) -> dict[str, str]:
+    """`attention=triton linear=torch` as a dict; one-line UsageError otherwise."""
+    from ...kernels import OPS
+
+    out = {}
+    for item in items or ():
+        op, sep, impl = item.partition("=")
+        if not sep or op not in OPS or impl not in OPS[op]:
+            raise UsageError(f"impl: expected OP=IMPL with OP in {', '.join(OPS)} and one of its impls, got {item!r}")
+        out[op] = impl
+    return out
+
+
+def cmd_phases(args) -> int:
+    check_seconds(args, "sample_time", "case_timeout", "time_budget")
+    check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
+                 "reference_rounds")
+    check_counts(args, "retry_noisy", minimum=0)
+    isolation = isolation_of(args, start=True)
+    load_plugins(args.plugin)
+    device = resolve_device(args.device)
+    from ..spec.models import model_config
+
+    try:
+        model = model_config(args.model)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.reference_layers is not None and args.reference_layers > model.layers:
+        raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
+    references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
+    if "transformers" in references:
+        from ..phases.hf_reference import transformers_module
+
+        try:
+            transformers_module()
+        except ImportError as err:
+            raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
+    out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
+    check_writable(out)
+    from ...analysis.phases import model as pm
+    from ..phases.run_phases import PhasesConfig, ops_timer, run_phases
+    from ..sweep.console import Progress
+
+    impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
+    if args.page_size is not None and args.page_size < 0:
+        raise UsageError(f"page-size: must be a non-negative number of tokens (0: contiguous), got {args.page_size}")
+    cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
+                                batches=tuple(args.batch) if args.batch else None, context=args.context,
+                                chunks=tuple(args.chunk) if args.chunk else None, chunk_batch=args.chunk_batch,
+                                reference_layers=args.reference_layers, dtype=args.dtype, page_size=args.page_size,
+                                reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
+                                references=references,
+                                reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
+    cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
+    cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
+    cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
+    reuse = None
+    try:
+        if args.reuse:
+            from ...analysis import load
+
+            reuse = load(*args.reuse)
+        if args.interference:
+            from ...analysis.interference.rows import load_interference
+
+            cfg.interference = load_interference(*args.interference)
+    except (ValueError, FileNotFoundError) as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+    paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
+    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}) -> {out}", file=sys.stderr)
+    tables = run_phases(cfg, reuse)
+    from ...analysis.phases.figures import phases_summary, write_phase_figures
+
+    print(phases_summary(tables))
+    figures = write_phase_figures(tables, out)
+    print(f"\ntables: {out}/*.csv, phases.json; rows: {out}/ops; figures: {', '.join(p.name for p in figures)}")
+    return 0
+
+
+def add_phases_verb(verbs) -> None:
+    """The `phases` verb and its options."""
+    phases = verbs.add_parser("phases", help="TTFT, TPOT and tokens/s of a model composed from measured kernels, "
+                                             "checked against a real forward pass")
+    phases.add_argument("--model", default="llama-3-8b",
+                        help="a preset or name=...,hidden=...,... (default llama-3-8b)")
+    phases.add_argument("--prompt", nargs="+", type=int, metavar="P", help="prompt lengths (TTFT)")
+    phases.add_argument("--batch", nargs="+", type=int, metavar="B", help="decode batches (TPOT, the batch sweep)")
+    phases.add_argument("--context", type=int, help="tokens already in each decode sequence's cache")
+    phases.add_argument("--chunk", nargs="+", type=int, metavar="C", help="chunked-prefill chunk sizes")
+    phases.add_argument("--chunk-batch", type=int, help="decode batch running beside the chunked prompt")
+    phases.add_argument("--reference-layers", type=int, help="layers of the real forward pass timed as a check")
+    phases.add_argument("--reference-batch", nargs="+", type=int, metavar="B",
+                        help="decode batches the real forward pass checks (default 1 and 8 on the host, 1 and 16 "
+                             "on a GPU; the prefill check is the longest prompt)")
+    phases.add_argument("--reference", nargs="+", choices=("phasebench", "transformers"), metavar="IMPL",
+                        help="real forward passes to check the composition against: phasebench's decoder (always) "
+                             "and transformers' LlamaForCausalLM with random weights where installed")
+    phases.add_argument("--reference-rounds", type=int, metavar="N",
+                        help="rounds of the check's ops, each between two timings of the real forward pass, so "
+                             "that both sides see the same machine (default 5; 1 with --time-budget)")
+    phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
+    phases.add_argument("--page-size", type=int, metavar="P",
+                        help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
+                             "contiguous); the prompt's own attention stays contiguous")
+    phases.add_argument("--sample-time", type=float, metavar="S",
+                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.25 on the host)")
+    phases.add_argument("--warm", action="store_true", help=WARM_HELP)
+    phases.add_argument("--time-budget", type=float, metavar="S",
+                        help="wall seconds for the whole command: the ops that would overrun are recorded skipped "
+                             "(the scenarios that need them left blank), time kept for the reference and tables")
+    add_isolation_arguments(phases)
+    phases.add_argument("--retry-noisy", type=int, default=2, metavar="N",
+                        help="measure the ops timed on a busy machine again at the end, up to N times each (default "
+                             "2): the composition takes quiet rows only")
+    phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
+    phases.add_argument("--interference", nargs="+", metavar="DIR",
+                        help="`phasebench interference` folders: their measured stretches replace the co-located "
+                             "estimate and give the protected one")
+    phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
+    phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
+    phases.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")
+    phases.add_argument("--out", help="folder (default: a new ./results/phases-<timestamp>/)")
+    phases.set_defaults(func=cmd_phases)

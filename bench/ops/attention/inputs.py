@@ -1,0 +1,59 @@
+"""The seeded inputs of an attention case (dense, ragged or paged) and its large-logit stress inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ...instruments.roofline import TORCH_DTYPES
+from .cases import AttentionCase
+from .pages import make_pages
+
+# Standard-normal q and k give logits of about +-4, where softmax without its max subtraction never overflows;
+# q x 30 gives logits of about +-100 at a few thousand keys, past exp's float32/bfloat16 range (88.7) and far
+# past float16's (11.1).
+LOGIT_SCALE = 30.0
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cache_seqlens: torch.Tensor | None = None  # int32 [B] for a ragged case
+    block_table: torch.Tensor | None = None  # int32 [B, max_pages] for a paged case (k, v are then its pools)
+
+
+def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> CaseInputs:
+    """Standard-normal q, k, v in the case's dtype, from a fixed seed (never zeros); for a paged case, k and v are
+    pools of pages in shuffled order with their block table (bench/ops/attention/pages.py)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = TORCH_DTYPES[case.dtype]
+
+    def draw(heads, length):
+        return torch.randn((case.batch, heads, length, case.head_dim), generator=gen, device=device, dtype=dtype)
+
+    q = draw(case.q_heads, case.q_len)
+    lens = None if case.seqlens is None else torch.tensor(case.seqlens, dtype=torch.int32, device=device)
+    if case.paged:  # with cache_seqlens always, as a server calls it: kv_len need not fill the last page
+        k, v, table = make_pages(case, gen, dtype, device)
+        lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
+        return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table)
+    return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len), lens)
+
+
+def large_logits(case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+    """The same keys and values with q x LOGIT_SCALE: a kernel that skips softmax's max subtraction overflows."""
+    return dataclasses.replace(inputs, q=inputs.q * LOGIT_SCALE)
+
+
+def sequence_lengths(case: AttentionCase, inputs: CaseInputs) -> tuple[int, ...] | None:
+    """Per-sequence KV lengths from the case, else from the inputs' cache_seqlens; None when every sequence is full."""
+    lens = getattr(case, "seqlens", None)
+    if lens is None and getattr(inputs, "cache_seqlens", None) is not None:
+        lens = tuple(int(n) for n in inputs.cache_seqlens.tolist())
+    if lens is not None and len(lens) != case.batch:
+        raise ValueError(f"seqlens: must hold batch={case.batch} lengths, got {len(lens)}")
+    return None if lens is None else tuple(lens)

@@ -1,0 +1,223 @@
+"""The measuring path's gate calls, each proven by a wrong plugin that the earlier gate recorded `ok`: a limit widened
+by a broken impl, NaN against an overflowing baseline, no max subtraction hidden by a baseline with bf16 scores, a
+kv_append whose timed calls skip rows, a kernel that leaves its last block to a recycled buffer; and the right
+kernels, which pass in every dtype."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from phasebench.bench.instruments.gate import relative_error
+from phasebench.bench.instruments.timing import TimerConfig
+from phasebench.bench.ops import operators
+from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.elementwise.cases import ElementwiseCase
+from phasebench.bench.ops.linear.cases import LinearCase
+from phasebench.bench.ops.records import OPERATORS
+from phasebench.bench.sweep import runner
+from phasebench.bench.sweep.measure import case_seed
+from phasebench.kernels import PlannedCall, attention, register
+from phasebench.kernels.elementwise.eager import EAGER
+from phasebench.kernels.registry import OPS
+
+# the gate is what these tests are about: a warm-up call and two samples are all the timing they need
+FAST = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False)
+CPU = torch.device("cpu")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@pytest.fixture
+def plugins():
+    added = []
+
+    def add(op, name, fn):
+        register(op, name, fn, devices=("cpu", "cuda"), dtypes=DTYPES)
+        added.append((op, name))
+    yield add
+    for op, name in added:
+        OPS[op].pop(name, None)
+
+
+def rows_of(tmp_path, cases, impls, device=CPU) -> dict:
+    df = runner.run(runner.RunConfig(cases, impls, device, tmp_path, suite="test", detect_contention=False,
+                                     timer=FAST))
+    return {r.impl: r for r in df.itertuples()}
+
+
+def scaled(impl, factor: float):
+    """A registered impl whose every output is `factor` times the right one (a scale bug)."""
+    def plan(req):
+        call = impl.plan(req)
+        return PlannedCall(call.impl, call.backend, lambda: call.run() * factor)
+    return dataclasses.replace(impl, plan=plan)
+
+
+# ---- the baseline is independent of every registered impl ------------------------------------------------------
+
+
+def broken_and_wrong(op, monkeypatch):
+    """Break, by 3%, the impl (or library call) main's baseline was computed with; return its name, a case, and a
+    plugin 2% off that the limit main widened from it let through."""
+    if op == "attention":
+        monkeypatch.setitem(OPS["attention"], "naive", scaled(OPS["attention"]["naive"], 1.03))
+        return "naive", AttentionCase(2, 8, 2, 1, 1025, 64, True, "bfloat16"), \
+            lambda q, k, v, *, causal, scale, cache_seqlens: attention(q, k, v, impl="flash", causal=causal) * 1.02
+    if op == "linear":
+        real = torch.nn.functional.linear
+        monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: real(x, w, b) * 1.03)
+        return "torch", LinearCase(m=3, n=97, k=1025, dtype="bfloat16", phase="decode"), \
+            lambda x, w: (x.float() @ w.float().T * 1.02).to(x.dtype)
+    monkeypatch.setitem(OPS["elementwise"], "torch", scaled(OPS["elementwise"]["torch"], 1.03))
+    return "torch", ElementwiseCase("rmsnorm", 3, 4097, "bfloat16", "decode"), \
+        lambda kind, x, w, *, eps: EAGER["rmsnorm"](x, w, eps=eps) * 1.02
+
+
+@pytest.mark.parametrize("op", ["attention", "linear", "elementwise"])
+def test_a_broken_impl_never_widens_the_limit(tmp_path, plugins, monkeypatch, op):
+    broken, case, wrong = broken_and_wrong(op, monkeypatch)
+    plugins(op, "two_percent_off", wrong)
+    rows = rows_of(tmp_path, [case], [broken, "two_percent_off"])
+    for impl in (broken, "two_percent_off"):
+        r = rows[impl]
+        assert r.status == "incorrect" and "above the bfloat16 limit" in r.reason, (impl, r.status, r.reason)
+        assert 0.015 < r.max_rel_err < 0.05 and math.isnan(r.latency_ms)
+
+
+# ---- a non-finite baseline never gives an infinite limit -------------------------------------------------------
+
+
+def test_a_nan_kernel_is_incorrect_where_the_baseline_overflows(tmp_path, plugins, monkeypatch):
+    linear = operators()["linear"]
+
+    def huge(case, device, seed):
+        """Inputs of about 200 (fine in fp16) whose products overflow fp16 (outputs of about 1e6)."""
+        x = linear.make_inputs(case, device, seed)
+        return dataclasses.replace(x, x=x.x * 200, w=x.w * (200 * case.k ** 0.5))
+
+    monkeypatch.setitem(OPERATORS, "linear", dataclasses.replace(linear, make_inputs=huge))
+    plugins("linear", "nan_out", lambda x, w: torch.full((x.shape[0], w.shape[0]), math.nan, dtype=x.dtype))
+    plugins("linear", "zeros_out", lambda x, w: torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype))
+    rows = rows_of(tmp_path, [LinearCase(m=3, n=97, k=1025, dtype="float16", phase="decode")],
+                   ["nan_out", "zeros_out", "torch"])
+    assert rows["nan_out"].status == "incorrect" and "NaN" in rows["nan_out"].reason, rows["nan_out"].reason
+    assert rows["torch"].status == "incorrect" and "inf" in rows["torch"].reason  # the answer overflows fp16
+    # a finite output against a baseline that overflowed cannot be judged: the row fails with the reason
+    zeros = rows["zeros_out"]
+    assert zeros.status == "failed" and "float16 baseline errs inf: not finite" in zeros.reason, zeros.reason
+    assert all(math.isnan(r.latency_ms) for r in rows.values())
+
+
+# ---- the stress call's baseline keeps fp32 scores --------------------------------------------------------------
+
+
+def no_max_subtraction_in_dtype(q, k, v, *, causal, scale, cache_seqlens):
+    """Softmax as exp(scores) / sum with scores, exp and sum in the input dtype, without the row maximum."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    weights = torch.exp(torch.matmul(q, k.transpose(-1, -2)) * scale)
+    return torch.matmul(weights / weights.sum(-1, keepdim=True), v)
+
+
+def test_a_bf16_kernel_without_max_subtraction_fails_on_large_logits_at_decode(tmp_path, plugins):
+    # 49 keys: logits reach about 75, under exp's bf16 range, so nothing overflows; rounded to bf16 they move by up
+    # to 0.25, which a baseline with bf16 scores (error 0.02 here, limit 0.04) forgave and an fp32-score one does not
+    plugins("attention", "no_max", no_max_subtraction_in_dtype)
+    case = AttentionCase(1, 8, 2, 1, 49, 128, True, "bfloat16")
+    rows = rows_of(tmp_path, [case], ["naive", "flash", "no_max"])
+    assert rows["naive"].status == "ok" and rows["flash"].status == "ok", (rows["naive"].reason, rows["flash"].reason)
+    # on standard inputs its bf16 scores cost it about as much as the limit allows (0.85 of it here): the stress
+    # call is what it cannot pass
+    bad = rows["no_max"]
+    assert bad.status == "incorrect" and 0.005 < bad.max_rel_err < 0.1, bad.reason  # wrong, and finite
+    op = operators()["attention"]
+    x = op.stress(case, op.make_inputs(case, CPU, case_seed(case)))  # the runner's inputs
+    ref = op.reference(case, x, CPU)
+    out = no_max_subtraction_in_dtype(x.q, x.k, x.v, causal=True, scale=128 ** -0.5, cache_seqlens=None)
+    err, fp32_scores = relative_error(out, ref), op.baseline_error(case, x, ref)
+    g = case.q_heads // case.kv_heads
+    k, v = x.k.repeat_interleave(g, 1), x.v.repeat_interleave(g, 1)
+    bf16_scores = relative_error(torch.softmax((x.q @ k.transpose(-1, -2)).float() * 128 ** -0.5, -1).to(v.dtype) @ v,
+                                 ref)  # the old baseline: scores rounded to bf16 before an fp32 softmax
+    assert 2 * fp32_scores < err < 2 * bf16_scores  # caught by the fp32-score limit, forgiven by the old one
+
+
+# ---- the last timed call rewrites what an in-place op writes -----------------------------------------------------
+
+
+def skips_last_rows_after_its_first_call():
+    calls = []
+
+    def kv_append(kind, cache_k, cache_v, k, v, positions):
+        """Appends every row on its first call, all but the last two afterwards (a stale launch size)."""
+        calls.append(1)
+        rows = slice(None) if len(calls) == 1 else slice(0, -2)
+        cache_k.index_copy_(0, positions[rows], k[rows])
+        cache_v.index_copy_(0, positions[rows], v[rows])
+        return cache_k, cache_v
+    return kv_append
+
+
+def test_a_kv_append_whose_timed_calls_skip_rows_is_incorrect(tmp_path, plugins):
+    plugins("elementwise", "stale_append", skips_last_rows_after_its_first_call())
+    case = ElementwiseCase("kv_append", 5, 2, "bfloat16", "decode", head_dim=80, cache_len=1025)
+    rows = rows_of(tmp_path, [case], ["torch", "stale_append"])
+    assert rows["torch"].status == "ok", rows["torch"].reason
+    bad = rows["stale_append"]
+    assert bad.status == "incorrect" and bad.reason.startswith("the last timed call: output holds NaN"), bad.reason
+
+
+# ---- no right answer lingers in recycled memory ----------------------------------------------------------------
+
+
+def leaves_last_block_to_the_allocator(x, w):
+    """Writes every 64-column block of the output but the last into a fresh torch.empty (which may hold the previous
+    impl's answer: glibc hands a freed 32 KiB chunk back, CUDA's caching allocator a freed block)."""
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    out[:, :-64] = x @ w[:-64].T
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_kernel_that_skips_its_last_block_on_a_recycled_buffer_is_incorrect(tmp_path, plugins, device):
+    # the previous impl's judged outputs are NaN-filled before they are freed, and the gate's calls allocate NaN: the
+    # block the plugin never writes holds NaN, whichever block the allocator gives it
+    plugins("linear", "skips_block", leaves_last_block_to_the_allocator)
+    case = LinearCase(m=16, n=1024, k=257, dtype="bfloat16", phase="decode")  # a 32 KiB output
+    rows = rows_of(tmp_path, [case], ["torch", "skips_block"], torch.device(device))
+    assert rows["torch"].status == "ok", rows["torch"].reason
+    bad = rows["skips_block"]
+    assert bad.status == "incorrect" and "NaN" in bad.reason, (bad.status, bad.reason)
+
+
+# ---- the right kernels pass ------------------------------------------------------------------------------------
+
+
+RIGHT_CASES = [
+    lambda dt: AttentionCase(2, 8, 2, 1, 1025, 64, True, dt),
+    lambda dt: AttentionCase(1, 4, 4, 97, 97, 80, True, dt),
+    lambda dt: AttentionCase(1, 8, 2, 16, 529, 64, True, dt),
+    lambda dt: AttentionCase(3, 4, 1, 1, 300, 64, True, dt, seqlens=(300, 17, 1)),
+    lambda dt: LinearCase(m=3, n=97, k=1025, dtype=dt, phase="decode"),
+    lambda dt: LinearCase(m=97, n=80, k=257, dtype=dt, phase="prefill"),
+    lambda dt: ElementwiseCase("rmsnorm", 3, 4097, dt, "decode"),
+    lambda dt: ElementwiseCase("residual_add", 5, 1000, dt, "decode"),
+    lambda dt: ElementwiseCase("silu_mul", 3, 200, dt, "decode"),
+    lambda dt: ElementwiseCase("rotary", 97, 6, dt, "chunked_prefill", head_dim=80, kv_heads=2, cache_len=1025),
+    lambda dt: ElementwiseCase("kv_append", 3, 2, dt, "decode", head_dim=80, cache_len=1025),
+    lambda dt: ElementwiseCase("greedy_pick", 3, 4097, dt, "decode"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_right_kernels_pass_in_every_dtype(tmp_path, dtype):
+    cases = [make(dtype) for make in RIGHT_CASES]
+    df = runner.run(runner.RunConfig(cases, ["naive", "flash", "triton", "torch"], CPU, tmp_path, suite="test",
+                                     detect_contention=False, timer=FAST))
+    ran = df[df.status != "skipped"]
+    assert (ran.status == "ok").all(), ran[["op", "impl", "shape", "status", "reason"]].to_string()
+    expected = {("attention", "naive"), ("attention", "flash"), ("attention", "triton"), ("linear", "naive"),
+                ("linear", "torch"), ("linear", "triton"), ("elementwise", "torch")}
+    assert set(zip(ran.op, ran.impl, strict=True)) == expected

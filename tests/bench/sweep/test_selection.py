@@ -1,0 +1,68 @@
+"""Selection: what a run measures as plain data (no argparse Namespace), its cases on a device, its command line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from phasebench.bench.cli.main import build_parser
+from phasebench.bench.cli.options import selection_of
+from phasebench.bench.sweep.selection import Selection, UsageError, build_cases, resolve_impls
+
+CPU = torch.device("cpu")
+SHAPE = "batch=3,q_heads=6,kv_heads=2,q_len=1,kv_len=37,head_dim=24"
+LINEAR = "m=5,n=24,k=40"
+
+
+def test_hand_written_shapes_become_cases_of_their_operators():
+    cases, suite = build_cases(Selection(shape=(SHAPE, LINEAR), dtype="bfloat16"), CPU)
+    assert suite == "custom" and [c.op for c in cases] == ["attention", "linear"]
+    attention, linear = cases
+    assert (attention.batch, attention.kv_len, attention.head_dim, attention.phase) == (3, 37, 24, "decode")
+    assert (linear.m, linear.n, linear.k) == (5, 24, 40) and {attention.dtype, linear.dtype} == {"bfloat16"}
+    only_linear, _ = build_cases(Selection(shape=[SHAPE, LINEAR], op=["linear"]), CPU)  # lists, as argparse gives
+    assert [c.op for c in only_linear] == ["linear"] and only_linear[0].dtype == "float32"  # the host's default
+
+
+def test_a_suite_selection_filters_by_operator():
+    cases, suite = build_cases(Selection(suite="quick", op=("attention",)), CPU)
+    assert suite == "quick" and cases and {c.op for c in cases} == {"attention"}
+
+
+@pytest.mark.parametrize("selection, message", [
+    (Selection(dtype="float13"), r"^dtype: unknown dtype 'float13'"),
+    (Selection(op=("convolution",)), r"^op: unknown operator 'convolution'"),
+    (Selection(model=("llama-0b",)), r"^model: unknown model 'llama-0b'"),
+    (Selection(shape=("batch=2,q_len=1",)), r"^shape: 'batch=2,q_len=1' lacks q_heads, kv_heads, kv_len, head_dim"),
+])
+def test_a_bad_selection_is_one_usage_error(selection, message):
+    with pytest.raises(UsageError, match=message):
+        build_cases(selection, CPU)
+
+
+def test_unknown_impls_are_refused_and_none_given_means_every_available_one():
+    assert "naive" in resolve_impls((), CPU) and resolve_impls(("naive", "naive"), CPU) == ["naive"]
+    with pytest.raises(UsageError, match=r"^impl: unknown implementation 'nope' for attention"):
+        resolve_impls(("nope",), CPU)
+
+
+def test_the_command_line_gives_the_selection_and_argv_gives_the_command_line_back(tmp_path):
+    plugin = tmp_path / "my_kernels.py"
+    plugin.write_text("")
+    argv = ["run", "--suite", "decode", "--op", "attention", "linear", "--impl", "naive", "--model", "llama-3-8b",
+            "--device", "cpu", "--dtype", "float32", "--shape", SHAPE, "--shape", LINEAR, "--plugin", str(plugin)]
+    parser = build_parser()
+    selection = selection_of(parser.parse_args(argv))
+    assert selection == Selection("decode", ("attention", "linear"), ("naive",), ("llama-3-8b",), "cpu", "float32",
+                                  (SHAPE, LINEAR), (str(plugin),))
+    assert selection_of(parser.parse_args(["run", *selection.argv()])) == selection
+    assert selection_of(parser.parse_args(["run"])) == Selection()  # every option left out: the defaults
+
+
+def test_portable_names_plugin_files_by_absolute_path_and_keeps_module_names(tmp_path, monkeypatch):
+    (tmp_path / "my_kernels.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    selection = Selection(plugin=("my_kernels.py", "some.module"))
+    assert selection.portable().plugin == (str(tmp_path / "my_kernels.py"), "some.module")
+    assert dataclasses.replace(selection.portable(), plugin=selection.plugin) == selection
