@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from ...analysis.phases import model as pm
@@ -107,17 +108,16 @@ def time_sequence(kind: str, uses: list, dtype: str, model: str, impls: dict, de
                          for planned, use in zip(alone_calls, uses, strict=True)))
         samples += _median(sequence_calls, device, timer, probe, busy, evict)[1]
     sequence_ms, alone_ms = statistics.median(samples), statistics.median(alone)
-    ordered = sorted(samples)
     return _row(kind, uses, sequence_ms=sequence_ms, alone_ms=alone_ms, term_ms=sequence_ms - alone_ms,
                 term_pct=100 * (sequence_ms - alone_ms) / alone_ms, samples=len(samples),
-                sequence_p20_ms=ordered[int(0.2 * (len(ordered) - 1))],
-                sequence_p80_ms=ordered[int(0.8 * (len(ordered) - 1))], copies=copies, cold=cold,
+                sequence_p20_ms=float(np.percentile(samples, 20)), sequence_p80_ms=float(np.percentile(samples, 80)),
+                copies=copies, cold=cold,
                 noisy=2 * len(busy) > TURNS * (len(uses) + 1), noise_reason=busy[0] if busy else "")
 
 
 def sequence_timer(sweep: TimerConfig) -> TimerConfig:
-    """The sweep's sampling (its seconds per op, its L2 flush), each timing warmed by one call and of at least 3
-    samples: the alone timings come right after the sweep warmed the same kernels."""
+    """The sweep's sampling (its seconds per op, its L2 flush, its cold operands), each timing warmed by its first
+    call only and of at least 3 samples: a layer's dozen ops alone and in sequence stay within seconds per layer."""
     return dataclasses.replace(sweep, warmup_s=0.0, min_samples=min(sweep.min_samples, 3))
 
 
