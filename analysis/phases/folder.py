@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..loading.results import DataFileError
+from ..loading.results import DataFileError, load
+from .check import normalised, recomposed
 
 # What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {
@@ -18,11 +19,14 @@ TABLES = {
                 "decode_only_ms", "itl_increase_pct", "unchunked_ttft_ms", "chunking_cost_pct", "missing"),
     "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
     "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
-    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "composed_ms", "error_pct", "left_out"),
+    # composed_ms / error_pct before the published and per-layer errors (phases.check.normalised renames them)
+    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "left_out"),
     "colocated": ("option", "prompt", "decode_batch", "context", "itl_ms", "tokens_per_s_per_user", "ttft_ms",
                   "source"),
+    # the ops of each layer and head in sequence against alone (bench/phases/op_sequence.py): the sequence term
+    "sequences": ("key", "sequence", "sequence_ms", "alone_ms", "term_ms", "status"),
 }
-OPTIONAL = ("colocated",)  # folders written before it lack it
+OPTIONAL = ("colocated", "sequences")  # folders written before them lack them
 META = "phases.json"
 
 
@@ -41,7 +45,23 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
             tables[name] = _read_table(folder / f"{name}.csv", columns)
     if "saturated" in tables["decode"]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
+    tables["reference"] = _checked(tables["reference"], tables["meta"], folder / "ops")
     return tables
+
+
+def _checked(reference: pd.DataFrame, meta: dict, ops: Path) -> pd.DataFrame:
+    """The reference table in today's columns; a folder written before the published error gets it recomposed
+    from its ops/ rows (what it published) against the same reference times."""
+    if not {"composed_ms", "error_pct"} <= set(reference) and "published_error_pct" not in reference:
+        raise DataFileError(f"{ops.parent / 'reference.csv'}: missing column(s) published_error_pct (or composed_ms "
+                            "and error_pct)")
+    table = normalised(reference, meta.get("device"))
+    if table["published_error_pct"].isna().any() and ops.is_dir():
+        try:
+            table = recomposed(table, load(ops), meta)
+        except (KeyError, TypeError, ValueError):  # a phases.json too old to say what was checked, or rows unlike
+            pass
+    return table
 
 
 def _read_meta(path: Path) -> dict:

@@ -1,12 +1,16 @@
 """The phase model: TTFT, TPOT and tokens/s of a whole model composed from measured op rows (no torch).
 
 A step (bench.spec.steps) lists the cases it runs and how often; its time is the sum of count x the
-median latency of the measured row with the same fields, for the impl chosen per operator. `page_size` composes
-decode and chunked steps whose attention reads a paged KV cache (rows with that page_size; 0: contiguous).
+median latency of the measured row with the same fields, for the impl chosen per operator, plus, where measured,
+the sequence term: what one layer's ops (and the head's) cost called back to back beyond their sum alone, measured
+in the same run (bench.phases.op_sequence; x layers, and once for the head). `page_size` composes decode and chunked
+steps whose attention reads a paged KV cache (rows with that page_size; 0: contiguous).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +21,7 @@ from ...bench.spec.interference_schema import COVERED_MIN
 from ...bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
+PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 
@@ -46,8 +51,10 @@ class Measured:
     """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups: quiet
     and unprofiled rows only (the noisy and profiled ones are kept apart, to be counted as left out)."""
 
-    def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None):
+    def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
+                 sequences: pd.DataFrame | None = None):
         self.model, self.dtype = model, dtype
+        self.sequences = _sequence_terms(sequences)
         self.impls = {**DEFAULT_IMPLS, **(impls or {})}
         rows = df[(df["status"] == "ok") & (df["dtype"] == dtype) & (df["model"] == model)]
         chosen = [self.impls.get(op) == impl for op, impl in zip(rows["op"], rows["impl"], strict=True)]
@@ -85,8 +92,57 @@ class Measured:
         return 0 if rows is None else len(rows)
 
 
+def sequence_parts(uses: list[step_defs.OpUse]) -> list[tuple[str, int, list[step_defs.OpUse]]]:
+    """A step as its sequences: ("layer", layers, one layer's uses with per-layer counts) and ("head", 1, the head's
+    uses), each present where the step has it. A layer runs each op once or twice, so the fewest runs are the
+    layers."""
+    layer = [u for u in uses if u.part != "head"]
+    head = [u for u in uses if u.part == "head"]
+    out = []
+    if layer:
+        layers = min(u.count for u in layer)
+        out.append(("layer", layers, [dataclasses.replace(u, count=u.count // layers) for u in layer]))
+    if head:
+        out.append(("head", 1, head))
+    return out
+
+
+def sequence_key(uses: list[step_defs.OpUse]) -> str:
+    """The name of a sequence of uses, the same wherever it is built (16 hex digits of its ops, fields and counts)."""
+    text = "|".join(f"{u.op} {u.fields!r} x{u.count}" for u in uses)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _sequence_terms(sequences: pd.DataFrame | None) -> dict:
+    """key -> (term ms, noisy) of the ok sequence rows (bench.phases.op_sequence): in sequence minus alone."""
+    if sequences is None or not len(sequences) or "key" not in sequences:
+        return {}
+    ok = sequences[sequences["status"] == "ok"]
+    noisy = _flag(ok, "noisy")
+    return {key: (float(seq) - float(alone), bool(flag)) for key, seq, alone, flag
+            in zip(ok["key"], ok["sequence_ms"], ok["alone_ms"], noisy, strict=True)}
+
+
+def _sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
+    """The sequence term's items of a step (one for its layers, one for its head) and how many noisy ones were left
+    out; none where no sequence was measured (a folder from before the term, a time budget)."""
+    items, noisy = [], 0
+    for kind, count, part in sequence_parts(uses) if measured.sequences else ():
+        term = measured.sequences.get(sequence_key(part))
+        if term is None:
+            continue
+        if term[1]:
+            noisy += 1
+            continue
+        # the head's term stays in the head's part: what runs once per step, whatever the layer count
+        items.append({"op": "sequence", "label": f"{kind} ops in sequence", "part": "head" if kind == "head"
+                      else "sequence", "count": count, "latency_ms": term[0], "ms": count * term[0]})
+    return items, noisy
+
+
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
-    """Sum count x latency over a step's ops; ops with no measured row are named in `missing`."""
+    """Sum count x latency over a step's ops, and the sequence term where measured; ops with no measured row are
+    named in `missing`."""
     items, missing, noisy = [], [], 0
     for use in uses:
         noisy += measured.left_out_rows(use)
@@ -96,8 +152,10 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
             continue
         items.append({"op": use.op, "label": use.label, "part": use.part, "count": use.count,
                       "latency_ms": latency, "ms": use.count * latency})
+    sequence, left_out = _sequence_items(measured, uses)
+    items, noisy = items + sequence, noisy + left_out
     table = pd.DataFrame(items, columns=["op", "label", "part", "count", "latency_ms", "ms"])
-    parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in step_defs.PARTS}
+    parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in PARTS}
     return StepTime(float(table["ms"].sum()) if not missing else float("nan"), parts, table, missing, noisy)
 
 

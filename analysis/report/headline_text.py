@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ...bench.spec.schema import cell_float, cell_true, key_text
+from ..phases.check import check_sentence
 
 # Where the report lists what a count counts (tables.py's lists; page ids in sections.py).
 LINKS = {"noisy": "noisy-rows", "above_roof": "above-roof-rows", "failed": "not-ok-rows", "incorrect": "not-ok-rows",
@@ -147,7 +148,8 @@ def _phases_block(found: dict) -> tuple[str, list]:
     if ttft is not None:
         times = ", ".join(f"{duration(row['ttft_ms'])} at {key_text(row['prompt'])} tokens"
                           for row in ttft.to_dict("records"))
-        items.append(("p", [f"TTFT {times}; up to {number(ttft['prompt_tokens_per_s'].max())} prompt tokens/s."]))
+        items.append(("p", [f"TTFT {times}; up to {number(ttft['prompt_tokens_per_s'].max())} prompt tokens/s."
+                            + _checked(found.get("composition"), "prefill")]))
     decode = found.get("decode")
     if decode is not None:
         items.append(("table", None, [
@@ -157,7 +159,7 @@ def _phases_block(found: dict) -> tuple[str, list]:
             ["tokens/s per user", *(number(v) for v in decode["tokens_per_s_per_user"])]]))
         knee = found.get("saturation_batch")
         lead = f"Saturation batch {knee}: " if knee is not None else "No saturation batch: "
-        items.append(("p", [lead + found["saturation"] + "."]))
+        items.append(("p", [lead + found["saturation"] + "." + _checked(found.get("composition"), "decode")]))
     if found.get("left_out"):
         items.append(("p", [f"{found['left_out']} of {found['points']} TTFT and TPOT points left out: an op they "
                             "need was not measured or only noisily (see the phase tables' missing and "
@@ -165,25 +167,13 @@ def _phases_block(found: dict) -> tuple[str, list]:
     limits = found.get("interactive")
     if limits is not None:
         items.append(("p", [_interactive_sentence(limits)]))
-    composition = found.get("composition")
-    if composition is not None:
-        items.append(("p", [_composition_sentence(composition)]))
     return "Phases · " + " · ".join(setting), items
 
 
-def _composition_sentence(composition: pd.DataFrame) -> str:
-    """The composition's error per real forward pass, per phase and batch, noisy ones said so."""
-    groups = []
-    for reference, rows in composition.groupby("reference", sort=False):
-        cells = []
-        for row in rows.to_dict("records"):
-            where = row["phase"] if row["phase"] == "prefill" else f"{row['phase']} batch {key_text(row['batch'])}"
-            cells.append(f"{where} {cell_float(row['error_pct']):+.1f}%" + (" (noisy)" if cell_true(row["noisy"])
-                                                                               else ""))
-        layers = "/".join(dict.fromkeys(key_text(v) for v in rows["layers"]))
-        groups.append(f"{reference} ({layers} layers) {', '.join(cells)}")
-    return ("Composition against a real forward pass (negative: the composition is faster): " + "; ".join(groups)
-            + ".")
+def _checked(composition: pd.DataFrame | None, phase: str) -> str:
+    """' Checked against real passes (goal 15%): ...' beside a phase's figures; empty where none checked it."""
+    sentence = check_sentence(composition, phase) if composition is not None else ""
+    return " " + sentence if sentence else ""
 
 
 def _interactive_sentence(limits: pd.DataFrame) -> str:

@@ -22,6 +22,7 @@ h3 { font-size: 1.02em; margin: 0.8em 0 0.3em; }
 nav { font-size: 13px; margin: 2px 0 6px; } nav a { margin-right: 0.9em; white-space: nowrap; }
 a { color: #1f5fbf; }
 .note { color: #555; font-size: 13px; margin: 0.2em 0 0.5em; }
+.over-goal { color: #a40000; }
 section { margin-top: 18px; min-width: 0; }
 .lead { display: grid; gap: 8px 28px; margin-top: 4px; }
 .lead h2 { margin-top: 0.2em; }

@@ -8,6 +8,7 @@ import html
 from ..comparison.pairs import VERDICTS
 from ..figures.kit import op_rows
 from ..figures.linear import linear_crossings
+from ..phases.check import check_sentence
 from ..phases.figures import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
@@ -103,6 +104,10 @@ def figures_section(ctx: Context) -> Section | None:
     return Section("figures", "Figures", [f'<p class="note">{html.escape(LEFT_OUT)}</p>', figure_grid(parts)])
 
 
+SEQUENCE_COLUMNS = ("sequence", "phase", "m", "ops", "sequence_ms", "alone_ms", "term_ms", "term_pct", "copies",
+                    "noisy", "status", "reason")
+
+
 def phases_section(ctx: Context) -> Section | None:
     """Each phases folder's tables: what the composition of the measured ops gives for a whole model."""
     found = ctx.of("phases")
@@ -110,19 +115,33 @@ def phases_section(ctx: Context) -> Section | None:
         return None
     body = ['<p class="note">Each step is the sum of count x median latency of the measured cases it runs '
             "(<code>phasebench phases</code>); the last table checks the sum against a real forward pass "
-            "(error_pct = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
-            "leaves out).</p>"]
+            "(error = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
+            "leaves out): published_error_pct is the error of the figures shown (composed from ops/), "
+            "interleaved_error_pct that of the check's rounds of the same ops timed between the real passes, "
+            "per_layer_error_pct that of one layer (references of L and 2L layers: the difference removes the "
+            "head), head_share_pct the head's share of the checked composition. A figure whose published or "
+            "per-layer error is beyond the goal (goal_pct) is marked OVER GOAL beside it.</p>"]
     for tables in found:
         meta = tables.get("meta") or {}
         model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
         setting = ", ".join(str(meta[key]) for key in ("device", "dtype") if meta.get(key))
         body.append(f"<h3>{html.escape(str(model.get('name', '?')))} ({model.get('layers', '?')} layers)"
                     f"{', ' + html.escape(setting) if setting else ''}</h3>")
+        checked = reference_table(tables)
         for name, title in (("prefill", "Prefill: TTFT per prompt"), ("decode", "Decode: the batch sweep"),
                             ("chunked", "Chunked prefill"), ("interactive", "Interactive limits")):
             if tables.get(name) is not None:
                 body.append(folded(title, tables[name]))
-        body.append(folded("The composition against a real forward pass", reference_table(tables)))
+                sentence = check_sentence(checked, name)
+                if sentence:
+                    flag = ' class="over-goal"' if "OVER GOAL" in sentence else ""
+                    body.append(f"<p{flag}>{html.escape(sentence)}</p>")
+        body.append(folded("The composition against a real forward pass", checked))
+        sequences = tables.get("sequences")
+        if sequences is not None and len(sequences):  # folders written before the sequence term lack it
+            shown = [c for c in SEQUENCE_COLUMNS if c in sequences]
+            body.append(folded("The ops in sequence against alone (the sequence term, once per layer and head)",
+                               sequences[shown]))
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
 
 

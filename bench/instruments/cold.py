@@ -56,14 +56,19 @@ def plan(state, impl: str, call, *, cold: bool, mode: str) -> ColdCalls:
     names = tuple(op.streamed)
     if not cold or device.type != "cpu" or not names or mode == "interpreter":
         return ColdCalls((call.run,), None, "warm", (state.inputs,))
-    streamed = nbytes(getattr(state.inputs, n) for n in names)
-    target = cold_bytes()
-    count = copies_needed(streamed, target)
-    if count <= MAX_COPIES and (count - 1) * streamed <= HEADROOM * free_bytes(device):
+    count = rotation(nbytes(getattr(state.inputs, n) for n in names), device)
+    if count:
         copies = state.cold_copies(names, count)
         calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
         return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies", (state.inputs, *copies))
-    return ColdCalls((call.run,), evictor(target), f"{COLD_FACTOR} x LLC written before each call", (state.inputs,))
+    return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC written before each call", (state.inputs,))
+
+
+def rotation(streamed: int, device) -> int:
+    """How many copies of `streamed` bytes (the original included) keep each read cold when taken in turn; 0 where
+    that would need more than MAX_COPIES or more memory than is free (then an eviction before each call)."""
+    count = copies_needed(streamed, cold_bytes())
+    return count if count <= MAX_COPIES and (count - 1) * streamed <= HEADROOM * free_bytes(device) else 0
 
 
 def policy(device, timer) -> dict:

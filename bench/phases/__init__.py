@@ -1,6 +1,8 @@
 """phasebench.bench.phases: the phase model's measuring side. `phasebench phases` measures what a decoder's steps
-run and composes them (run_phases, with analysis.phases.model), checked against real forward passes of the same dims
-(reference_check: timed in brackets interleaved with rounds of the ops) of a plain-PyTorch decoder
-(reference_decoder) and of transformers' Llama (hf_reference); `phasebench interference` times that decoder's
-decode step alone, beside a prefill co-runner (corunner: a second process or CUDA stream) and protected from it
-(run_interference). Imports bench.sweep and below, and analysis.phases.model (torch-free)."""
+run and composes them (run_phases, with analysis.phases.model), each layer's and head's ops also timed in sequence
+against alone (op_sequence: the composition's sequence term), checked against real forward passes of the same dims
+at L and 2L layers (reference_check: timed in brackets interleaved with rounds of the ops; analysis.phases.check
+computes the errors) of a plain-PyTorch decoder (reference_decoder) and of transformers' Llama (hf_reference);
+`phasebench interference` times that decoder's decode step alone, beside a prefill co-runner (corunner: a second
+process or CUDA stream) and protected from it (run_interference). Imports bench.sweep and below, and
+analysis.phases (torch-free)."""

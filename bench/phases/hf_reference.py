@@ -102,24 +102,44 @@ class HFLlama:
             self._inputs = {key: x.to(self.dtype)}
         return self._inputs[key]
 
-    def _step(self, batch: int, tokens: int, start: int, cache_len: int) -> torch.Tensor:
+    @contextlib.contextmanager
+    def _first_layers(self, depth: int | None):
+        """Run only the first `depth` layers (their weights shared, nothing copied): LlamaModel runs
+        `layers[:num_hidden_layers]`, so both are cut for the call and restored after it."""
+        inner, count = self.model.model, self.config.num_hidden_layers
+        if depth is None or depth == count:
+            yield
+            return
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= count:
+            raise ValueError(f"depth: must be an int in 1..{count} (the layers built), got {depth!r}")
+        layers = inner.layers
+        inner.layers, self.config.num_hidden_layers = layers[:depth], depth
+        try:
+            yield
+        finally:
+            inner.layers, self.config.num_hidden_layers = layers, count
+
+    def _step(self, batch: int, tokens: int, start: int, cache_len: int, depth: int | None) -> torch.Tensor:
         positions = torch.arange(start, start + tokens, device=self.device)
-        cache = self._cache(batch, cache_len)
+        cache = self._cache(batch, cache_len)  # made for every layer, before a depth cuts the config
         for layer in getattr(cache, "layers", ()):  # transformers 5 writes at the length it counts, not at
             length = getattr(layer, "cumulative_length", None)  # cache_position: every call starts at `start`
             if isinstance(length, torch.Tensor):
                 length.fill_(start)
-        out = self.model(inputs_embeds=self._input(batch, tokens), cache_position=positions,
-                         position_ids=positions.expand(batch, -1), use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: cache})
+        with self._first_layers(depth):
+            out = self.model(inputs_embeds=self._input(batch, tokens), cache_position=positions,
+                             position_ids=positions.expand(batch, -1), use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: cache})
         return out.logits[:, -1].argmax(-1)
 
     @torch.inference_mode()
-    def prefill(self, batch: int, prompt_len: int) -> torch.Tensor:
-        """The prompt through every layer into a cache of prompt_len rows; ids [batch]."""
-        return self._step(batch, prompt_len, 0, prompt_len)
+    def prefill(self, batch: int, prompt_len: int, depth: int | None = None) -> torch.Tensor:
+        """The prompt through every layer (the first `depth` only, where given) into a cache of prompt_len rows;
+        ids [batch]."""
+        return self._step(batch, prompt_len, 0, prompt_len, depth)
 
     @torch.inference_mode()
-    def decode_step(self, batch: int, context: int) -> torch.Tensor:
-        """One new token per sequence at position `context`, into a cache of context + 1 rows; ids [batch]."""
-        return self._step(batch, 1, context, context + 1)
+    def decode_step(self, batch: int, context: int, depth: int | None = None) -> torch.Tensor:
+        """One new token per sequence at position `context`, into a cache of context + 1 rows (the first `depth`
+        layers only, where given); ids [batch]."""
+        return self._step(batch, 1, context, context + 1, depth)

@@ -44,15 +44,22 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """SDPA over the KV cache slice, a module of its own so a forward hook sees q/k/v as they are called."""
+    """SDPA over the KV cache slice, a module of its own so a forward hook sees q/k/v as they are called.
+    causal: each new token sees the cache before it and the new tokens up to itself (bottom-right aligned, so a
+    chunk at a prefix offset or a verify pass sees its whole prefix)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        t, kv_len = q.shape[2], k.shape[2]
+        mask = None
+        if causal and t < kv_len:  # SDPA's is_causal is top-left aligned: right only when q and kv start together
+            mask = torch.ones(t, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - t)
+        is_causal = causal and mask is None and t > 1
         if sdpa_has_gqa():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
         # torch < 2.5: no enable_gqa, so expand the KV heads to the query heads (a copy of the cache slice)
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
 
 
 class Greedy(nn.Module):
@@ -113,8 +120,7 @@ class DecoderLayer(nn.Module):
         end = start + t
         self.k_cache[:b, :, start:end] = k
         self.v_cache[:b, :, start:end] = v
-        # causal=True is top-left aligned in SDPA, right only because a prefill starts at position 0
-        attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], start == 0 and t > 1)
+        attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], t > 1)
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, hq * d))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
@@ -201,33 +207,56 @@ class ReferenceDecoder(nn.Module):
         if x is not None and tuple(x.shape) != shape:
             raise ValueError(f"x: expected shape {list(shape)}, got {list(x.shape)}")
 
-    def _run(self, x: torch.Tensor, start: int, return_hidden: bool):
+    def _run(self, x: torch.Tensor, start: int, return_hidden: bool, depth: int | None, every_position=False):
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
+                                  or not 1 <= depth <= len(self.layers)):
+            raise ValueError(f"depth: must be an int in 1..{len(self.layers)} (the layers built), got {depth!r}")
         self._fill_cache()
         h = x
-        for layer in self.layers:
+        for layer in self.layers[:depth]:
             h = layer(h, start, self.cos, self.sin)
-        ids = self.greedy(self.lm_head(self.final_norm(h[:, -1])))
+        ids = self.greedy(self.lm_head(self.final_norm(h if every_position else h[:, -1])))
         return (ids, h) if return_hidden else ids
 
     @torch.inference_mode()
-    def prefill(self, batch: int, prompt_len: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+    def prefill(self, batch: int, prompt_len: int, x: torch.Tensor | None = None, return_hidden: bool = False,
+                depth: int | None = None):
         """The prompt through every layer (causal), cache rows 0..prompt_len-1 filled, the lm_head on each
         sequence's last token only and the greedy pick: ids [batch]; with return_hidden also the last
-        layer's output [batch, prompt_len, hidden] (before the final norm). x: the input, random by default."""
+        layer's output [batch, prompt_len, hidden] (before the final norm). x: the input, random by default;
+        depth: run only the first `depth` layers (the head still runs)."""
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
             raise ValueError(f"prompt_len: must be a positive int, got {prompt_len!r}")
         self._check(batch, prompt_len, "prompt_len", x)
-        return self._run(self._input(batch, prompt_len) if x is None else x, 0, return_hidden)
+        return self._run(self._input(batch, prompt_len) if x is None else x, 0, return_hidden, depth)
 
     @torch.inference_mode()
-    def decode_step(self, batch: int, context: int, x: torch.Tensor | None = None, return_hidden: bool = False):
+    def decode_step(self, batch: int, context: int, x: torch.Tensor | None = None, return_hidden: bool = False,
+                    depth: int | None = None):
         """One new token per sequence at position `context`, attending to the `context` cached tokens and
         itself; the cache holds whatever was last written there (seeded random values if nothing was).
-        Returns ids [batch]; with return_hidden also the last layer's output [batch, 1, hidden]."""
+        Returns ids [batch]; with return_hidden also the last layer's output [batch, 1, hidden]; depth as in
+        prefill."""
         if isinstance(context, bool) or not isinstance(context, int) or context < 0:
             raise ValueError(f"context: must be a non-negative int, got {context!r}")
         self._check(batch, context + 1, "context", x)
-        return self._run(self._input(batch, 1) if x is None else x, context, return_hidden)
+        return self._run(self._input(batch, 1) if x is None else x, context, return_hidden, depth)
+
+    @torch.inference_mode()
+    def extend(self, batch: int, start: int, tokens: int, x: torch.Tensor | None = None, every_position: bool = False,
+               return_hidden: bool = False, depth: int | None = None):
+        """`tokens` new tokens per sequence at positions start..start+tokens-1 (a chunk of a prompt at a prefix
+        offset, or a verify pass), attending to the `start` cached tokens and causally to each other; their K/V
+        overwrite cache rows start..start+tokens-1 (so a rejected suffix is rolled back by extending from an
+        earlier start). Returns ids [batch] of the last position, or ids [batch, tokens] with every_position (the
+        head over each new token); return_hidden and depth as in prefill."""
+        for name, value, low in (("start", start, 0), ("tokens", tokens, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: must be an int >= {low}, got {value!r}")
+        self._check(batch, start + tokens, "start + tokens", None)
+        if x is not None and tuple(x.shape) != (batch, tokens, self.config.hidden):
+            raise ValueError(f"x: expected shape {[batch, tokens, self.config.hidden]}, got {list(x.shape)}")
+        return self._run(self._input(batch, tokens) if x is None else x, start, return_hidden, depth, every_position)
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parameters())

@@ -5,25 +5,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ...analysis.phases import check as phase_check
 from ...analysis.phases import model as pm
 from ..instruments.timing import TimerConfig
-from ..ops.attention.cases import AttentionCase
-from ..ops.elementwise.cases import ElementwiseCase
-from ..ops.linear.cases import LinearCase
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
-from ..sweep.worker import IN_PROCESS, Isolation
+from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
+from . import op_sequence
 from . import reference_check as check
-from .reference_check import ReferencePlan
+from .op_sequence import case_of
 
-CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
 # The host sizes keep `phasebench phases` to minutes on 2 cores (2 for a 1B model, 8 for llama-3-8b); a GPU takes
 # the real ones.
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
@@ -103,14 +103,10 @@ def reference_reserve_s(budget_s: float) -> float:
 TABLES_S = 1.0  # of the reserve, what the check leaves for the composition and the tables
 
 
-def case_of(use: step_defs.OpUse, dtype: str, model: str):
-    """The measured case an OpUse names: its operator's case type built from the use's fields."""
-    return CASE_TYPES[use.op](**use.field_dict, dtype=dtype, model=model)
-
-
-def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
-    """The phase tables from measured rows (analysis does the arithmetic; no measurement here)."""
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """The phase tables from measured rows and the sequence term's rows (analysis does the arithmetic; no
+    measurement here)."""
+    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
     page = cfg.page_size
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
@@ -127,24 +123,54 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
     }
 
 
-def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
+def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
-    return ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
-                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
+    return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
+                                     tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
 
 
-def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:
+    """What the check's worker runs first: every layer and head of the composed steps in sequence against its ops
+    alone (bench.phases.op_sequence), its rows appended to `out` and written to DIR/sequences.csv at once (a check
+    that dies later keeps them); with a time budget, the first half of what the ops left is theirs."""
+    items = op_sequence.distinct_sequences(scenario_steps(cfg))
+    end = None if cfg.time_budget_s is None else (cfg.started or time.monotonic()) + cfg.time_budget_s - \
+        reference_reserve_s(cfg.time_budget_s) / 2
+
+    def measure(executor: Executor) -> None:
+        try:
+            out.extend(executor.call(op_sequence.time_sequences, items, cfg.dtype, cfg.model.name, dict(cfg.impls),
+                                     str(cfg.device), timer, end, doing="timing the ops in sequence",
+                                     timeout=None if cfg.isolation.case_timeout == 0 else
+                                     check.START_S + 60 * len(items)))
+        except WorkerError as err:
+            out.extend(op_sequence.failed(kind, uses, str(err)) for kind, uses in items)
+        pd.DataFrame(out, columns=list(op_sequence.COLUMNS)).to_csv(cfg.out_dir / "sequences.csv", index=False)
+
+    return measure
+
+
+def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
+                    published: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The real forward passes timed in brackets around rounds of the ops they compose to (DIR/check), so that a
-    machine that drifts moves both sides alike; the reference table and the brackets."""
+    machine that drifts moves both sides alike, after the ops in sequence on the same worker; the reference table
+    (the error of the composition published from the `published` rows with the sequence term, of the rounds', and
+    of the ops alone per layer), the brackets and the sequences."""
     plan = reference_plan(cfg)
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in plan.uses()]
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - TABLES_S
+    found: list[dict] = []
     brackets, rows = check.run_check(plan, cases, impls, cfg.out_dir / "check", timer=timer, isolation=cfg.isolation,
                                      rounds=cfg.reference_rounds, time_budget_s=budget, started=cfg.started,
-                                     on_row=cfg.on_row)
-    frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+                                     on_row=cfg.on_row, first=sequences_of(cfg, timer, found))
+    sequences = pd.DataFrame(found, columns=list(op_sequence.COLUMNS))
+    frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
+                              sequences=sequences)
     per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
-    return check.reference_table(brackets, frame(rows), per_round, plan), check.brackets_table(brackets)
+    alone = pm.Measured(published, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    table = phase_check.check_table(brackets, plan, published=frame(published), interleaved=frame(rows),
+                                    per_round=per_round, ops_alone=alone)
+    return table, check.brackets_table(brackets), sequences
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -162,8 +188,9 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
                          on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget,
                          started=cfg.started, retry_noisy=cfg.retry_noisy)) if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
-    tables = compose(df, cfg)
-    tables["reference"], tables["reference_brackets"] = reference_check(cfg, timer, impls)
+    reference, brackets, sequences = reference_check(cfg, timer, impls, df)
+    tables = compose(df, cfg, sequences)
+    tables.update(reference=reference, reference_brackets=brackets, sequences=sequences)
     for name, table in tables.items():
         table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
     (cfg.out_dir / "phases.json").write_text(json.dumps({
@@ -171,6 +198,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
-        "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases)},
+        "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
+        "check_goal_pct": phase_check.goal_pct(cfg.device),
+        "over_goal": phase_check.over_goal_notes(tables["reference"])},
         indent=1))
     return tables

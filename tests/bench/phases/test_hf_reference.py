@@ -80,6 +80,28 @@ def test_prefill_and_decode_agree_with_phasebench_decoder_in_float64(pair):
     assert torch.equal(theirs.decode_step(3, 37), ours.decode_step(3, 37, x=step))
 
 
+def test_a_depth_runs_the_first_layers_as_phasebench_decoder_does(pair):
+    """The per-layer check times L and 2L layers of one model: depth 1 of transformers' Llama equals phasebench's
+    decoder at depth 1, and the model runs all its layers again after the call."""
+    ours, theirs = pair
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(2, 23, TINY.hidden, generator=gen, dtype=torch.float64)
+    theirs._inputs = {(2, 23): x}
+    calls = []
+    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+             for i, layer in enumerate(theirs.model.model.layers)]
+    try:
+        assert torch.equal(theirs.prefill(2, 23, depth=1), ours.prefill(2, 23, x=x, depth=1))
+        assert calls == [0]
+        theirs.prefill(2, 23)
+        assert calls == [0, 0, 1] and theirs.config.num_hidden_layers == 2
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with pytest.raises(ValueError, match="depth"):
+        theirs.decode_step(2, 30, depth=3)
+
+
 def test_repeated_steps_do_the_same_work_on_the_static_cache():
     model = HFLlama(TINY, 1, "cpu", torch.float32)
     first = [model.decode_step(2, 30), model.prefill(1, 16)]

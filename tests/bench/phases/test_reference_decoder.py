@@ -106,6 +106,51 @@ def test_decode_after_prefill_equals_a_longer_prefill():
     assert torch.equal(ids, ids_long)
 
 
+def test_chunks_at_prefix_offsets_equal_one_prefill():
+    """A prompt in chunks of awkward sizes (5, 1, 7 tokens) attends bottom-right causally to its prefix: the same
+    hidden states, cache rows and ids as the whole prompt in one pass; every_position gives the head on each token."""
+    decoder = _decoder()
+    x = _inputs(2, 13, seed=17)
+    ids_whole, whole = decoder.prefill(2, 13, x=x, return_hidden=True)
+    k_whole = decoder.layers[1].k_cache[:2, :, :13].clone()
+    parts = []
+    for start, tokens in ((0, 5), (5, 1), (6, 7)):
+        ids, hidden = decoder.extend(2, start, tokens, x=x[:, start:start + tokens], return_hidden=True)
+        parts.append(hidden)
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-10)
+    torch.testing.assert_close(decoder.layers[1].k_cache[:2, :, :13], k_whole, rtol=0, atol=1e-10)
+    assert torch.equal(ids, ids_whole)
+    every = decoder.extend(2, 6, 7, x=x[:, 6:], every_position=True)
+    assert every.shape == (2, 7)
+    for b in range(2):
+        for i in range(7):
+            assert every[b, i].item() == _reference_ids(decoder, whole[b, 6 + i]).item()
+    for call, word in [(lambda: decoder.extend(2, -1, 3), "start"), (lambda: decoder.extend(2, 3, 0), "tokens"),
+                       (lambda: decoder.extend(2, 30, 3), "start"), (lambda: decoder.extend(2, 2, 3, x=x), "x")]:
+        with pytest.raises(ValueError, match=word):
+            call()
+
+
+def test_a_depth_runs_only_the_first_layers_then_the_head():
+    """The per-layer check times L and 2L layers of one decoder: depth 1 is the first layer alone, the head after it."""
+    decoder = _decoder()
+    x = _inputs(2, 9, seed=13)
+    ids, hidden = decoder.prefill(2, 9, x=x, return_hidden=True, depth=1)
+    for b in range(2):
+        h, k, _ = _reference_layer(decoder.layers[0], x[b], 0)
+        torch.testing.assert_close(hidden[b], h, rtol=0, atol=1e-10)
+        torch.testing.assert_close(decoder.layers[0].k_cache[b, :, :9], k, rtol=0, atol=1e-10)
+        assert ids[b].item() == _reference_ids(decoder, h[-1]).item()
+    step = _inputs(2, 1, seed=14)
+    _, one = decoder.decode_step(2, 9, x=step, return_hidden=True, depth=1)
+    _, both = decoder.decode_step(2, 9, x=step, return_hidden=True, depth=2)
+    _, full = decoder.decode_step(2, 9, x=step, return_hidden=True)
+    assert torch.equal(both, full) and not torch.allclose(one, both)
+    for bad in (0, 3, True, 1.0):
+        with pytest.raises(ValueError, match="depth"):
+            decoder.decode_step(2, 9, depth=bad)
+
+
 def test_decode_without_prefill_attends_to_the_seeded_random_cache():
     decoder = _decoder(seed=5)
     x = _inputs(3, 1, seed=13)

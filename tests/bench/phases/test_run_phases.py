@@ -3,75 +3,26 @@ interleaved with rounds of the ops."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 
 import pandas as pd
-import pytest
-from phasebench.analysis.phases import model as pm
-from phasebench.bench.phases.reference_check import ReferencePlan, reference_table
+from phasebench.analysis.phases.check import ReferencePlan
 
-from ...analysis.phase_rows import TINY, op_rows
+from ...analysis.phase_rows import TINY
 from ...conftest import run_cli
 
 SMALL = "name=tiny-phases,hidden=128,intermediate=352,layers=3,q_heads=4,kv_heads=2,head_dim=32,vocab=211"
 
 
-def _latency(use) -> float:
-    f = use.field_dict
-    return 0.01 * (f.get("m") or f["batch"] * f["q_len"]) + 0.001 * f.get("kv_len", 0)
-
-
-def test_the_reference_table_compares_rounds_with_their_brackets_so_a_shared_drift_cancels():
-    plan = ReferencePlan(TINY, 2, "cpu", "float32", prompt=64, batches=(1, 8), context=48)
-    small = dataclasses.replace(TINY, layers=2)
-    scale = (1.0, 1.2, 1.4)  # the machine slows 40% over the rounds of the ops
-
-    def rows(k):
-        return op_rows(plan.uses(), lambda use: _latency(use) * scale[k])
-
-    per_round = [pm.Measured(rows(k), model=TINY.name, dtype="float32") for k in range(3)]
-    measured = pm.Measured(pd.concat([rows(k) for k in range(3)]), model=TINY.name, dtype="float32")
-    composed = {(p, b): plan.composed(per_round[0], p, b, t).total_ms for p, b, t in plan.scenarios}
-    # the reference slows alike between its brackets: every round agrees, the row is quiet
-    moves = {("prefill", 1): (1.0, 1.1, 1.3, 1.5),
-             ("decode", 1): (1.0, 1.0, 1.0, 1.0),  # the ops moved, the reference did not: the rounds disagree
-             ("decode", 8): (1.0, 1.1, 1.3, 1.5)}
-    brackets = [{"reference": "phasebench", "implementation": "ours", "bracket": k, "phase": p, "batch": b,
-                 "tokens": t, "ms": composed[p, b] * moves[p, b][k], "samples_ms": [composed[p, b] * moves[p, b][k]],
-                 "noisy": (p, b) == ("decode", 8) and k > 0, "noise_reason": "busy host"}
-                for k in range(4) for p, b, t in plan.scenarios]
-    table = reference_table(brackets, measured, per_round, plan).set_index(["phase", "batch"])
-    assert list(table.index) == [("prefill", 1), ("decode", 1), ("decode", 8)]
-    prefill = table.loc[("prefill", 1)]
-    assert prefill["reference_ms"] == pytest.approx(1.2 * composed["prefill", 1])  # median of the 4 brackets
-    assert prefill["composed_ms"] == pytest.approx(1.2 * composed["prefill", 1])  # each op's median over 3 rounds
-    assert prefill["error_pct"] == pytest.approx(0.0, abs=1e-9) and prefill["drift_pct"] == pytest.approx(50.0)
-    assert prefill["round_error_min_pct"] == pytest.approx(100 * (1 / 1.05 - 1)) and prefill["round_error_max_pct"] \
-        == pytest.approx(0.0, abs=1e-9)
-    assert not prefill["noisy"] and prefill["samples"] == 4 and prefill["brackets"] == 4 and prefill["rounds"] == 3
-    decode1 = table.loc[("decode", 1)]
-    assert decode1["noisy"] and decode1["noise_reason"] == ("the rounds disagree: errors +0% to +40%, interquartile "
-                                                            "range 20 points")
-    assert decode1["composed_ms"] == pytest.approx(pm.tpot(measured, small, 1, 48).total_ms)
-    assert decode1["error_pct"] == pytest.approx(20.0)
-    decode8 = table.loc[("decode", 8)]
-    assert decode8["noisy"] and decode8["noise_reason"].startswith("busy in 3 of 4 brackets (busy host)")
-    assert decode8["error_pct"] == pytest.approx(0.0, abs=1e-9)
-    unbuilt = [{"reference": "transformers", "bracket": k, "phase": "prefill", "batch": 1, "tokens": 64,
-                "error": "no transformers"} for k in range(2)]
-    row = reference_table(unbuilt, measured, per_round, plan).iloc[0]
-    assert pd.isna(row["reference_ms"]) and row["error"] == "no transformers" and not row["noisy"]
-    assert row["brackets"] == 0 and pd.isna(row["error_pct"])
-
-
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):
     references = ["transformers"] if importlib.util.find_spec("transformers") else []
     out = tmp_path / "phases"
+    # --warm: cold, every op and sequence of this tiny model waits for 2 x LLC written before each call (minutes on
+    # a 2-core host); the cold paths have their own tests (test_op_sequence, the runner's)
     proc = run_cli("phases", "--model", SMALL, "--prompt", "16", "48", "--batch", "1", "2", "--context", "31",
                    "--chunk", "16", "--chunk-batch", "2", "--reference-batch", "1", "2", "--sample-time", "0.02",
-                   "--reference-rounds", "2", *(["--reference", *references] if references else []),
+                   "--reference-rounds", "2", "--warm", *(["--reference", *references] if references else []),
                    "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "reference"):
@@ -83,8 +34,22 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     for _, rows in reference.groupby("reference"):
         assert sorted(zip(rows["phase"], rows["batch"], strict=True)) == [("decode", 1), ("decode", 2), ("prefill", 1)]
         assert (rows["brackets"] == 3).all() and (rows["rounds"] == 2).all() and (rows["reference_ms"] > 0).all()
+        assert (rows["layers"] == 2).all() and (rows["deep_layers"] == 4).all()
+        assert (rows["deep_reference_ms"] > 0).all()
+    for column in ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "head_share_pct",
+                   "goal_pct", "over_goal"):
+        assert column in reference, column
     brackets = pd.read_csv(out / "reference_brackets.csv")
     assert sorted(set(brackets["bracket"])) == [0, 1, 2] and (brackets["samples"] >= 3).all()
+    assert sorted(set(brackets["layers"])) == [2, 4]
+    assert meta["check_goal_pct"] == 15.0 and isinstance(meta["over_goal"], list)
+    # each layer and head the tables compose, in sequence against alone: 2 prompts, 2 batches x 3 contexts, 3 chunk
+    # steps beside the decode batch and 3 alone; the heads of 1, 2 and 3 rows
+    sequences = pd.read_csv(out / "sequences.csv")
+    assert sorted(sequences["sequence"].value_counts().items()) == [("head", 3), ("layer", 14)]
+    assert set(sequences["status"]) == {"ok"} and (sequences["sequence_ms"] > 0).all()
+    assert (sequences["term_ms"] == sequences["sequence_ms"] - sequences["alone_ms"]).all()
+    assert "sequence_ms" in pd.read_csv(out / "decode.csv")
     check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
     assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
     assert json.loads((out / "check" / "run.json").read_text())["rounds"] == 2
@@ -107,7 +72,10 @@ def test_a_time_budget_bounds_the_ops_and_keeps_time_for_the_reference(tmp_path)
     assert len(ops) > 10 and (ops["status"] == "skipped").all()
     assert ops["reason"].str.startswith("time budget").all()
     reference = pd.read_csv(out / "reference.csv")
-    assert len(reference) == 2 and (reference["reference_ms"] > 0).all() and reference["composed_ms"].isna().all()
+    assert len(reference) == 2 and (reference["reference_ms"] > 0).all()
+    assert reference["published_composed_ms"].isna().all() and reference["interleaved_composed_ms"].isna().all()
+    sequences = pd.read_csv(out / "sequences.csv")
+    assert len(sequences) and (sequences["status"] == "skipped").all() and (sequences["reason"] == "time budget").all()
 
 
 def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_going_first(monkeypatch):
@@ -120,11 +88,11 @@ def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_goin
         def __init__(self, kind):
             self.kind, self.name = kind, f"fake {kind}"
 
-        def prefill(self, batch, tokens):
-            calls.append((self.kind, "prefill", batch))
+        def prefill(self, batch, tokens, depth):
+            calls.append((self.kind, "prefill", batch, depth))
 
-        def decode_step(self, batch, tokens):
-            calls.append((self.kind, "decode", batch))
+        def decode_step(self, batch, tokens, depth):
+            calls.append((self.kind, "decode", batch, depth))
 
     monkeypatch.setattr(rc, "_decoder", lambda kind, plan: Fake(kind))
     plan = ReferencePlan(TINY, 2, "cpu", "float32", prompt=16, batches=(1, 3), context=9,
@@ -136,7 +104,12 @@ def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_goin
         second = rc.time_bracket(plan, 1, last=True)
     finally:
         worker._STATE.clear()
-    assert [r["reference"] for r in first][::3] == ["phasebench", "transformers"]
-    assert [r["reference"] for r in second][::3] == ["transformers", "phasebench"]
+    assert [r["reference"] for r in first][::6] == ["phasebench", "transformers"]
+    assert [r["reference"] for r in second][::6] == ["transformers", "phasebench"]
+    # every scenario at L and 2L layers of one decoder, the depths taking turns at going first
+    assert [r["layers"] for r in first][:2] == [2, 4] and [r["layers"] for r in second][:2] == [4, 2]
+    assert {(c[0], c[1], c[2], c[3]) for c in calls} == {(k, p, b, d) for k in ("phasebench", "transformers")
+                                                         for p, b in (("prefill", 1), ("decode", 1), ("decode", 3))
+                                                         for d in (2, 4)}
     assert all(r["samples_ms"] and r["ms"] > 0 and r["bracket"] in (0, 1) for r in first + second)
-    assert {c[0] for c in calls} == {"phasebench", "transformers"} and not rc._BUILT  # freed after the last
+    assert not rc._BUILT  # freed after the last

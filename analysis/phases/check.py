@@ -1,0 +1,309 @@
+"""The phase model's check against real forward passes (no torch): what is checked, the error of the published
+composition (the ops/ rows) beside that of the interleaved rounds (check/), the per-layer error from references of
+L and 2L layers (their difference removes the head), the head's share, and the goal a figure must meet."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ...bench.spec import steps as step_defs
+from ...bench.spec.models import DecoderConfig
+from . import model as pm
+
+# The largest |error| a published figure may carry, per device kind. The host: one op's time varies by ~15% between
+# calls on a shared 2-core host, so a tighter goal would judge the noise. A GPU: CUDA events time each op to about 1%
+# and a real pass adds launch gaps the step's overhead term measures, so 10% leaves room for neither being hidden.
+GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
+SPREAD_PCT = 10.0  # the rounds' (or brackets') errors with an interquartile range above this: they disagree
+LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
+            "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
+
+
+def goal_pct(device) -> float:
+    """The goal for a device name ('cpu', 'cuda', 'cuda:1', ...): any accelerator takes the GPU goal."""
+    kind = str(device or "cpu").split(":")[0].strip().lower()
+    return GOAL_PCT["cpu"] if kind == "cpu" else GOAL_PCT["cuda"]
+
+
+@dataclass(frozen=True)
+class ReferencePlan:
+    """What the check times: a prefill of `prompt` tokens (batch 1) and a decode step at `context` for each of
+    `batches`, through `layers` layers and through twice as many (the per-layer check), with each implementation in
+    `kinds`."""
+
+    model: DecoderConfig
+    layers: int
+    device: str
+    dtype: str
+    prompt: int
+    batches: tuple[int, ...]
+    context: int
+    kinds: tuple[str, ...] = ("phasebench",)
+    page_size: int = 0  # the composition's decode attention reads pages of this many tokens (0: contiguous)
+
+    @property
+    def scenarios(self) -> list[tuple[str, int, int]]:
+        """(phase, batch, tokens): tokens is the prompt of a prefill, the context of a decode step."""
+        return [("prefill", 1, self.prompt), *(("decode", b, self.context) for b in self.batches)]
+
+    @property
+    def depths(self) -> tuple[int, int]:
+        """The layer counts each reference is timed at: L (the step's check) and 2L (the per-layer check)."""
+        return self.layers, 2 * self.layers
+
+    def cut(self, layers: int | None = None) -> DecoderConfig:
+        """The model cut to `layers` layers (default: the check's L)."""
+        return dataclasses.replace(self.model, layers=layers or self.layers)
+
+    @property
+    def small(self) -> DecoderConfig:
+        return self.cut()
+
+    def composed(self, measured: pm.Measured, phase: str, batch: int, tokens: int,
+                 layers: int | None = None) -> pm.StepTime:
+        """The composition of one scenario from measured rows, through `layers` layers (default L)."""
+        if phase == "prefill":
+            return pm.ttft(measured, self.cut(layers), tokens)
+        return pm.tpot(measured, self.cut(layers), batch, tokens, self.page_size)
+
+    def uses(self) -> list[step_defs.OpUse]:
+        """Every op the scenarios' compositions sum, once (the same cases at any layer count)."""
+        steps = [step_defs.prefill_step(self.small, self.prompt),
+                 *(step_defs.decode_step(self.small, b, self.context, self.page_size) for b in self.batches)]
+        return step_defs.distinct_uses(steps)
+
+
+def _median(rows: list[dict]) -> float:
+    samples = [s for r in rows for s in r.get("samples_ms", ())]
+    return float(np.median(samples)) if samples else float("nan")
+
+
+def _spread(errors: list[float]) -> float:
+    return float(np.subtract(*np.percentile(errors, [75, 25]))) if errors else 0.0
+
+
+def _composed(plan: ReferencePlan, measured: pm.Measured | None, phase: str, batch: int, tokens: int,
+              layers: int | None = None) -> pm.StepTime | None:
+    return None if measured is None else plan.composed(measured, phase, batch, tokens, layers)
+
+
+def _total(step: pm.StepTime | None) -> float:
+    return float("nan") if step is None else step.total_ms
+
+
+def per_layer_ms(shallow_ms: float, deep_ms: float, shallow: int, deep: int) -> float:
+    """One layer's time from two depths of the same pass: (t(deep) - t(shallow)) / (deep - shallow); whatever runs
+    once per pass (the head, the embedding, a step's fixed cost) cancels."""
+    return (deep_ms - shallow_ms) / (deep - shallow)
+
+
+def _per_layer_error(plan: ReferencePlan, measured: pm.Measured | None, phase: str, batch: int, tokens: int,
+                     reference_ms: float) -> tuple[float, float]:
+    """(composed per-layer ms, its error against reference_ms) of one composition."""
+    shallow, deep = plan.depths
+    composed = per_layer_ms(_total(_composed(plan, measured, phase, batch, tokens, shallow)),
+                            _total(_composed(plan, measured, phase, batch, tokens, deep)), shallow, deep)
+    return composed, pm.model_error(composed, reference_ms)
+
+
+def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Measured | None,
+                interleaved: pm.Measured | None = None, per_round: list[pm.Measured] = (),
+                ops_alone: pm.Measured | None = None) -> pd.DataFrame:
+    """One row per (reference, phase, batch) of the brackets (each a dict with reference, bracket, phase, batch, tokens,
+    layers (L or 2L; L where absent), samples_ms, noisy, noise_reason or error):
+
+    - reference_ms: the median of every bracket's samples at L layers; published_composed_ms / published_error_pct:
+      the composition of L layers from the published rows (ops/); interleaved_composed_ms / interleaved_error_pct:
+      from each op's median over the check's rounds (check/); each round against its two brackets
+      (round_error_min_pct, round_error_max_pct); head_share_pct: the head's share of the published composition;
+    - deep_reference_ms at 2L layers; per_layer_reference_ms = (deep - L-layer reference) / L;
+      per_layer_composed_ms and per_layer_error_pct from the published rows the same way (the head cancels), and
+      per_layer_interleaved_error_pct from the rounds'; per_layer_ops_alone_error_pct from `ops_alone` (the
+      published rows without the sequence term: what the composition reads without it), and sequence_pct, the
+      sequence term's share of the published composition;
+    - goal_pct and over_goal: |published_error_pct| or |per_layer_error_pct| above the device's goal.
+
+    Errors are negative where the composition is faster than the real pass. A row is noisy when the rounds' errors
+    (or the brackets' per-layer errors) have an interquartile range above SPREAD_PCT points, or when most brackets
+    saw a busy machine; drift_pct says how far the reference moved from the first bracket to the last."""
+    shallow, deep = plan.depths
+    goal = goal_pct(plan.device)
+    rows = []
+    for key in dict.fromkeys((b["reference"], b["phase"], b["batch"], b["tokens"]) for b in brackets):
+        kind, phase, batch, tokens = key
+        mine = sorted((b for b in brackets if (b["reference"], b["phase"], b["batch"], b["tokens"]) == key),
+                      key=lambda b: b["bracket"])
+        timed = [b for b in mine if b.get("ms") and b.get("layers", shallow) == shallow]
+        deeper = [b for b in mine if b.get("ms") and b.get("layers") == deep]
+        samples = [s for b in timed for s in b.get("samples_ms", ())]
+        reference_ms, deep_ms = _median(timed), _median(deeper)
+        errors = []
+        for k, round_rows in enumerate(per_round):
+            around = _median([b for b in timed if b["bracket"] in (k, k + 1)])
+            errors.append(pm.model_error(plan.composed(round_rows, phase, batch, tokens).total_ms, around))
+        errors = [e for e in errors if np.isfinite(e)]
+        step = _composed(plan, published, phase, batch, tokens)
+        layer_ref = per_layer_ms(reference_ms, deep_ms, shallow, deep)
+        layer_composed, layer_error = _per_layer_error(plan, published, phase, batch, tokens, layer_ref)
+        _, layer_interleaved = _per_layer_error(plan, interleaved, phase, batch, tokens, layer_ref)
+        _, layer_alone = _per_layer_error(plan, ops_alone, phase, batch, tokens, layer_ref)
+        by_bracket = {b["bracket"]: b["ms"] for b in timed}
+        layer_errors = [pm.model_error(layer_composed, per_layer_ms(by_bracket[b["bracket"]], b["ms"], shallow, deep))
+                        for b in deeper if b["bracket"] in by_bracket]
+        layer_errors = [e for e in layer_errors if np.isfinite(e)]
+        reasons = _noise(timed + deeper, errors, layer_errors)
+        published_error = pm.model_error(_total(step), reference_ms)
+        interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))
+        head = step.parts.get("head", float("nan")) if step is not None and step.complete else float("nan")
+        in_sequence = float(step.items.loc[step.items["op"] == "sequence", "ms"].sum()) if np.isfinite(head) \
+            else float("nan")
+        rows.append({
+            "reference": kind, "implementation": next((b["implementation"] for b in timed), ""), "phase": phase,
+            "layers": shallow, "batch": batch, "tokens": tokens, "reference_ms": reference_ms,
+            "reference_p20_ms": float(np.percentile(samples, 20)) if samples else float("nan"),
+            "reference_p80_ms": float(np.percentile(samples, 80)) if samples else float("nan"),
+            "samples": len(samples), "brackets": len(timed), "rounds": len(per_round),
+            "drift_pct": pm.model_error(timed[-1]["ms"], timed[0]["ms"]) if len(timed) > 1 else float("nan"),
+            "published_composed_ms": _total(step), "published_error_pct": published_error,
+            "interleaved_composed_ms": interleaved_ms,
+            "interleaved_error_pct": pm.model_error(interleaved_ms, reference_ms),
+            "round_error_min_pct": min(errors) if errors else float("nan"),
+            "round_error_max_pct": max(errors) if errors else float("nan"),
+            "head_share_pct": 100 * head / _total(step) if np.isfinite(head) else float("nan"),
+            "deep_layers": deep, "deep_reference_ms": deep_ms, "per_layer_reference_ms": layer_ref,
+            "per_layer_composed_ms": layer_composed, "per_layer_error_pct": layer_error,
+            "per_layer_interleaved_error_pct": layer_interleaved, "per_layer_ops_alone_error_pct": layer_alone,
+            "sequence_pct": 100 * in_sequence / _total(step),
+            "goal_pct": goal, "over_goal": over_goal(published_error, layer_error, goal),
+            "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
+            "error": next((b["error"] for b in mine if b.get("error")), ""), "left_out": "; ".join(LEFT_OUT)})
+    return pd.DataFrame(rows)
+
+
+def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) -> list[str]:
+    """Why a row is not believable: most of its timings on a busy machine, rounds or brackets that disagree."""
+    reasons = []
+    busy = [b for b in timings if b.get("noisy")]
+    if timings and 2 * len(busy) > len(timings):
+        reasons.append(f"busy in {len(busy)} of {len(timings)} timings ({busy[0].get('noise_reason', '')})")
+    if _spread(errors) > SPREAD_PCT:
+        reasons.append(f"the rounds disagree: errors {min(errors):+.0f}% to {max(errors):+.0f}%, interquartile "
+                       f"range {_spread(errors):.0f} points")
+    if _spread(layer_errors) > SPREAD_PCT:
+        reasons.append(f"the brackets' per-layer errors disagree: {min(layer_errors):+.0f}% to "
+                       f"{max(layer_errors):+.0f}%, interquartile range {_spread(layer_errors):.0f} points")
+    return reasons
+
+
+def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: float) -> bool:
+    """Whether either error that judges a published figure is beyond the goal (a missing error judges nothing)."""
+    return any(np.isfinite(e) and abs(e) > goal for e in (published_error_pct, per_layer_error_pct))
+
+
+# ---------------------------------------------------------------- tables of any age
+
+ERRORS = ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct")
+FILLED = ("published_composed_ms", "published_error_pct", "interleaved_composed_ms", "interleaved_error_pct",
+          "head_share_pct", "deep_layers", "deep_reference_ms", "per_layer_reference_ms", "per_layer_composed_ms",
+          "per_layer_error_pct", "per_layer_interleaved_error_pct", "per_layer_ops_alone_error_pct", "sequence_pct")
+
+
+def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
+    """A reference table of any age in today's columns. Written with the interleaved rounds but before the
+    published error (it has `rounds`): its composed_ms / error_pct are the rounds' (interleaved_*). Written before
+    the rounds: they are the ops/ rows', the published composition (published_*). Columns it lacks are NaN; goal_pct
+    (from `device` where the table has none) and over_goal are filled."""
+    table = table.copy()
+    if "published_error_pct" not in table and {"composed_ms", "error_pct"} <= set(table):
+        kind = "interleaved" if "rounds" in table else "published"
+        table = table.rename(columns={"composed_ms": f"{kind}_composed_ms", "error_pct": f"{kind}_error_pct"})
+    for column in FILLED:
+        if column not in table:
+            table[column] = np.nan
+        table[column] = pd.to_numeric(table[column], errors="coerce")
+    goal = goal_pct(device)
+    table["goal_pct"] = pd.to_numeric(table["goal_pct"], errors="coerce").fillna(goal) if "goal_pct" in table \
+        else goal
+    table["over_goal"] = [over_goal(p, q, g) for p, q, g in zip(table["published_error_pct"],
+                                                                table["per_layer_error_pct"], table["goal_pct"],
+                                                                strict=True)]
+    return table
+
+
+def recomposed(table: pd.DataFrame, ops: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A normalised table without the published error, given it from the folder's ops/ rows (the published
+    composition) against the same reference_ms; the per-layer error needs the 2L reference, which such a folder
+    never timed."""
+    missing = table["published_error_pct"].isna() & table["reference_ms"].notna()
+    if not missing.any() or not len(ops):
+        return table
+    plan = plan_of(meta)
+    measured = pm.Measured(ops, model=plan.model.name, dtype=plan.dtype, impls=meta.get("impls"))
+    table = table.copy()
+    for index in table.index[missing]:
+        row = table.loc[index]
+        step = plan.composed(measured, row["phase"], int(row["batch"]), int(row["tokens"]), int(row["layers"]))
+        table.loc[index, "published_composed_ms"] = step.total_ms
+        table.loc[index, "published_error_pct"] = pm.model_error(step.total_ms, float(row["reference_ms"]))
+        if step.complete:
+            table.loc[index, "head_share_pct"] = 100 * step.parts["head"] / step.total_ms
+    return normalised(table, meta.get("device"))
+
+
+def plan_of(meta: dict) -> ReferencePlan:
+    """The check a phases.json describes."""
+    model = DecoderConfig(**meta["model"])
+    return ReferencePlan(model, int(meta["reference_layers"]), str(meta.get("device", "cpu")),
+                         str(meta["dtype"]), int(meta["chunk_prompt"]), tuple(meta["reference_batches"]),
+                         int(meta["context"]), tuple(meta.get("references") or ("phasebench",)),
+                         int(meta.get("page_size") or 0))
+
+
+def where(row) -> str:
+    """'prefill' or 'decode batch 8'."""
+    return str(row["phase"]) if row["phase"] == "prefill" else f"{row['phase']} batch {int(row['batch'])}"
+
+
+def over_goal_notes(table: pd.DataFrame) -> list[str]:
+    """One line per row over its goal: 'phasebench decode batch 1: per-layer error -21.0%, beyond the 15% goal'."""
+    out = []
+    if "over_goal" not in table:
+        return out
+    for row in table[table["over_goal"].astype(bool)].to_dict("records"):
+        beyond = [f"{label} {row[column]:+.1f}%" for column, label in (("published_error_pct", "published error"),
+                                                                        ("per_layer_error_pct", "per-layer error"))
+                  if np.isfinite(row[column]) and abs(row[column]) > row["goal_pct"]]
+        noisy = " (noisy)" if bool(row.get("noisy")) else ""
+        out.append(f"{row.get('reference', 'phasebench')} {where(row)}: {', '.join(beyond)}, beyond the "
+                   f"{row['goal_pct']:g}% goal{noisy}")
+    return out
+
+
+def _pct(value) -> str:
+    return f"{value:+.1f}%"
+
+
+def check_sentence(table: pd.DataFrame, phase: str) -> str:
+    """What the check says of one phase's published figures, for beside them: 'Checked against real passes (goal
+    15%; negative: the composition is faster): phasebench (2 layers) decode batch 1 published -3.2% (interleaved
+    -5.0%, per layer -21.0%) OVER GOAL; ...'; empty where nothing checked the phase."""
+    rows = table[table["phase"] == phase] if "phase" in table else table.iloc[:0]
+    if not len(rows):
+        return ""
+    cells = []
+    for row in rows.to_dict("records"):
+        values = {label: float(row[column]) for column, label in (("published_error_pct", "published"),
+                                                                   ("interleaved_error_pct", "interleaved"),
+                                                                   ("per_layer_error_pct", "per layer"))}
+        shown = [f"{label} {_pct(value)}" for label, value in values.items() if np.isfinite(value)]
+        cell = f"{row.get('reference', 'phasebench')} ({int(row['layers'])} layers) {where(row)} " + (
+            f"{shown[0]} ({', '.join(shown[1:])})" if len(shown) > 1 else (shown or ["not timed"])[0])
+        cell += " noisy" if bool(row.get("noisy")) else ""
+        cells.append(cell + (" OVER GOAL" if bool(row["over_goal"]) else ""))
+    goals = "/".join(f"{g:g}%" for g in dict.fromkeys(rows["goal_pct"]))
+    return (f"Checked against real passes (goal {goals}; negative: the composition is faster): " + "; ".join(cells)
+            + ".")
