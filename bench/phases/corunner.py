@@ -39,7 +39,9 @@ class Placement:
     def describe(self) -> str:
         if self.priority is not None:
             return f"stream priority {self.priority}"
-        return f"cpus {cpu_list(self.cpus)}, {self.threads} threads" if self.cpus is not None else ""
+        if self.cpus is None:
+            return f"cpus all (unpinned), {self.threads} threads" if self.threads is not None else ""
+        return f"cpus {cpu_list(self.cpus)}, {self.threads} threads"
 
 
 @dataclass(frozen=True)
