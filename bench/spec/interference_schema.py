@@ -87,6 +87,9 @@ def conform_interference(df: pd.DataFrame) -> pd.DataFrame:
         if name not in out.columns:
             out[name] = "" if name in STRING_COLUMNS else np.nan
     out = coerce_columns(out, strings=STRING_COLUMNS, ints=INT_COLUMNS, floats=FLOAT_COLUMNS, bools=BOOL_COLUMNS)
+    # schema <= 2 rows knew the median and p90 only: they are the ITL's p50 and p90 (mean and p99 stay blank)
+    out["itl_p50_ms"] = out["itl_p50_ms"].fillna(out["decode_ms"])
+    out["itl_p90_ms"] = out["itl_p90_ms"].fillna(out["decode_p90_ms"])
     out["noisy"] = out["noisy"].fillna(False)
     unknown = sorted(set(out["mode"]) - set(MODES))
     if unknown:

@@ -124,3 +124,18 @@ def test_bad_inputs_and_plans_get_one_line():
     for prompt, chunk, says in ((10, 11, "chunk: 11 tokens is more"), (10, 0, "chunk: must"), (0, 4, "prompt:")):
         with pytest.raises(ValueError, match=says):
             chunk_plan(prompt, chunk)
+
+
+@pytest.mark.cuda
+def test_a_cuda_hybrid_iteration_matches_the_host():
+    host = _decoder()
+    gpu = ReferenceDecoder(ODD, 3, "cuda", torch.float64, max_tokens=31, max_batch=5, seed=7)
+    gpu.load_state_dict(host.state_dict())  # CUDA's generator draws other weights; the caches come along
+    gpu._cache_filled = True
+    x_decode, x_prompt = _randn(3, 1, ODD.hidden, seed=1), _randn(1, 7, ODD.hidden, seed=2)
+    step = HybridStep(3, 11, 5, 7, last=True)
+    ids, h_decode, h_prompt = hybrid_step(host, step, x_decode, x_prompt, return_hidden=True)
+    ids_gpu, g_decode, g_prompt = hybrid_step(gpu, step, x_decode.cuda(), x_prompt.cuda(), return_hidden=True)
+    torch.testing.assert_close(g_decode.cpu(), h_decode, rtol=0, atol=1e-10)
+    torch.testing.assert_close(g_prompt.cpu(), h_prompt, rtol=0, atol=1e-10)
+    assert ids_gpu.tolist() == ids.tolist()
