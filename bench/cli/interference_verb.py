@@ -14,8 +14,8 @@ from .options import check_seconds, check_writable
 def cmd_interference(args) -> int:
     check_seconds(args, "window")
     device = resolve_device(args.device)
-    from ..phases.run_hybrid import parse_chunk
-    from ..phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
+    from ..phases.interference.run_hybrid import parse_chunk
+    from ..phases.interference.run_interference import HOST_MODEL, InterferenceConfig, run_interference
     from ..spec.models import model_config
 
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")

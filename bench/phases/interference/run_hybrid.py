@@ -3,6 +3,7 @@ chunks) with the decode users stepping in every iteration, against the decode-on
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -11,11 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..spec.interference_schema import WHOLE
-from ..sweep.measure import one_line
-from .hybrid_step import HybridStep, chunk_plan, hybrid_step
-from .interference_rows import itl_columns, whole_model_columns
-from .reference_decoder import ReferenceDecoder
+from ...spec.interference_schema import WHOLE
+from ...sweep.measure import one_line
+from ..hybrid_step import HybridStep, chunk_plan, hybrid_step
+from ..reference_decoder import ReferenceDecoder
+from .rows import itl_columns, whole_model_columns
 
 MIN_DECODE_ONLY = 8  # decode-only iterations per round, at least (as many as the prompt's iterations otherwise)
 
@@ -94,12 +95,16 @@ class Scenario:
     ttft_ms: list[float] = field(default_factory=list)  # one per arrival
     iterations: int = 0
     error: str = ""
+    noisy: int = 0  # arrivals whose window the contention probe judged noisy
+    noise_reason: str = ""
+    others_cores: list[float] = field(default_factory=list)
 
 
-def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: list) -> list[dict]:
+def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: list, watch=None) -> list[dict]:
     """For each batch and prompt, `cfg.arrivals` rounds over the chunk sizes (their order turned each round): the
     decode-only iterations, then one prompt's arrival to its first token (the prompt in cache row `batch`); the
-    prompt's prefill alone once per round. Returns one row per (batch, prompt, chunk); an interrupt (appended to
+    prompt's prefill alone once per round. `watch()`: the contention probe's context around each arrival (its
+    verdict has .noisy, .reason, .stats). Returns one row per (batch, prompt, chunk); an interrupt (appended to
     `interrupted`) ends the rounds and the rows keep what was measured."""
     gen = torch.Generator(device=decoder.device).manual_seed(cfg.seed + 7)
     hidden, dtype = decoder.config.hidden, decoder.dtype
@@ -124,10 +129,16 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: li
                         try:
                             if round_ == 0:  # the shapes' first call (allocations, kernel choice) untimed
                                 time_iterations(decoder, steps[:1], x_decode, prompts[prompt])
-                            one.decode_only_ms += time_iterations(
-                                decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
-                                x_decode, None)
-                            spans = time_iterations(decoder, steps, x_decode, prompts[prompt])
+                            with watch() if watch else contextlib.nullcontext() as seen:
+                                one.decode_only_ms += time_iterations(
+                                    decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
+                                    x_decode, None)
+                                spans = time_iterations(decoder, steps, x_decode, prompts[prompt])
+                            if seen is not None:
+                                one.noisy += bool(seen.noisy)
+                                one.noise_reason = one.noise_reason or seen.reason
+                                if seen.stats.get("other_cores") is not None:
+                                    one.others_cores.append(seen.stats["other_cores"])
                         except RuntimeError as err:  # out of memory: recorded, the sweep goes on
                             one.error = one.error or one_line(err)
                             continue
@@ -186,6 +197,8 @@ def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
                              "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
                              "prefill_ms": ttft[chunk],
                              **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers),
+                             "noisy": one.noisy > 0, "noise_reason": one.noise_reason,
+                             "others_cores": max(one.others_cores) if one.others_cores else None,
                              "status": "ok", "reason": "; ".join(reasons + ([one.error] if one.error else []))})
             for row in rows[-len(cfg.chunks):]:
                 if row["status"] == "ok" and WHOLE in ttft:

@@ -8,9 +8,9 @@ import statistics
 
 import numpy as np
 
-from ..instruments.roofline import device_name
-from ..instruments.timing import Timing
-from ..spec.interference_schema import COVERED_MIN
+from ...instruments.roofline import device_name
+from ...instruments.timing import Timing
+from ...spec.interference_schema import COVERED_MIN
 from .corunner import cpu_list
 
 # a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone

@@ -15,14 +15,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..instruments.contention import ContentionProbe, snapshot
-from ..instruments.roofline import TORCH_DTYPES
-from ..instruments.timing import TimerConfig, time_call
-from ..spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, WHOLE, conform_interference
-from ..spec.models import DecoderConfig
-from ..sweep.measure import one_line
-from ..sweep.metadata import run_metadata
-from ..sweep.runner import new_run_id, now
+from ...instruments.contention import ContentionProbe, snapshot
+from ...instruments.roofline import TORCH_DTYPES
+from ...instruments.timing import TimerConfig, time_call
+from ...spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, WHOLE, conform_interference
+from ...spec.models import DecoderConfig
+from ...sweep.measure import one_line
+from ...sweep.metadata import run_metadata
+from ...sweep.runner import new_run_id, now
+from ..reference_decoder import HOST_LAYERS, ReferenceDecoder, activation_bytes, cache_bytes, weight_bytes
 from .corunner import (
     HIGHEST_PRIORITY,
     LOWEST_PRIORITY,
@@ -36,8 +37,7 @@ from .corunner import (
     place_host,
     split_cpus,
 )
-from .interference_rows import MAX_STRETCH_WINDOW, base_row, median_or_nan, mode_rows, progress_line
-from .reference_decoder import HOST_LAYERS, ReferenceDecoder, activation_bytes, cache_bytes, weight_bytes
+from .rows import MAX_STRETCH_WINDOW, base_row, median_or_nan, mode_rows, progress_line
 from .run_hybrid import check_chunks, measure_hybrid
 
 # A small decoder for the host: a decode step of a few ms and a 512-token prefill of a few hundred on 2 cores.
@@ -319,7 +319,9 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
         if "hybrid" in cfg.forms:
             if cfg.device.type != "cuda":
                 place_host(Placement(), session.every)
-            hybrid = measure_hybrid(cfg, session.decoder, session.head_ms, say, stopped)
+            companions = tuple(r.pid for r in session.runners.values() if r.pid)  # idle, but ours
+            hybrid = measure_hybrid(cfg, session.decoder, session.head_ms, say, stopped,
+                                    watch=lambda: session.probe.watch(companions))
             if stopped:
                 raise KeyboardInterrupt
         for round_ in range(cfg.rounds if modes else 0):
