@@ -192,7 +192,8 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
                              on_line=stop_after_the_first)
     rows = run_interference(cfg).set_index(["batch", "mode"])
     assert rows.attrs["interrupted"] and json.loads((tmp_path / "run.json").read_text())["interrupted"]
-    assert (rows.loc[1, "status"] == "ok").all() and (rows.loc[1, "reason"] == "1 of 2 rounds").all()
+    # (a co-located row on a busy host may add that its prefill covered too little of the window)
+    assert (rows.loc[1, "status"] == "ok").all() and rows.loc[1, "reason"].str.startswith("1 of 2 rounds").all()
     assert (rows.loc[2, "status"] == "failed").all() and (rows.loc[2, "reason"] == "not measured: interrupted").all()
     assert len(load_interference(tmp_path)) == 2 * len(SPATIAL)
 
