@@ -31,10 +31,14 @@ def cmd_interference(args) -> int:
         raise UsageError(str(err)) from None
     check_writable(out)
     cfg.on_line = lambda line: print(line, file=sys.stderr, flush=True)
+    forms = []
+    if "hybrid" in cfg.forms:
+        forms.append(f"hybrid: chunks {' '.join(map(str, cfg.chunks))}, {cfg.arrivals} arrivals each")
+    if "spatial" in cfg.forms:
+        forms.append(f"spatial: {cfg.rounds} rounds of {cfg.window_s:g} s windows")
     print(f"phasebench interference: {model.name} ({cfg.layers} layers, {cfg.dtype}) on {device}, batches "
-          f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}, {cfg.rounds} rounds of "
-          f"{cfg.window_s:g} s windows; chunks {' '.join(map(str, cfg.chunks))}, {cfg.arrivals} arrivals each; "
-          f"forms {' '.join(cfg.forms)} -> {cfg.out_dir}", file=sys.stderr, flush=True)
+          f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}; {'; '.join(forms)} -> "
+          f"{cfg.out_dir}", file=sys.stderr, flush=True)
     rows = run_interference(cfg)
     from ...analysis.interference.figures import write_interference_figures
     from ...analysis.interference.rows import interference_summary
