@@ -47,14 +47,6 @@ def padded_k(k: int, scheme: Scheme) -> int:
     return math.ceil(k / scheme.group) * scheme.group if scheme.group else k
 
 
-def bits_per_weight(scheme: Scheme, n: int, k: int, scale_bytes: int) -> float:
-    """Stored bits per weight, the packed weights (padding included) and the scales and zeros over N·K."""
-    kp = padded_k(k, scheme)
-    per_channel = kp // scheme.group if scheme.group else 1
-    extra = (2 if scheme.zeros else 1) * per_channel * scale_bytes * 8
-    return (scheme.bits * kp + extra) / k
-
-
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A packed weight [N, K] (`shape`) of one scheme (layouts in this module's docstring); `dequantize()` gives
@@ -92,6 +84,12 @@ class QuantizedWeight:
         return QuantizedWeight(self.qdata.clone(), self.scales.clone(),
                                None if self.zeros is None else self.zeros.clone(), self.scheme, self.shape)
 
+    def rows(self, start: int, stop: int) -> QuantizedWeight:
+        """Output channels start:stop as a weight of their own (views: every layout is row-major in N)."""
+        zeros = None if self.zeros is None else self.zeros[start:stop]
+        return QuantizedWeight(self.qdata[start:stop], self.scales[start:stop], zeros, self.scheme,
+                               (len(range(*slice(start, stop).indices(self.shape[0]))), self.shape[1]))
+
     def nibbles(self) -> torch.Tensor:
         """int4 schemes: the unsigned codes [N, Kp] (uint8, 0..15) in k order."""
         low, high = self.qdata & 0xF, self.qdata >> 4
@@ -104,10 +102,9 @@ class QuantizedWeight:
         math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         n, k = self.shape
         scales = self.scales.to(math_dtype)
-        if self.info.group:
-            codes = self.nibbles().to(math_dtype) - INT4_OFFSET
-            group = self.info.group
-            w = codes * scales.repeat_interleave(group, dim=1) + self.zeros.to(math_dtype).repeat_interleave(group, 1)
+        if self.info.group:  # codes viewed as [N, groups, G] against each group's scale and zero
+            codes = self.nibbles().to(math_dtype).sub_(INT4_OFFSET).view(n, -1, self.info.group)
+            w = codes.mul_(scales[..., None]).add_(self.zeros.to(math_dtype)[..., None]).view(n, -1)
             return w[:, :k].to(dtype)
         return (self.qdata.to(math_dtype) * scales[:, None]).to(dtype)
 

@@ -26,6 +26,7 @@ from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
 from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
 from .request import QLinearRequest, validate_qlinear
+from .schemes import padded_k
 
 BACKENDS = {"gemv": "triton-splitk-qgemv", "gemm": "triton-qgemm"}
 PATHS = tuple(BACKENDS)
@@ -33,18 +34,35 @@ QMODES = {"int8": 0, "int4-g128": 1, "int4-g32": 1, "fp8-e4m3": 2}  # how the ke
 
 
 @triton.jit
-def _weight_tile(Q, S, Z, cols, ks, k_ok, stride_qn, stride_sn, QMODE: tl.constexpr, GROUP: tl.constexpr):
-    """The weight tile [BLOCK_K, BLOCK_N] in fp32: int4 fully dequantized, int8 and fp8 as unscaled codes."""
+def _weight_tile(Q, S, Z, cols, k0, Kp, stride_qn, stride_sn, QMODE: tl.constexpr, GROUP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile [BLOCK_K, BLOCK_N] of K rows k0.. in fp32: int4 fully dequantized, int8 and fp8 as unscaled
+    codes. Rows past K read the packing's zero padding or nothing (x is zero there); k0 is a multiple of BLOCK_K."""
     if QMODE == 1:
-        byte = tl.load(Q + cols[None, :] * stride_qn + ks[:, None] // 2, mask=k_ok[:, None], other=0)
-        shift = ((ks[:, None] % 2) * 4).to(tl.int32)
-        code = (byte.to(tl.int32) >> shift) & 0xF
-        g_ptrs = cols[None, :] * stride_sn + ks[:, None] // GROUP
-        scale = tl.load(S + g_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
-        zero = tl.load(Z + g_ptrs, mask=k_ok[:, None], other=0.0).to(tl.float32)
-        w = (code.to(tl.float32) - 8.0) * scale + zero
+        # each byte once: BLOCK_K / 2 bytes per column, split into the even (low) and odd (high) k
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        byte = tl.load(Q + cols[None, :] * stride_qn + kb[:, None], mask=kb[:, None] < Kp // 2, other=0).to(tl.int32)
+        pairs = tl.join(byte & 0xF, byte >> 4)  # [BLOCK_K / 2, BLOCK_N, 2]
+        code = tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N)).to(tl.float32)
+        # one scale and zero per group of K rows, broadcast over its rows
+        if BLOCK_K >= GROUP:
+            kg = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            g_ptrs = cols[None, :] * stride_sn + kg[:, None]
+            g_ok = kg[:, None] < Kp // GROUP
+            scale = tl.load(S + g_ptrs, mask=g_ok, other=0.0).to(tl.float32)
+            zero = tl.load(Z + g_ptrs, mask=g_ok, other=0.0).to(tl.float32)
+            scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
+                               (BLOCK_K, BLOCK_N))
+            zero = tl.reshape(tl.broadcast_to(zero[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
+                              (BLOCK_K, BLOCK_N))
+        else:  # the block lies inside one group
+            g_ptrs = cols * stride_sn + k0 // GROUP  # k0 < K <= Kp: in bounds
+            scale = tl.load(S + g_ptrs).to(tl.float32)[None, :]
+            zero = tl.load(Z + g_ptrs).to(tl.float32)[None, :]
+        w = (code - 8.0) * scale + zero
     else:
-        code = tl.load(Q + cols[None, :] * stride_qn + ks[:, None], mask=k_ok[:, None], other=0)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        code = tl.load(Q + cols[None, :] * stride_qn + ks[:, None], mask=ks[:, None] < Kp, other=0)
         if QMODE == 2:  # fp8 codes arrive as their bytes (a masked load cannot fill fp8)
             code = code.to(tl.float8e4nv, bitcast=True)
         w = code.to(tl.float32)
@@ -52,7 +70,7 @@ def _weight_tile(Q, S, Z, cols, ks, k_ok, stride_qn, stride_sn, QMODE: tl.conste
 
 
 @triton.jit
-def qlinear_kernel(X, Q, S, Z, Dst, M, N, K, m_bucket, split_k,
+def qlinear_kernel(X, Q, S, Z, Dst, M, N, K, Kp, m_bucket, split_k,
                    stride_xm, stride_xk, stride_qn, stride_sn, stride_ds, stride_dm, stride_dn,
                    QMODE: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -76,12 +94,15 @@ def qlinear_kernel(X, Q, S, Z, Dst, M, N, K, m_bucket, split_k,
         ks = k0 + offs_k
         k_ok = ks < hi
         a = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk, mask=k_ok[None, :], other=0.0)
-        w = _weight_tile(Q, S, Z, cols, ks, k_ok, stride_qn, stride_sn, QMODE, GROUP)
-        if UPCAST:
-            a = a.to(tl.float32)
+        w = _weight_tile(Q, S, Z, cols, k0, Kp, stride_qn, stride_sn, QMODE, GROUP, BLOCK_N, BLOCK_K)
+        if BLOCK_M == 1:  # one token: multiply and reduce over K on the vector units (no MMA tile to fill)
+            acc += tl.sum(a.to(tl.float32).reshape(BLOCK_K, 1) * w, axis=0)[None, :]
         else:
-            w = w.to(a.dtype)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            if UPCAST:
+                a = a.to(tl.float32)
+            else:
+                w = w.to(a.dtype)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
     if QMODE != 1:  # per-channel scale, once per output
         acc = acc * tl.load(S + cols).to(tl.float32)[None, :]
     out_rows = start_m + tl.arange(0, BLOCK_M)
@@ -118,12 +139,13 @@ def _launch(req: QLinearRequest, out: torch.Tensor, path: str, split_k: int, til
         dst_strides = dst.stride()
     zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read by the per-channel schemes
     qdata = qw.qdata.view(torch.uint8) if qw.qdata.dtype == torch.float8_e4m3fn else qw.qdata
-    args = (x, qdata, qw.scales, zeros, dst, req.m, req.n, req.k, triton.next_power_of_2(req.m), split_k,
+    kp = padded_k(req.k, qw.info)
+    args = (x, qdata, qw.scales, zeros, dst, req.m, req.n, req.k, kp, triton.next_power_of_2(req.m), split_k,
             *x.stride(), qw.qdata.stride(0), qw.scales.stride(0), *dst_strides)
     options = dict(QMODE=QMODES[req.scheme], GROUP=qw.group_size or 1, UPCAST=interpreted(),
                    PRECISION="ieee" if req.dtype == torch.float32 else None)
     if path == "gemv":
-        options["BLOCK_M"] = gemv_block_m(req.m)
+        options["BLOCK_M"] = 1 if req.m == 1 else gemv_block_m(req.m)
     tiles = tiles or (INTERPRETER_TILES[path] if interpreted() else None)
     if tiles is not None:
         cfg = {**options, **tiles}

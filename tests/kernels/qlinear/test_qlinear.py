@@ -74,11 +74,12 @@ def test_triton_picks_its_path(scheme, m, n, k, dtype):
 @on_triton_device
 @pytest.mark.parametrize("scheme", ["int4-g32", "int4-g128", "int8", "fp8-e4m3"])
 @pytest.mark.parametrize("path, split_k, tiles", [
-    ("gemv", 3, {"BLOCK_N": 16, "BLOCK_K": 64}),  # a K block holds two g32 groups; three partials
+    ("gemv", 3, {"BLOCK_N": 16, "BLOCK_K": 64}),  # a K block holds two g32 groups, half a g128; three partials
     ("gemm", None, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),  # two g128 groups a block
 ])
-def test_triton_small_tiles_cross_the_group_edges(scheme, path, split_k, tiles):
-    x, qw = draw(19, 37, 290, F32, scheme, TRITON_DEVICE, seed=3)
+@pytest.mark.parametrize("m", [1, 19])  # one token multiplies and reduces; more go through tl.dot
+def test_triton_small_tiles_cross_the_group_edges(scheme, path, split_k, tiles, m):
+    x, qw = draw(m, 37, 290, F32, scheme, TRITON_DEVICE, seed=3)
     check(triton_qlinear(x, qw, path=path, split_k=split_k, tiles=tiles), x, qw)
 
 

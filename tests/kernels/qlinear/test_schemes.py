@@ -6,8 +6,9 @@ import re
 
 import pytest
 import torch
+from phasebench.bench.spec.quant import QUANT_SCHEMES
 from phasebench.kernels import SCHEMES, QuantizedWeight, quantize
-from phasebench.kernels.qlinear.schemes import bits_per_weight, scheme_of
+from phasebench.kernels.qlinear.schemes import SCHEMES as KERNEL_SCHEMES
 
 # the largest error of a round trip, in units of the weight's range per group or row (awkward N and K)
 STEP = {"int8": 1 / 254, "int4-g128": 1 / 15, "int4-g32": 1 / 15, "fp8-e4m3": 1 / 16}
@@ -61,7 +62,7 @@ def test_per_channel_layouts():
 def test_bits_per_weight_counts_the_scales_and_zeros():
     qw = quantize(weight(64, 256, torch.bfloat16), "int4-g128")
     assert qw.bits_per_weight == pytest.approx(4 + 2 * 16 / 128)
-    assert qw.bits_per_weight == pytest.approx(bits_per_weight(scheme_of("int4-g128"), 64, 256, 2))
+    assert qw.bits_per_weight == pytest.approx(QUANT_SCHEMES["int4-g128"].bits_per_weight(64, 256, 2))
     assert qw.nbytes == 64 * 128 + 2 * 64 * 2 * 2
     copy = qw.clone()
     assert copy.qdata.data_ptr() != qw.qdata.data_ptr() and torch.equal(copy.dequantize(), qw.dequantize())
@@ -85,3 +86,18 @@ def test_a_quantized_weight_is_frozen():
     assert isinstance(qw, QuantizedWeight)
     with pytest.raises(AttributeError):
         qw.scheme = "fp8-e4m3"
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("n, k, dtype", [(37, 300, torch.float32), (16, 256, torch.bfloat16), (5, 130, torch.float16)])
+def test_the_cost_model_counts_the_bytes_quantize_stores(scheme, n, k, dtype):
+    info, spec = KERNEL_SCHEMES[scheme], QUANT_SCHEMES[scheme]
+    assert (info.bits, info.group, info.zeros) == (spec.bits, spec.group, spec.zeros)
+    qw = quantize(weight(n, k, dtype), scheme)
+    assert qw.nbytes == spec.stored_bytes(n, k, dtype.itemsize)
+
+
+def test_rows_are_a_weight_of_their_own():
+    qw = quantize(weight(9, 160), "int4-g32")
+    part = qw.rows(2, 7)
+    assert part.shape == (5, 160) and torch.equal(part.dequantize(), qw.dequantize()[2:7])
