@@ -23,9 +23,10 @@ ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a findin
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
-# The fields of a linear case (bench.ops.linear.cases.LinearCase) beside dtype, phase and model; scheme is a
-# quantized linear case's (bench.ops.qlinear.cases.QLinearCase), blank for unquantized weights.
-LINEAR_COLUMNS = ("m", "n", "k", "projection", "scheme")
+# The fields of a linear case (bench.ops.linear.cases.LinearCase) beside dtype, phase and model.
+LINEAR_COLUMNS = ("m", "n", "k", "projection")
+# A quantized linear case (bench.ops.qlinear.cases.QLinearCase) has the linear fields and its weight's scheme.
+QLINEAR_COLUMNS = (*LINEAR_COLUMNS, "scheme")
 # The fields of an elementwise case (bench.ops.elementwise.cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
 ELEMENTWISE_COLUMNS = ("kind", "cache_len")
 
@@ -38,8 +39,8 @@ RESULT_COLUMNS = (
     "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
     "page_size",  # tokens per page of a paged KV cache (block table); 0 for a contiguous cache and other operators
-    *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...), scheme the
-    # packing of a quantized weight (op qlinear), blank for unquantized weights
+    *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
+    "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
@@ -102,7 +103,7 @@ SAMPLES_COLUMN = "samples_ms"
 
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
-KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *LINEAR_COLUMNS, "kind",
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *QLINEAR_COLUMNS, "kind",
                "cache_len", "device", "mode", "timer")
 
 
