@@ -45,6 +45,8 @@ class ReferencePlan:
     context: int
     kinds: tuple[str, ...] = ("phasebench",)
     page_size: int = 0  # the composition's decode attention reads pages of this many tokens (0: contiguous)
+    weights: str = ""  # the layers' projections packed by this scheme ("": the activation dtype)
+    weights_impl: str = "torch"  # the qlinear impl that runs them, in the composition and the real pass alike
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -66,7 +68,7 @@ class ReferencePlan:
         """Every op the scenarios' compositions sum, once."""
         steps = [step_defs.prefill_step(self.small, self.prompt),
                  *(step_defs.decode_step(self.small, b, self.context, self.page_size) for b in self.batches)]
-        return step_defs.distinct_uses(steps)
+        return step_defs.distinct_uses(step_defs.with_weights(step, self.weights) for step in steps)
 
 
 def _decoder(kind: str, plan: ReferencePlan):
@@ -79,7 +81,8 @@ def _decoder(kind: str, plan: ReferencePlan):
     from .reference_decoder import ReferenceDecoder
 
     return ReferenceDecoder(plan.small, plan.layers, torch.device(plan.device), TORCH_DTYPES[plan.dtype],
-                            max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches))
+                            max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches),
+                            weights=plan.weights, weights_impl=plan.weights_impl)
 
 
 _BUILT: dict = {}  # (kind, plan) -> the decoder (or why it cannot be built), kept across one check's brackets

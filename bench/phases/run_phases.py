@@ -16,6 +16,7 @@ from ..instruments.timing import TimerConfig
 from ..ops.attention.cases import AttentionCase
 from ..ops.elementwise.cases import ElementwiseCase
 from ..ops.linear.cases import LinearCase
+from ..ops.qlinear.cases import QLinearCase
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
@@ -23,7 +24,8 @@ from ..sweep.worker import IN_PROCESS, Isolation
 from . import reference_check as check
 from .reference_check import ReferencePlan
 
-CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase}
+CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase,
+              "qlinear": QLinearCase}
 # The host sizes keep `phasebench phases` to minutes on 2 cores (2 for a 1B model, 8 for llama-3-8b); a GPU takes
 # the real ones.
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
@@ -71,6 +73,7 @@ class PhasesConfig:
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
     reference_rounds: int = check.ROUNDS  # rounds of the check's ops, interleaved with the reference's brackets
+    weights: str = ""  # the layers' projections packed by this scheme (qlinear rows; "": unquantized)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -92,7 +95,7 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
             out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context, cfg.page_size)
-    return out
+    return [step_defs.with_weights(step, cfg.weights) for step in out]
 
 
 def reference_reserve_s(budget_s: float) -> float:
@@ -110,7 +113,7 @@ def case_of(use: step_defs.OpUse, dtype: str, model: str):
 
 def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
     """The phase tables from measured rows (analysis does the arithmetic; no measurement here)."""
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
     page = cfg.page_size
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
@@ -130,7 +133,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig) -> dict[str, pd.DataFrame]:
 def reference_plan(cfg: PhasesConfig) -> ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
-                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
+                         tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
+                         cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]))
 
 
 def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -142,7 +146,8 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict) -> tuple
     brackets, rows = check.run_check(plan, cases, impls, cfg.out_dir / "check", timer=timer, isolation=cfg.isolation,
                                      rounds=cfg.reference_rounds, time_budget_s=budget, started=cfg.started,
                                      on_row=cfg.on_row)
-    frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
+                              weights=cfg.weights)
     per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
     return check.reference_table(brackets, frame(rows), per_round, plan), check.brackets_table(brackets)
 
@@ -152,7 +157,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     uses = step_defs.distinct_uses(scenario_steps(cfg))
     if reuse is not None:  # measure only what the given results lack
-        have = pm.Measured(reuse, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+        have = pm.Measured(reuse, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
         uses = [u for u in uses if have.latency_ms(u) is None]
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
     impls = {op: [name] for op, name in cfg.impls.items()}
@@ -170,6 +175,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
+        "weights": cfg.weights,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases)},
         indent=1))

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +23,18 @@ from .request import ACTIVATION_DTYPES, QLinearRequest
 from .schemes import padded_k
 
 INT4_CUDA_INNER_K_TILES = (8, 4, 2)  # the largest that divides the padded K in units of 16
+# each weight's repacking for torch's int4 op, made once per (weight, activation dtype) and kept while the weight
+# lives: a model repacks at load time, not per call
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _repacked(qweight, dtype: torch.dtype, pack) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed codes, scales and zeros [K / G, N, 2] in `dtype`) of qweight, `pack` making the codes once."""
+    found = _PACKED.setdefault(qweight, {})
+    if dtype not in found:
+        sz = torch.stack((qweight.scales.T, qweight.zeros.T), dim=-1).to(dtype).contiguous()
+        found[dtype] = (pack(qweight.nibbles().to(torch.int32)), sz)
+    return found[dtype]
 
 
 def _int8(req: QLinearRequest) -> PlannedCall:
@@ -36,11 +50,6 @@ def _int8(req: QLinearRequest) -> PlannedCall:
     return PlannedCall("torch", "torch._weight_int8pack_mm", run)
 
 
-def _scales_and_zeros(req: QLinearRequest) -> torch.Tensor:
-    qweight = req.qweight
-    return torch.stack((qweight.scales.T, qweight.zeros.T), dim=-1).to(req.dtype).contiguous()
-
-
 def _padded(x: torch.Tensor, kp: int):
     k = x.shape[1]
     return (lambda: x) if kp == k else (lambda: F.pad(x, (0, kp - k)))
@@ -50,8 +59,8 @@ def _int4_host(req: QLinearRequest) -> PlannedCall:
     qweight = req.qweight
     if req.n % 16:
         raise Unsupported(f"torch._weight_int4pack_mm_for_cpu needs N a multiple of 16, got N = {req.n}")
-    packed = torch._convert_weight_to_int4pack_for_cpu(qweight.nibbles().to(torch.int32), 1)
-    sz, group, x = _scales_and_zeros(req), qweight.group_size, _padded(req.x, padded_k(req.k, qweight.info))
+    packed, sz = _repacked(qweight, req.dtype, lambda codes: torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+    group, x = qweight.group_size, _padded(req.x, padded_k(req.k, qweight.info))
     return PlannedCall("torch", "torch._weight_int4pack_mm_for_cpu",
                        lambda: torch._weight_int4pack_mm_for_cpu(x(), packed, group, sz))
 
@@ -65,10 +74,11 @@ def _int4_cuda(req: QLinearRequest) -> PlannedCall:
     if req.n % 8 or not tiles:
         raise Unsupported(f"torch._weight_int4pack_mm needs N a multiple of 8 and K a multiple of 32, got N = {req.n},"
                           f" padded K = {kp}")
-    codes = qweight.nibbles().to(torch.int32)
-    high_first = (codes[:, 0::2] << 4 | codes[:, 1::2]).to(torch.uint8)  # its packing: even k in the high nibble
-    packed = torch._convert_weight_to_int4pack(high_first, tiles[0])
-    sz, group, x = _scales_and_zeros(req), qweight.group_size, _padded(req.x, kp)
+    def pack(codes):  # its packing: even k in the high nibble
+        return torch._convert_weight_to_int4pack((codes[:, 0::2] << 4 | codes[:, 1::2]).to(torch.uint8), tiles[0])
+
+    packed, sz = _repacked(qweight, req.dtype, pack)
+    group, x = qweight.group_size, _padded(req.x, kp)
     return PlannedCall("torch", "torch._weight_int4pack_mm", lambda: torch._weight_int4pack_mm(x(), packed, group, sz))
 
 

@@ -269,3 +269,25 @@ def test_rows_without_a_page_size_column_read_as_contiguous():
     rows = op_rows(step_defs.distinct_uses([step_defs.decode_step(TINY, 2, 40)]), power_latency)
     old = pm.Measured(rows.drop(columns="page_size"), model="tiny", dtype="float32")
     assert pm.tpot(old, TINY, 2, 40).total_ms == hand_tpot(2, 40)
+
+
+def test_quantized_weights_compose_from_their_own_rows_never_scaled():
+    # the projections measured unquantized and packed as int4-g128 (4x faster here); the lm_head stays unquantized
+    def latency(use):
+        return power_latency(use) / (4 if use.op == "qlinear" else 1)
+
+    plain = step_defs.decode_step(TINY, 2, 40)
+    packed = step_defs.with_weights(plain, "int4-g128")
+    assert {u.op for u in packed if u.part == "weights"} == {"qlinear"}
+    assert [u.op for u in packed if u.label == "lm_head"] == ["linear"]
+    rows = op_rows(step_defs.distinct_uses([plain, packed]), latency,
+                   impls={**pm.DEFAULT_IMPLS, "qlinear": "torch", "attention": "flash"})
+    dense = pm.Measured(rows, model="tiny", dtype="float32")
+    quant = pm.Measured(rows, model="tiny", dtype="float32", weights="int4-g128")
+    t_dense, t_quant = pm.tpot(dense, TINY, 2, 40), pm.tpot(quant, TINY, 2, 40)
+    assert t_dense.total_ms == hand_tpot(2, 40)
+    assert t_quant.parts["weights"] == t_dense.parts["weights"] / 4
+    assert t_quant.parts["head"] == t_dense.parts["head"] and t_quant.parts["attention"] == t_dense.parts["attention"]
+    # another scheme was not measured: named missing, not scaled from the rows that exist
+    other = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", weights="int8"), TINY, 2, 40)
+    assert not other.complete and all("qlinear" in m and "int8" in m for m in other.missing)
