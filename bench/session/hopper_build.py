@@ -163,11 +163,12 @@ def variants(full: bool = False) -> list[Variant]:
 
     gemm, gemv = _configs(lin.GEMM_CONFIGS), _configs(lin.GEMV_CONFIGS)
     one = slice(0, 1)
-    # quantized weights: each scheme's one-token GEMV (no dot) and 16-row split GEMV, the GEMM for int4-g128
+    # quantized weights: each scheme's one-token GEMV (no dot) and 16-row split GEMV, every config for int4-g128
+    # (the others one each: they differ only in how a tile is decoded), and the GEMM for int4-g128
     for scheme in qlin.QMODES:
-        qlinear(scheme, "bf16", 1, _configs(qlin.GEMV_CONFIGS))
-        qlinear(scheme, "bf16", 16, _configs(qlin.GEMV_CONFIGS)[slice(None) if scheme == "int4-g128" else one],
-                dst="*fp32")
+        configs = _configs(qlin.GEMV_CONFIGS)[slice(None) if scheme == "int4-g128" else one]
+        qlinear(scheme, "bf16", 1, configs)
+        qlinear(scheme, "bf16", 16, configs, dst="*fp32")
     qlinear("int4-g128", "bf16", 0, _configs(qlin.GEMM_CONFIGS))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         prefill(dt, 128, True, False)
