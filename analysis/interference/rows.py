@@ -25,9 +25,9 @@ SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "
 
 def load_interference(*sources) -> pd.DataFrame:
     """The rows of `phasebench interference --out DIR` folders (or their interference.csv files), in one frame
-    typed by bench.spec.interference_schema, with `source` (the file) and, from run.json beside it, `git_commit` and
-    `torch_version`. A missing path raises FileNotFoundError; a malformed file DataFileError, one line led by
-    the path."""
+    typed by bench.spec.interference_schema, with `source` (the file) and, from run.json beside it, `git_commit`,
+    `torch_version` and (for files that lack it) `device_name`. A missing path raises FileNotFoundError; a
+    malformed file DataFileError, one line led by the path."""
     paths = [Path(p) for s in sources for p in (s if isinstance(s, (list, tuple)) else [s])]
     if not paths:
         raise ValueError("load_interference() needs at least one path")
@@ -53,7 +53,11 @@ def _read(csv: Path) -> pd.DataFrame:
     meta = _meta(csv.parent / RUN_JSON)
     table["source"] = str(csv)
     table["git_commit"] = meta.get("git_commit") or ""
-    table["torch_version"] = (meta.get("versions") or {}).get("torch") or ""
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    table["torch_version"] = versions.get("torch") or ""
+    named = (meta.get("device") or {}).get("name") if isinstance(meta.get("device"), dict) else None
+    if named:  # files of schema 1 name the device in run.json only
+        table.loc[table["device_name"] == "", "device_name"] = str(named)
     return table
 
 

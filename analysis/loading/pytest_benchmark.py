@@ -12,12 +12,21 @@ from ...bench.spec.schema import cell_float
 
 
 def is_pytest_benchmark(path: Path) -> bool:
+    """A pytest-benchmark JSON with at least one benchmark of this suite (an entry whose extra_info names an impl):
+    a folder may hold unrelated or broken JSON, other suites' benchmarks included; only named files must parse."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
-        return False  # a folder may hold unrelated or broken JSON; only named files must parse
-    return isinstance(data, dict) and "benchmarks" in data and "machine_info" in data
+        return False
+    if not isinstance(data, dict) or "machine_info" not in data or not isinstance(data.get("benchmarks"), list):
+        return False
+    return any(isinstance(b, dict) and isinstance(b.get("extra_info"), dict) and "impl" in b["extra_info"]
+               for b in data["benchmarks"])
+
+
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def benchmark_rows(path: Path) -> pd.DataFrame:
@@ -30,13 +39,12 @@ def benchmark_rows(path: Path) -> pd.DataFrame:
         raise ValueError(f"not valid JSON ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
         raise ValueError("not a pytest-benchmark file (no 'benchmarks' list)")
-    machine = data.get("machine_info") or {}
-    commit = data.get("commit_info") or {}
+    machine, commit = _object(data.get("machine_info")), _object(data.get("commit_info"))
     stamp = str(data.get("datetime") or path.stem)
-    cpu = (machine.get("cpu") or {}).get("brand_raw") or machine.get("processor") or machine.get("node") or ""
+    cpu = _object(machine.get("cpu")).get("brand_raw") or machine.get("processor") or machine.get("node") or ""
     rows = []
     for index, bench in enumerate(data["benchmarks"]):
-        extra = bench.get("extra_info") or {}
+        extra = _object(bench.get("extra_info")) if isinstance(bench, dict) else {}
         if "impl" not in extra:
             continue  # not a benchmark of this suite
         stats = bench.get("stats")
@@ -53,7 +61,7 @@ def benchmark_rows(path: Path) -> pd.DataFrame:
             reason=extra.get("reason", ""),
             benchmark=bench.get("fullname") or bench.get("name", ""),
         )
-        row.setdefault("timer", f"pytest-benchmark {(bench.get('options') or {}).get('timer', 'host clock')}")
+        row.setdefault("timer", f"pytest-benchmark {_object(bench.get('options')).get('timer', 'host clock')}")
         row.setdefault("run_id", f"pytest-benchmark:{stamp}")
         row.setdefault("time", stamp)
         row.setdefault("device", cpu)

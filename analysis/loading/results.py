@@ -127,7 +127,7 @@ def _expand(path: Path) -> list[Path]:
             return _expand(path.parent)
         return [path]
     found: list[Path] = []
-    folders = sorted({p.parent for name in RESULTS_NAMES for p in path.rglob(name)})
+    folders = sorted({p.parent for name in RESULTS_NAMES for p in path.rglob(name) if p.is_file()})
     merged = {shard for folder in folders for shard in _merged_shards(folder)}
     for folder in (f for f in folders if f.resolve() not in merged):  # a merged sweep stands for its shards
         found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
@@ -160,6 +160,9 @@ def _read_any(path: Path) -> pd.DataFrame:
     except ValueError as error:
         message = " ".join(str(error).split())
         raise DataFileError(f"{path}: {message}") from None
+    except Exception as error:  # whatever a file that is not ours makes the readers raise: one line naming it
+        raise DataFileError(f"{path}: cannot be read as results ({type(error).__name__}: "
+                            f"{' '.join(str(error).split())})") from None
 
 
 def _read_table(path: Path) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
+from ...bench.spec.interference_schema import COVERED_MIN
 from ...bench.spec.models import DecoderConfig
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch"}
@@ -58,6 +59,7 @@ class Measured:
         if len(groups) > 1:  # never pool unlike rows
             found = "; ".join(" / ".join(map(str, g)) for g in groups.itertuples(index=False))
             raise ValueError(f"rows: {len(groups)} device/mode/timer groups ({found}); compose one at a time")
+        self.device = str(rows["device"].iloc[0]) if len(rows) else ""  # the one device of the rows
         unfit = _flag(rows, "noisy") | _flag(rows, "profiled")
         # rows from before the page_size column read a contiguous cache
         paged = rows["page_size"] if "page_size" in rows.columns else pd.Series(0, index=rows.index)
@@ -202,20 +204,33 @@ COLOCATED_COLUMNS = ("option", "prompt", "decode_batch", "context", "decode_only
 
 
 def measured_stretch(interference: pd.DataFrame | None, *, model: str, dtype: str, batch: int, prompt: int,
-                     context: int, mode: str) -> dict | None:
+                     context: int, mode: str, device: str, layers: int) -> tuple[dict | None, str]:
     """The worst ok, quiet `mode` row of `phasebench interference` rows for this decode and prompt (over its
-    mechanisms): stretch, prefill_slowdown and a label; None where none was measured."""
+    mechanisms), measured on `device` (as result rows name it) with the composition's `layers`: (stretch,
+    prefill_slowdown and a label, ""); else (None, why none is used: "" where none was measured at all). A row
+    whose prefill covered under COVERED_MIN of a window understates the stretch and is not used either."""
     if interference is None or not len(interference):
-        return None
+        return None, ""
     rows = interference[(interference["status"] == "ok") & (interference["mode"] == mode)
                         & (interference["model"] == model) & (interference["dtype"] == dtype)
                         & (interference["batch"] == batch) & (interference["prompt"] == prompt)
-                        & (interference["context"] == context) & ~interference["noisy"].fillna(False).astype(bool)]
+                        & (interference["context"] == context)]
     if rows.empty:
-        return None
-    worst = rows.loc[rows["stretch"].astype(float).idxmax()]
-    return {"stretch": float(worst["stretch"]), "prefill_slowdown": float(worst["prefill_slowdown"]),
-            "source": f"measured: {mode}/{worst['mechanism']} on {worst['device']}"}
+        return None, ""
+    names = rows["device_name"].fillna("").astype(str) if "device_name" in rows else pd.Series("", rows.index)
+    counts = pd.to_numeric(rows["layers"], errors="coerce") if "layers" in rows else pd.Series(np.nan, rows.index)
+    here = rows[(names == device) & (counts == layers)]
+    if here.empty:
+        seen = sorted({f"{n or 'an unnamed device'} with {c:g} layers" for n, c in zip(names, counts, strict=True)})
+        return None, (f"{mode} measured on {', '.join(seen)}, not on {device or 'an unnamed device'} with {layers} "
+                      "layers: not used")
+    covered = pd.to_numeric(here["covered"], errors="coerce") if "covered" in here else pd.Series(np.nan, here.index)
+    usable = here[~here["noisy"].fillna(False).astype(bool) & ~(covered < COVERED_MIN)]
+    if usable.empty:
+        return None, f"{mode} rows noisy or their prefill under {COVERED_MIN:.0%} of a window: not used"
+    worst = usable.loc[usable["stretch"].astype(float).idxmax()]
+    return ({"stretch": float(worst["stretch"]), "prefill_slowdown": float(worst["prefill_slowdown"]),
+             "source": f"measured: {mode}/{worst['mechanism']} on {worst['device']}"}, "")
 
 
 def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, decode_batch: int, context: int,
@@ -227,17 +242,19 @@ def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, deco
     min(TPOT, TTFT)) and the prefill gets half the device (TTFT doubles). Protected is measured or unknown."""
     first = ttft(measured, config, prompt).total_ms
     step = tpot(measured, config, decode_batch, context, page_size).total_ms
-    found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context)
+    found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context,
+                 device=measured.device, layers=config.layers)
     options = [("separated", step, first, "composed: the prefill on another device")]
-    colocated = measured_stretch(interference, mode="colocated", **found)
+    colocated, why = measured_stretch(interference, mode="colocated", **found)
     if colocated is None:
-        options.append(("co-located", step + min(step, first), 2 * first, "fair share (composed)"))
+        options.append(("co-located", step + min(step, first), 2 * first,
+                        "fair share (composed)" + (f"; {why}" if why else "")))
     else:
         options.append(("co-located", step * colocated["stretch"], first * colocated["prefill_slowdown"],
                         colocated["source"]))
-    protected = measured_stretch(interference, mode="protected", **found)
+    protected, why = measured_stretch(interference, mode="protected", **found)
     if protected is None:
-        options.append(("protected", np.nan, np.nan, "not measured (phasebench interference)"))
+        options.append(("protected", np.nan, np.nan, f"not measured ({why or 'phasebench interference'})"))
     else:
         options.append(("protected", step * protected["stretch"], first * protected["prefill_slowdown"],
                         protected["source"]))

@@ -151,7 +151,8 @@ def add_phases_verb(verbs) -> None:
                              "2): the composition takes quiet rows only")
     phases.add_argument("--reuse", nargs="+", metavar="RESULTS", help="measured rows to reuse (measure the rest)")
     phases.add_argument("--interference", nargs="+", metavar="DIR",
-                        help="`phasebench interference` folders: their measured stretches replace the co-located "
+                        help="`phasebench interference` folders: their measured stretches (of this device and the "
+                             "model's layer count; the table says why others are not used) replace the co-located "
                              "estimate and give the protected one")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")

@@ -116,6 +116,21 @@ def loop_prefill(decoder, prompt: int, keep_going: Callable[[list[Span]], bool],
             return spans
 
 
+def covered_share(spans: list[Span], start: float, end: float) -> float:
+    """The share (0..1) of the window [start, end] that the iterations' spans cover: their union, so that gaps
+    between iterations (a co-runner that stalled, started late or died early) count as uncovered and overlaps
+    count once. NaN for an empty window."""
+    if not end > start:
+        return math.nan
+    covered, reach = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return covered / (end - start)
+
+
 def for_seconds(seconds: float, min_iterations: int) -> Callable[[list[Span]], bool]:
     """keep_going for a prefill timed alone: until `seconds` have passed and `min_iterations` ran."""
     deadline = time.monotonic() + seconds
@@ -248,15 +263,15 @@ class StreamCoRunner:
 
     def __init__(self, spec: PrefillSpec):
         self.device = torch.device(spec.device)
-        self.decoder = build_decoder(spec)
-
-    def wait_ready(self) -> None:
-        """Built in __init__ already."""
         self._streams: dict[int, torch.cuda.Stream] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._latest = self._begun = -math.inf
         self._result: list[Span] | BaseException = []
+        self.decoder = build_decoder(spec)
+
+    def wait_ready(self) -> None:
+        """Built in __init__ already: alone(), start() and the rest work without this call."""
 
     def stream(self, priority: int | None) -> torch.cuda.Stream:
         key = LOWEST_PRIORITY if priority is None else priority

@@ -16,9 +16,9 @@ import pandas as pd
 import torch
 
 from ..instruments.contention import ContentionProbe, snapshot
-from ..instruments.roofline import TORCH_DTYPES
+from ..instruments.roofline import TORCH_DTYPES, device_name
 from ..instruments.timing import TimerConfig, Timing, time_call
-from ..spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, conform_interference
+from ..spec.interference_schema import COVERED_MIN, CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, conform_interference
 from ..spec.models import DecoderConfig
 from ..sweep.measure import one_line
 from ..sweep.metadata import run_metadata
@@ -32,6 +32,7 @@ from .corunner import (
     ProcessCoRunner,
     StreamCoRunner,
     allowed_cpus,
+    covered_share,
     cpu_list,
     place_host,
     split_cpus,
@@ -157,7 +158,7 @@ class Window:
 
     samples_ms: tuple[float, ...]
     prefill_ms: list[float] = field(default_factory=list)
-    covered: bool | None = None
+    covered: float | None = None  # the share of the window the prefill's iterations covered
     noisy: bool = False
     reason: str = ""
     others_cores: float | None = None
@@ -236,7 +237,7 @@ class Session:
         companions = tuple(r.pid for r in self.runners.values() if r.pid)
         if runner is not None:
             runner.start(prompt, mode.prefill)
-        spans, begun = [], None
+        spans = []
         try:
             with self.probe.watch(companions) as watch:
                 start = time.monotonic()
@@ -247,12 +248,12 @@ class Session:
                 end = time.monotonic()
         finally:
             if runner is not None:
-                spans, begun = runner.stop()
+                spans, _ = runner.stop()
         found = Window(tuple(samples), noisy=watch.noisy, reason=watch.reason,
                        others_cores=watch.stats.get("other_cores"))
         if runner is not None:
             found.prefill_ms = [(b - a) * 1e3 for a, b in spans if a >= start and b <= end]
-            found.covered = bool(spans) and begun <= start and spans[-1][1] >= end
+            found.covered = covered_share(spans, start, end)
         return found
 
     def close(self) -> None:
@@ -347,9 +348,9 @@ def progress_line(round_: int, rounds: int, batch: int, prompt: int, modes: list
 def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: int, prompt: int, windows,
               alone_prefill, errors) -> list[dict]:
     """The rows of one (batch, prompt): each mode's pooled windows against the alone mode's."""
-    base = {"device": str(cfg.device), "device_kind": cfg.device.type, "model": cfg.model.name, "layers": cfg.layers,
-            "dtype": cfg.dtype, "batch": batch, "context": cfg.context, "prompt": prompt, "rounds": cfg.rounds,
-            "window_s": cfg.window_s}
+    base = {"device": str(cfg.device), "device_name": device_name(cfg.device), "device_kind": cfg.device.type,
+            "model": cfg.model.name, "layers": cfg.layers, "dtype": cfg.dtype, "batch": batch, "context": cfg.context,
+            "prompt": prompt, "rounds": cfg.rounds, "window_s": cfg.window_s}
     alone = [s for w in windows.get((batch, prompt, ("alone", "alone")), []) for s in w.samples_ms]
     alone_t = Timing(tuple(alone), "") if alone else None
     first_runner = next((m.runner for m in modes if m.runner), None)
@@ -377,6 +378,9 @@ def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: 
             reasons = [f"{len(found)} of {cfg.rounds} rounds", *([why] if why else [])]
         if mode.runner and not any(w.prefill_ms for w in found):
             reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW} windows or prefills alone")
+        covered = min((w.covered for w in found if w.covered is not None), default=math.nan)  # the worst window
+        if covered < COVERED_MIN:
+            reasons.append(f"the prefill ran through only {covered:.0%} of a timed window: the stretch understates it")
         rows.append({**row, "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
                      "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
                      "stretch": t.median_ms / alone_t.median_ms,
@@ -384,7 +388,7 @@ def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: 
                      "tokens_per_s_per_user": 1e3 / t.median_ms, "prefill_alone_ms": prefill_alone,
                      "prefill_ms": prefill, "prefill_slowdown": prefill / prefill_alone,
                      "prefill_samples": sum(len(w.prefill_ms) for w in found) if mode.runner else None,
-                     "covered": all(w.covered for w in found) if mode.runner else None,
+                     "covered": covered if mode.runner else None,
                      "others_cores": max(others) if others else None, "noisy": bool(noisy),
                      "noise_reason": noisy[0].reason if noisy else "", "status": "ok", "reason": "; ".join(reasons)})
     for (name, mechanism), why in skipped.items():

@@ -111,7 +111,8 @@ HOST = SelfcheckPlan(
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,
-    # the phases step's chunk prompt, chunk batch and context, so its co-located estimate is measured
-    interference_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "4", "--context", "255", "--layers", "1",
+    # the phases step's chunk prompt, chunk batch and context, and all the model's layers (a stretch of fewer is not
+    # used), so its co-located estimate is measured
+    interference_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "4", "--context", "255", "--layers", "2",
                        "--window", "0.1", "--rounds", "1"),
 )

@@ -237,14 +237,24 @@ def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
             "too few bytes or FLOPs: a bug to find before it is a result")
 
 
-def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
-    """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures."""
-    case, device, op = state.case, state.device, state.op
-    key = op.key(case, impl)
-    reason = op.does_not_fit(case, impl, device, resident=state.resident)
-    if reason:
-        return {**row, "status": "skipped", "reason": reason}
+def _free_cache() -> str:
+    """Free the CUDA cache after an OOM; what went wrong doing so (a lost context), for the row's reason."""
     try:
+        torch.cuda.empty_cache()
+    except Exception as err:
+        return f"; then freeing the cache: {one_line(err)}"
+    return ""
+
+
+def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
+    """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures. Whatever raises
+    on the way (the fit check, the kernel, the timer, freeing the cache after an OOM) costs this row only."""
+    case, device, op = state.case, state.device, state.op
+    try:
+        key = op.key(case, impl)
+        reason = op.does_not_fit(case, impl, device, resident=state.resident)
+        if reason:
+            return {**row, "status": "skipped", "reason": reason}
         with nvtx_range(stage_name(SETUP, key)):
             call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
@@ -272,11 +282,14 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:
-        torch.cuda.empty_cache()
-        return {**row, "status": "failed", "reason": "out of memory: " + one_line(err)}
+        return {**row, "status": "failed", "reason": "out of memory: " + one_line(err) + _free_cache()}
     except Exception as err:  # a sweep records the failure and goes on
         return {**row, "status": "failed", "reason": one_line(err)}
-    row = {**row, **speed_figures(row, timing.median_ms), "latency_p20_ms": timing.percentile_ms(20),
+    try:
+        figures = speed_figures(row, timing.median_ms)
+    except (ArithmeticError, ValueError) as err:  # a timer that read zero
+        return {**row, "status": "failed", "reason": f"figures: {one_line(err)}"}
+    row = {**row, **figures, "latency_p20_ms": timing.percentile_ms(20),
            "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
     if row["mode"] == "compiled" and row["pct_roofline"] > ABOVE_ROOF_PCT:

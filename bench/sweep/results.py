@@ -44,7 +44,8 @@ class ResultsStore:
     from those in DIR/run.json is refused. `sweep` names what the folder holds (run.json's `selection`: suite,
     dtypes, models, impls): one folder
     holds one sweep, so a resume with another suite, dtype or model is refused too (other impls of the same cases,
-    fewer or more, resume). `retry_failed` drops failed and skipped rows so they run again.
+    fewer or more, resume). `retry_failed` measures failed and skipped rows again: each stays in the folder until
+    the row that replaces it is written, so an interrupted retry loses none.
     """
 
     def __init__(self, out_dir: Path, resume: bool = False, retry_failed: bool = False, options: dict | None = None,
@@ -58,15 +59,19 @@ class ResultsStore:
         if not os.access(self.out_dir, os.W_OK):
             raise PermissionError(f"out: {self.out_dir} is not writable")
         self.done: set[tuple] = set()
+        self.retrying: set[tuple] = set()  # keys of failed or skipped rows that the next row of the key replaces
         if resume and self.csv_path.exists():
             self._check_options(options)
             self._check_sweep(sweep)
             rows = self._read_rows()
+            measured = {row_key(r) for r in rows if r.get("status") not in RETRIED}
             if retry_failed:
-                kept = [r for r in rows if r.get("status") not in RETRIED]
+                # a failed row whose replacement was written before a kill could drop it goes now
+                kept = [r for r in rows if r.get("status") not in RETRIED or row_key(r) not in measured]
                 if len(kept) != len(rows):
                     self._rewrite(kept)
-                rows = kept
+                self.retrying = {row_key(r) for r in kept} - measured
+                rows = [r for r in kept if row_key(r) in measured]
             self.done = {row_key(r) for r in rows}
             _end_line(self.samples_path)
         else:
@@ -127,6 +132,17 @@ class ResultsStore:
         return row_key(row_like) in self.done
 
     def append(self, row: dict) -> None:
+        """Write `row`; one that retries a failed or skipped row takes its place (see `replace`), unless it measured
+        nothing (`refused`: a time budget's refusal), which leaves that row as it was."""
+        if row_key(row) in self.retrying:
+            if row.get("refused"):
+                return
+            self.retrying.discard(row_key(row))
+            self.replace(row)
+            return
+        self._append(row)
+
+    def _append(self, row: dict) -> None:
         if row.get(SAMPLES):
             entry = {"key": dict(zip(KEY_COLUMNS, sample_key(row), strict=True)),
                      SAMPLES: [float(v) for v in row[SAMPLES]]}
@@ -145,11 +161,14 @@ class ResultsStore:
         self.done.add(row_key(row))
 
     def replace(self, row: dict) -> None:
-        """`row` in place of the row of the same measurement (row_key): the CSV rewritten without it, then `row`
-        appended (its samples' later line wins in samples.jsonl)."""
+        """`row` in place of the row of the same measurement (row_key): `row` appended first (its samples' later
+        line wins in samples.jsonl), then the CSV rewritten without the earlier row, so that a kill in between
+        leaves both rows, never neither."""
         key = row_key(row)
-        self._rewrite([r for r in self._read_rows() if row_key(r) != key])
-        self.append(row)
+        self._append(row)
+        rows = self._read_rows()
+        last = max((i for i, r in enumerate(rows) if row_key(r) == key), default=len(rows) - 1)
+        self._rewrite([r for i, r in enumerate(rows) if row_key(r) != key or i == last])
 
     def frame(self) -> pd.DataFrame:
         if not self.csv_path.exists():

@@ -211,8 +211,8 @@ def run(cfg: RunConfig):
         def measure_one(case, impl: str, base: dict) -> dict:
             """The row of (case, impl) from its base row: measured, or skipped when the time budget says so."""
             refusal = budget.refusal(impl) if budget is not None else None
-            if refusal:
-                row = {**base, "status": "skipped", "reason": refusal}
+            if refusal:  # `refused`: the store keeps a failed row that this was to retry (never written to a file)
+                row = {**base, "status": "skipped", "reason": refusal, "refused": True}
             else:
                 started = time.monotonic()
                 row = executor.measure(case, impl, dict(base))

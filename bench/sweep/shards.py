@@ -126,10 +126,15 @@ def shard_folder(root: Path, k: int, n: int) -> Path:
 
 
 def read_shard(folder: Path) -> ShardInfo | None:
+    """The folder's shard.json; None where there is none, or it does not read as a shard's."""
     try:
-        return ShardInfo(**json.loads((Path(folder) / SHARD_JSON).read_text()))
+        info = ShardInfo(**json.loads((Path(folder) / SHARD_JSON).read_text()))
     except (OSError, ValueError, TypeError):
         return None
+    counts = (info.shard, info.of, info.cases, info.rows, info.sweep_cases, info.sweep_rows)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts) or not 1 <= info.shard <= info.of:
+        return None
+    return info if isinstance(info.sweep_id, str) else None
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -197,7 +202,8 @@ def merge(folders, out: Path, partial: bool = False) -> dict:
     for folder in map(Path, folders):
         info = read_shard(folder)
         if info is None:
-            raise ShardError(f"shards: {folder} is not a shard folder (no {SHARD_JSON}); run it with --shard K/N")
+            raise ShardError(f"shards: {folder} is not a shard folder (no readable {SHARD_JSON}); run it with "
+                             "--shard K/N")
         if out.resolve() == folder.resolve():
             raise ShardError(f"out: {out} is shard {info.label}'s own folder; choose another")
         shards.append((folder, info))
@@ -223,7 +229,13 @@ def merge(folders, out: Path, partial: bool = False) -> dict:
             meta = json.loads((folder / "run.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        rows = _csv_rows(folder)
+        meta = meta if isinstance(meta, dict) else {}
+        try:
+            rows = _csv_rows(folder)
+            samples.update(read_samples(folder / "samples.jsonl"))
+        except (OSError, csv.Error, UnicodeDecodeError) as err:
+            raise ShardError(f"shards: {folder}: its rows cannot be read ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())})") from None
         if not partial and (not meta.get("finished") or len(rows) != info.rows):
             hint = f": {info.command}" if info.command else f" with --shard {info.label} --resume --out {folder}"
             raise ShardError(f"shards: shard {info.label} in {folder} is unfinished ({len(rows)} of {info.rows} rows); "
@@ -234,7 +246,6 @@ def merge(folders, out: Path, partial: bool = False) -> dict:
                 raise ShardError(f"shards: ({pair}) is in shard {owner[pair]} and in shard {info.label} ({folder})")
             owner[pair] = info.label
             text_rows.append({**row, SHARD_COLUMN: info.shard})
-        samples.update(read_samples(folder / "samples.jsonl"))
         meta.pop("schema", None)
         metas.append({"shard": info.shard, "of": info.of, "dir": _relative(folder, out), "rows": len(rows), **meta})
     return _write_merged(out, first, metas, text_rows, samples, missing)
@@ -252,8 +263,11 @@ def _write_merged(out: Path, info: ShardInfo, metas: list, text_rows: list, samp
 
     out.mkdir(parents=True, exist_ok=True)
     run_json = out / "run.json"
-    if (out / "results.csv").exists() and "shards" not in (json.loads(run_json.read_text()) if run_json.exists()
-                                                          else {}):
+    try:
+        before = json.loads(run_json.read_text()) if run_json.exists() else {}
+    except (OSError, ValueError):
+        before = None
+    if (out / "results.csv").exists() and not (isinstance(before, dict) and "shards" in before):
         raise ShardError(f"out: {out} holds a run's own results; choose another --out")
     csv_path = out / "results.csv"
     tmp = csv_path.with_name("results.csv.tmp")

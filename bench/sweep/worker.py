@@ -93,15 +93,18 @@ def measure_row(case, impl: str, row: dict) -> dict:
     case (its fit check sees the memory free)."""
     import torch
 
-    from .measure import CaseState, measure
+    from .measure import CaseState, measure, one_line
 
     device = _STATE["device"]
-    if _STATE.get("case") != case:
-        _STATE.update(case=None, state=None)
-        if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
-            torch.cuda.empty_cache()
-        _STATE.update(case=case, state=CaseState(case, device))
-    out = measure(_STATE["state"], impl, row, _STATE["sampler"], _STATE["probe"])
+    try:  # whatever raises here (freeing the cache, the case's state) costs this row, never the sweep
+        if _STATE.get("case") != case:
+            _STATE.update(case=None, state=None)
+            if device.type == "cuda":  # cached blocks would count as used in the next case's fit check
+                torch.cuda.empty_cache()
+            _STATE.update(case=case, state=CaseState(case, device))
+        out = measure(_STATE["state"], impl, row, _STATE["sampler"], _STATE["probe"])
+    except Exception as err:
+        out = {**row, "status": "failed", "reason": one_line(err)}
     if device.type == "cuda" and out["status"] == "failed":
         lost = any(s in out["reason"] for s in STICKY_CUDA)
         try:

@@ -18,8 +18,10 @@ from phasebench.analysis.figures.kit import SERIES_GID
 from phasebench.analysis.interference.rows import interference_summary, verdicts
 from phasebench.analysis.loading.results import DataFileError
 from phasebench.bench.cli.main import main
-from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, conform_interference
+from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, INTERFERENCE_SCHEMA, conform_interference
 from phasebench.bench.spec.schema import conform
+
+from ..conftest import REPO
 
 # decode ms of each (batch, mode) at prompt 64; at prompt 512 the co-located one doubles
 DECODE_MS = {(1, "alone"): 50.0, (1, "colocated"): 200.0, (1, "protected"): 80.0,
@@ -67,6 +69,14 @@ def test_rows_round_trip_through_the_loader(tmp_path):
     assert back["batch"].dtype == "Int64" and back["noisy"].sum() == 1
     both = load_interference([folder, write_folder(tmp_path / "two", rows) / "interference.csv"])
     assert len(both) == 2 * len(rows)
+
+
+def test_the_committed_schema_1_sample_loads_with_its_device_named_and_no_share_claimed():
+    sample = REPO / "analysis" / "sample" / "cpu-interference"
+    assert json.loads((sample / "run.json").read_text())["interference_schema"] < INTERFERENCE_SCHEMA
+    rows = load_interference(sample)
+    assert set(rows["device_name"]) == {json.loads((sample / "run.json").read_text())["device"]["name"]}
+    assert rows["covered"].isna().all() and (rows["status"] == "ok").all()
 
 
 @pytest.mark.parametrize("damage, error, says", [

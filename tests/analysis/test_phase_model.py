@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases.remedies import remedy_lines
 from phasebench.bench.spec import steps as step_defs
 
 from .phase_rows import TINY, op_rows
@@ -211,9 +212,11 @@ def test_model_error_is_relative_to_the_measured_pass():
     assert pm.model_error(150.0, 120.0) == pytest.approx(25.0)
 
 
-def interference_rows(rows) -> pd.DataFrame:
-    """`phasebench interference` rows: (mode, mechanism, stretch, prefill_slowdown, noisy, context) per row."""
-    base = {"model": "tiny", "dtype": "float32", "batch": 3, "prompt": 12, "device": "cpu", "status": "ok"}
+def interference_rows(rows, **fields) -> pd.DataFrame:
+    """`phasebench interference` rows: (mode, mechanism, stretch, prefill_slowdown, noisy, context) per row, on the
+    device the op rows name and with TINY's layers unless `fields` say otherwise."""
+    base = {"model": "tiny", "dtype": "float32", "batch": 3, "prompt": 12, "device": "cpu", "device_name": "cpu",
+            "layers": TINY.layers, "covered": 0.999, "status": "ok", **fields}
     return pd.DataFrame([{**base, "mode": mode, "mechanism": mech, "stretch": s, "prefill_slowdown": slow,
                           "noisy": noisy, "context": context}
                          for mode, mech, s, slow, noisy, context in rows])
@@ -246,6 +249,29 @@ def test_colocated_estimate_is_a_fair_share_until_measured():
     assert table.loc["co-located", "source"] == "measured: colocated/process on cpu"
     assert table.loc["protected", "itl_ms"] == 1.25 * step and table.loc["protected", "ttft_ms"] == 2 * first
     assert table.loc["protected", "stretch"] == 1.25 and table.loc["separated", "stretch"] == 1
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"device_name": "NVIDIA H200"}, "colocated measured on NVIDIA H200 with 3 layers, not on cpu with 3 layers"),
+    ({"layers": 1}, "colocated measured on cpu with 1 layers, not on cpu with 3 layers"),
+    ({"device_name": ""}, "colocated measured on an unnamed device with 3 layers, not on cpu"),
+    ({"covered": 0.6}, "colocated rows noisy or their prefill under 95% of a window"),
+])
+def test_a_stretch_of_another_device_or_layer_count_is_not_used_and_the_table_says_why(fields, says):
+    prompt, batch, context = 12, 3, 9
+    m = measured([step_defs.prefill_step(TINY, prompt), step_defs.decode_step(TINY, batch, context)])
+    step, first = hand_tpot(batch, context), hand_ttft(prompt)
+    rows = interference_rows([("alone", "alone", 1.0, 1.0, False, context),
+                              ("colocated", "process", 2.5, 1.5, False, context)], **fields)
+    table = pm.colocated_table(m, TINY, prompt, batch, context, rows).set_index("option")
+    assert table.loc["co-located", "itl_ms"] == step + min(step, first)  # the fair share, as if none were given
+    source = table.loc["co-located", "source"]
+    assert source.startswith("fair share (composed); ") and says in source and source.endswith("not used")
+    assert says in "\n".join(remedy_lines({"colocated": table.reset_index()}))  # the phases summary says it too
+    assert table.loc["protected", "source"] == "not measured (phasebench interference)"  # none of any device
+    same = pm.colocated_table(m, TINY, prompt, batch, context, interference_rows(
+        [("colocated", "process", 2.5, 1.5, False, context)])).set_index("option")
+    assert same.loc["co-located", "itl_ms"] == 2.5 * step  # the same rows keyed to this device and layers: used
 
 
 def test_a_paged_cache_composes_from_the_rows_of_its_page_size_only():

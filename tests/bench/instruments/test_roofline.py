@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import re
 import shutil
 import time
 from datetime import datetime
@@ -77,10 +79,15 @@ def entry_path(device=CPU) -> Path:
 
 
 def test_cpu_ceilings_are_sane(cpu_ceilings):
+    # measured figures, finite and positive (how high is a speed: `phasebench ceilings` reports it); the load
+    # warning follows the conditions it was measured under
     for gbps in (cpu_ceilings.read_gbps, cpu_ceilings.write_gbps, cpu_ceilings.copy_gbps):
-        assert 0.5 < gbps < 5000
+        assert math.isfinite(gbps) and gbps > 0
     assert cpu_ceilings.copy_gbps == cpu_ceilings.peak_gbps  # the one figure before schema 5 is the copy
-    assert 1e-4 < cpu_ceilings.peak_tflops["float32"] < 100
+    assert math.isfinite(cpu_ceilings.peak_tflops["float32"]) and cpu_ceilings.peak_tflops["float32"] > 0
+    share = cpu_ceilings.conditions.get("others_cpu_share")
+    warned = any(w.startswith("ceilings measured under load") for w in cpu_ceilings.warnings)
+    assert warned == (share is not None and share > conditions.OTHERS_CPU_SHARE_LIMIT), (share, cpu_ceilings.warnings)
     assert cpu_ceilings.kind == "cpu" and cpu_ceilings.device
     peak = cpu_ceilings.peak_tflops["float32"]
     assert cpu_ceilings.ridge("float32") == pytest.approx(peak * 1000 / cpu_ceilings.read_gbps)
@@ -448,3 +455,7 @@ def test_ceilings_cli():
         assert lines[at + 1].strip().startswith(kernel) and "MiB; at 20" in lines[at + 1] and "took" in lines[at + 1]
         assert "cpu_count=" in lines[at + 1]
     assert "read bytes / read GB/s + write bytes / write GB/s" in table.stdout
+    warned = [line for line in table.stdout.splitlines() if line.startswith("  warning: ")]
+    # on a host the only warning is the load one, and it says how much of the CPU others used
+    assert all(re.fullmatch(r"  warning: ceilings measured under load: other processes used \d+% of the host CPU",
+                            line) for line in warned), warned

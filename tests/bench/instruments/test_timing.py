@@ -139,39 +139,18 @@ def test_cuda_range_encloses_the_samples_and_their_flushes_only(events, graph):
 
 
 @pytest.mark.cuda
-@pytest.mark.gpu_exclusive
-def test_the_l2_flush_really_evicts():
-    """A buffer a quarter of L2 (Hopper's L2 is two partitions that may both hold a line) is read faster while it
-    sits in L2 than right after the timer's flush. Each read is queued behind a spin of the GPU, so its events time
-    the kernel, not the wait for the host's launch; medians of many samples, a wide margin (HBM against L2 is
-    about 2x)."""
+def test_the_l2_flush_buffer_outsizes_l2_and_leaves_the_operands_alone():
+    """The flush writes well beyond the cache (Hopper's L2 is two partitions that may both hold a line) and nothing
+    else. That a read after it is slower than one from L2 is a timing: `pytest bench --expectations` measures it."""
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     flush = timing_mod.l2_flush_buffer(device)
-    assert flush.numel() * flush.element_size() >= 4 * l2  # the flush writes well beyond the cache
+    assert flush.numel() * flush.element_size() >= 4 * l2
     torch.manual_seed(5)
     x = torch.rand(l2 // 4 // 4, device=device)
-    out = torch.empty((), device=device)
-
-    def median_read_ms(flushed: bool, samples: int = 200) -> float:
-        times = []
-        for _ in range(samples):
-            torch.sum(x, out=out)  # x in L2 (unless flushed next)
-            torch.cuda._sleep(100_000)  # keeps the GPU busy while the host queues what follows
-            if flushed:
-                flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.sum(x, out=out)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[samples // 2]
-
-    median_read_ms(True, 10)  # warm-up
-    warm, cold = median_read_ms(False), median_read_ms(True)
-    assert cold > 1.15 * warm, (cold, warm)
-    torch.testing.assert_close(out.cpu(), x.sum().cpu())
+    before = x.double().sum()
+    flush.zero_()  # as the timer does before each sample
+    torch.testing.assert_close(x.double().sum(), before, rtol=0, atol=0)
 
 
 @pytest.mark.cuda

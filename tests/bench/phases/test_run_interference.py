@@ -1,21 +1,45 @@
-"""`phasebench interference` on the host: a large prefill beside a decode stretches it, disjoint cores protect it, the
-rows round-trip through the loader; the co-runners, the modes and bad input on their own; the GPU paths under `cuda`."""
+"""`phasebench interference` on the host: every mode gets its row, the rows round-trip through the loader; the share of
+a window the co-runner covers, the co-runners, their placement, the modes and bad input on their own; the GPU paths
+under `cuda`. How much a prefill stretches the decode, and how much a protection saves, are timings: `pytest bench
+--expectations` measures and reports them (bench/test_expectations_bench.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import math
 import os
+import time
 
 import pytest
 import torch
 from phasebench.analysis import load_interference
 from phasebench.bench.cli.main import main
+from phasebench.bench.instruments.contention import ContentionProbe
+from phasebench.bench.instruments.roofline import device_name
 from phasebench.bench.phases import corunner
-from phasebench.bench.phases.corunner import CoRunnerError, Placement, PrefillSpec, ProcessCoRunner, split_cpus
-from phasebench.bench.phases.run_interference import HOST_MODEL, InterferenceConfig, plan_modes, run_interference
-from phasebench.bench.spec.interference_schema import INTERFERENCE_COLUMNS, MODES
+from phasebench.bench.phases.corunner import (
+    CoRunnerError,
+    Placement,
+    PrefillSpec,
+    ProcessCoRunner,
+    allowed_cpus,
+    covered_share,
+    place_host,
+    split_cpus,
+)
+from phasebench.bench.phases.run_interference import (
+    HOST_MODEL,
+    InterferenceConfig,
+    Mode,
+    Session,
+    Window,
+    mode_rows,
+    plan_modes,
+    run_interference,
+)
+from phasebench.bench.spec.interference_schema import COVERED_MIN, INTERFERENCE_COLUMNS, MODES
 from phasebench.bench.spec.models import DecoderConfig
 
 # the host preset (hidden 512, 2 layers): big enough that both sides' ops use both cores (a hidden-256 decoder's
@@ -25,9 +49,6 @@ SMALL_MODEL = DecoderConfig(hidden=64, intermediate=96, layers=2, q_heads=2, kv_
                             name="interference-small")
 CPU = torch.device("cpu")
 LARGE, SMALL = 128, 16  # prompt tokens: a prefill of tens of ms, and one of a few
-# CPUs (of 2) other processes used in a window, beyond which no stretch of ours can be told apart: with a second
-# test run beside it (0.66 of the CPUs in use) the large prefill stretched the decode only 1.27x
-BUSY = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +76,7 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     out, _, _, rows = host_run
     assert list(rows.columns[:len(INTERFERENCE_COLUMNS)]) == list(INTERFERENCE_COLUMNS)
     assert len(rows) == 2 * 2 * len(MODES) and (rows["layers"] == 2).all() and (rows["rounds"] == 2).all()
+    assert (rows["device_name"] == device_name(CPU)).all()  # as result rows name the device
     assert (rows["status"] == "ok").all(), rows[["mode", "reason"]]
     assert set(zip(rows["mode"], rows["mechanism"], strict=True)) == {
         ("alone", "alone"), ("colocated", "process"), ("protected", "disjoint cores")}
@@ -63,43 +85,17 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     alone = rows[rows["mode"] == "alone"]
     assert (alone["stretch"] == 1).all() and (alone["prefill_slowdown"] == 1).all()
     beside = rows[rows["mode"] != "alone"]
-    # the looped prefill ran from before each window to after it, and at least one whole iteration lay inside
-    assert beside["covered"].all() and (beside["prefill_samples"] >= 1).all()
+    # the share of the worst window the looped prefill covered, and at least one whole iteration inside; a row under
+    # COVERED_MIN says so in its reason (its stretch understates co-location), one at or above it does not
+    assert ((beside["covered"] > 0) & (beside["covered"] <= 1)).all() and (beside["prefill_samples"] >= 1).all()
+    short = beside["covered"] < COVERED_MIN
+    assert (beside["reason"].str.contains("of a timed window") == short).all(), beside[["covered", "reason"]]
+    assert rows.loc[rows["mode"] == "alone", "covered"].isna().all()
     assert (beside["prefill_ms"] > 0).all()
     assert rows["tokens_per_s_per_user"].tolist() == pytest.approx((1e3 / rows["decode_ms"]).tolist())
     protected = rows[rows["mode"] == "protected"]
     assert (protected["decode_threads"] + protected["prefill_threads"] <= len(os.sched_getaffinity(0))).all()
     assert set(protected["decode_cpus"]).isdisjoint(set(protected["prefill_cpus"]))
-
-
-def _judgeable(rows) -> list[int]:
-    """The batches whose LARGE-prompt alone and co-located rows were sampled while other processes left us a core:
-    beyond that, a two-thread step waits at every barrier for a thread the scheduler gave away, co-runner or not,
-    and the stretch is the scheduler's (a load average of 8 on this 2-core host read 0.94). None: the test skips,
-    saying so."""
-    found = {b: max(_row(rows, b, LARGE, m)["others_cores"] for m in ("alone", "colocated")) for b in (1, 3)}
-    quiet = [b for b, others in found.items() if not others >= BUSY]
-    if not quiet:
-        pytest.skip(f"other processes used {min(found.values()):.2f} of the 2 CPUs in every window: nothing to judge")
-    return quiet
-
-
-def test_a_large_prefill_beside_the_decode_stretches_it(host_run):
-    # both sides use every core: the decode's threads share them with the prefill's, about half the CPU each
-    rows = host_run[-1]
-    for batch in _judgeable(rows):
-        colocated = _row(rows, batch, LARGE, "colocated")
-        assert colocated["stretch"] > 1.3, colocated[["stretch", "others_cores", "noise_reason"]].to_dict()
-
-
-def test_disjoint_cores_protect_the_decode(host_run):
-    # broken placements would leave the two sides oversubscribing the same cores: the stretch of colocated. Judged
-    # under any load: a one-thread step on a core of its own stays well under two threads sharing theirs with the
-    # prefill's (under load averages of 5 to 8, protected read 0.02-0.42 of colocated in 16 of 16 rows)
-    rows = host_run[-1]
-    for batch in (1, 3):
-        colocated, protected = _row(rows, batch, LARGE, "colocated"), _row(rows, batch, LARGE, "protected")
-        assert protected["stretch"] < 0.8 * colocated["stretch"], (protected["stretch"], colocated["stretch"])
 
 
 def test_what_was_printed_is_what_loads_back(host_run):
@@ -140,6 +136,73 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
     assert len(load_interference(tmp_path)) == 2 * len(MODES)
 
 
+def test_the_covered_share_is_the_union_of_the_iterations_inside_the_window():
+    window = (1.0, 11.0)
+    assert covered_share([(0.0, 4.0), (4.0, 8.0), (8.0, 12.0)], *window) == 1.0  # back to back, beyond both ends
+    assert covered_share([(0.0, 4.0), (6.0, 12.0)], *window) == pytest.approx(0.8)  # a gap between iterations
+    assert covered_share([(5.0, 9.0), (2.0, 6.0), (3.0, 4.0)], *window) == pytest.approx(0.7)  # overlaps count once
+    assert covered_share([(3.0, 7.0)], *window) == pytest.approx(0.4)  # started late, ended early
+    # the first iteration began before the window and the last ended after it, yet it ran through 20% of it
+    assert covered_share([(0.0, 2.0), (10.0, 12.0)], *window) == pytest.approx(0.2)
+    assert covered_share([(-3.0, 0.5), (11.5, 14.0)], *window) == 0.0 and covered_share([], *window) == 0.0
+    assert math.isnan(covered_share([(0.0, 1.0)], 2.0, 2.0))
+
+
+class StalledRunner:
+    """A co-runner whose loop began before the window and ended after it, with no iteration in between."""
+
+    pid = None
+
+    def start(self, prompt, placement):
+        self.started = time.monotonic()
+
+    def latest_done_start(self):
+        return math.inf  # an iteration is done: the window does not grow
+
+    def stop(self):
+        done = time.monotonic()
+        return [(self.started - 1.0, self.started), (done, done + 1.0)], self.started - 1.0
+
+    def close(self):
+        pass
+
+
+class Decoder:
+    def decode_step(self, batch, context):
+        return torch.ones(batch)
+
+
+def test_a_window_the_co_runner_stalled_through_is_not_covered(tmp_path):
+    session = object.__new__(Session)  # its decoder and co-runner replaced by doubles
+    session.cfg = InterferenceConfig(model=SMALL_MODEL, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,),
+                                     batches=(1,), context=5, layers=1, window_s=0.05, rounds=1)
+    session.device, session.every, session.decoder = CPU, allowed_cpus(), Decoder()
+    session.probe = ContentionProbe(CPU, cpus=set(session.every))
+    session.runners, session.broken, session._streams = {"process": StalledRunner()}, {}, {}
+    mode = Mode("colocated", "process", "process", Placement(session.every, len(session.every)))
+    try:
+        found = session.window(mode, 1, 8)
+    finally:
+        place_host(Placement(), session.every)
+    assert len(found.samples_ms) >= 3 and found.covered == 0.0 and found.prefill_ms == []
+
+
+def test_a_row_whose_prefill_covered_too_little_of_a_window_says_so(tmp_path):
+    cfg = InterferenceConfig(model=SMALL_MODEL, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,),
+                             batches=(1,), context=5, layers=1, window_s=0.05, rounds=2)
+    modes, skipped = plan_modes(CPU, frozenset({0, 1}))
+    windows = {(1, 8, ("alone", "alone")): [Window((1.0, 2.0, 3.0)), Window((1.0, 2.0, 3.0))],
+               (1, 8, ("colocated", "process")): [Window((2.0, 3.0), [5.0], covered=0.99),
+                                                  Window((4.0, 6.0), [6.0], covered=0.6)],
+               (1, 8, ("protected", "disjoint cores")): [Window((1.0, 2.0), [5.0], covered=0.99),
+                                                         Window((2.0, 3.0), [5.0], covered=0.97)]}
+    rows = {r["mode"]: r for r in mode_rows(cfg, modes, skipped, 1, 8, windows, {(8, "process"): [4.0]}, {})}
+    colocated, protected = rows["colocated"], rows["protected"]
+    assert colocated["covered"] == 0.6 and "the prefill ran through only 60% of a timed window" in colocated["reason"]
+    assert protected["covered"] == 0.97 and protected["reason"] == ""
+    assert rows["alone"]["covered"] is None and colocated["device_name"] == device_name(CPU)
+
+
 def test_cores_split_into_disjoint_sets():
     assert split_cpus({0, 1}) == ({0}, {1}) and split_cpus({3}) is None
     decode, prefill = split_cpus(range(16))
@@ -172,6 +235,49 @@ def test_pinning_moves_every_thread_of_the_process():
     assert os.sched_getaffinity(0) == every and torch.get_num_threads() == len(every)
 
 
+def test_the_prefill_process_runs_on_the_cores_it_is_placed_on():
+    cores = frozenset(sorted(allowed_cpus())[-1:])  # the last allowed core, one thread
+    runner = ProcessCoRunner(PrefillSpec(SMALL_MODEL, layers=1, device="cpu", dtype="float32", max_prompt=8))
+    placed = {}
+    try:
+        runner.wait_ready()
+        runner.start(8, Placement(cores, 1))  # placed before it answers that the loop started
+        for tid in os.listdir(f"/proc/{runner.pid}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                placed[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
+        spans, _ = runner.stop()
+    finally:
+        runner.close()
+    assert spans and placed and set(placed.values()) == {cores}, placed
+
+
+def test_the_stream_co_runner_works_without_wait_ready(monkeypatch):
+    """Its state is set when it is made: alone() first, as the CUDA test does (streams faked, so it runs here)."""
+
+    class Stream:
+        def __init__(self, device=None, priority=0):
+            self.priority = priority
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    runner = corunner.StreamCoRunner(PrefillSpec(SMALL_MODEL, layers=1, device="cpu", dtype="float32",
+                                                 max_prompt=8))
+    assert runner.latest_done_start() == -math.inf
+    runner.close()  # nothing started: nothing to stop
+    alone = runner.alone(8, Placement(priority=corunner.LOWEST_PRIORITY), 0.0, 3)
+    assert len(alone) >= 3 and all(b >= a for a, b in alone)
+    runner.start(8, Placement(priority=corunner.HIGHEST_PRIORITY))
+    spans, begun = runner.stop()
+    assert spans and begun <= spans[0][0] and runner.latest_done_start() == spans[-1][0]
+    assert set(runner._streams) == {corunner.LOWEST_PRIORITY, corunner.HIGHEST_PRIORITY}
+    runner.wait_ready()  # still harmless after use
+    runner.close()
+
+
 def test_a_co_runner_that_fails_says_why_in_one_line():
     bad = PrefillSpec(SMALL_MODEL, layers=SMALL_MODEL.layers + 1, device="cpu", dtype="float32", max_prompt=8)
     runner = ProcessCoRunner(bad)
@@ -202,18 +308,15 @@ GPU_MODEL = DecoderConfig(hidden=2048, intermediate=5632, layers=4, q_heads=16, 
 
 @pytest.mark.cuda
 @pytest.mark.gpu_exclusive
-def test_on_a_gpu_a_second_stream_and_a_second_process_stretch_the_decode(tmp_path):
+def test_on_a_gpu_every_mode_gets_its_row_beside_a_second_stream_and_a_second_process(tmp_path):
     cfg = InterferenceConfig(model=GPU_MODEL, device=torch.device("cuda"), out_dir=tmp_path, dtype="bfloat16",
                              prompts=(8192,), batches=(8,), context=1024, layers=4, window_s=0.2, rounds=1)
     rows = run_interference(cfg)
     assert (rows["status"] == "ok").all(), rows[["mode", "mechanism", "reason"]]
     assert list(zip(rows["mode"], rows["mechanism"], strict=True)) == [
         ("alone", "alone"), ("colocated", "stream"), ("colocated", "process"), ("protected", "priority stream")]
-    beside = rows[rows["mode"] != "alone"]
-    assert beside["covered"].all() and (beside["prefill_samples"] >= 1).all()
-    # an 8192-token prefill (about 6 TFLOP, milliseconds a layer) fills the GPU: the decode's kernels wait for its
-    # blocks on either path
-    assert (rows.loc[rows["mode"] == "colocated", "stretch"] > 1.05).all(), rows[["mechanism", "stretch"]]
+    beside = rows[rows["mode"] != "alone"]  # how much they stretch the decode: pytest bench --expectations
+    assert ((beside["covered"] > 0) & (beside["covered"] <= 1)).all() and (beside["prefill_samples"] >= 1).all()
     assert (beside["prefill_slowdown"] > 0).all() and rows["decode_threads"].isna().all()
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["modes"][-1]["decode"].startswith("stream priority -")

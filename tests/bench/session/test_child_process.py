@@ -45,7 +45,7 @@ def test_an_overrunning_child_gets_sigint_and_keeps_what_it_wrote(tmp_path):
     """
     log = io.StringIO()
     result = run_child(_python(code), 1.0, log, grace_s=20)
-    assert result.overran and result.returncode == 130 and result.elapsed_s < 20
+    assert result.overran and result.returncode == 130  # interrupted in its 60 s sleep: it wrote what it had
     assert saved.read_text() == "rows"
     assert "measuring" in log.getvalue() and "rows written so far are kept" in log.getvalue()
     assert "stopped after its allowance of 1 s" in log.getvalue()
@@ -62,7 +62,7 @@ def test_a_child_that_ignores_sigint_is_killed_with_its_children(tmp_path):
         time.sleep(120)
     """
     result = run_child(_python(code), 1.5, io.StringIO(), grace_s=0.5)
-    assert result.overran and result.returncode == -9 and result.elapsed_s < 30
+    assert result.overran and result.returncode == -9  # killed in its 120 s sleep
     pid = int(grandchild_pid.read_text())
     for _ in range(50):  # the whole process group got SIGKILL: the grandchild goes too
         if not _alive(pid):

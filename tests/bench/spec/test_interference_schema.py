@@ -19,10 +19,20 @@ def test_a_failed_row_gets_every_column_typed_and_blank():
 @pytest.mark.parametrize("column, value, says", [
     ("mode", "beside", "'beside', not one of alone, colocated, protected"),
     ("batch", "1.5", "column 'batch' holds non-integer values"),
-    ("covered", "maybe", "column 'covered' holds 'maybe', not a boolean"),
+    ("covered", "maybe", "column 'covered' is not numeric"),
 ])
 def test_a_bad_cell_is_named(column, value, says):
     row = {"batch": 1, "context": 8, "prompt": 16, "mode": "alone", "mechanism": "alone", "status": "ok",
            column: value}
     with pytest.raises(ValueError, match=says):
         conform_interference(pd.DataFrame([row]))
+
+
+def test_schema_1s_covered_flag_reads_as_an_unknown_share():
+    # schema 1 wrote `covered` as a flag that was true on every path: it says nothing about the share
+    old = pd.DataFrame([{"batch": 1, "context": 8, "prompt": 16, "mode": "colocated", "mechanism": "process",
+                         "status": "ok", "covered": flag} for flag in (True, "False")])
+    assert conform_interference(old)["covered"].isna().all()
+    new = pd.DataFrame([{"batch": 1, "context": 8, "prompt": 16, "mode": "colocated", "mechanism": "process",
+                         "status": "ok", "covered": share} for share in ("0.9987", 0.5)])
+    assert conform_interference(new)["covered"].tolist() == [0.9987, 0.5]

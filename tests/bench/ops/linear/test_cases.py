@@ -12,7 +12,6 @@ from phasebench.bench.ops.linear.cases import (
     parse_linear_shape,
     weight_bytes,
 )
-from phasebench.bench.sweep.suites import suite_cases
 
 CUDA = torch.device("cuda")
 
