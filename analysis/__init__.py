@@ -9,6 +9,7 @@ from .comparison.pairs import compare, regressions, with_samples
 from .figures.linear import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .figures.paged import paged_figure, paged_table
 from .figures.prefill_decode import phase_comparison, tokens_per_second
+from .figures.quantized import quant_speedup, quant_speedup_table
 from .figures.roofline import roofline
 from .figures.scaling import decode_scaling, prefill_scaling
 from .figures.speedup import speedup, speedup_table
@@ -60,6 +61,8 @@ __all__ = [
     "load_phases",
     "load_profile",
     "paged_figure",
+    "quant_speedup",
+    "quant_speedup_table",
     "paged_table",
     "phase_comparison",
     "phases_summary",

@@ -1,6 +1,6 @@
 """phasebench.kernels: operator implementations behind one calling convention each, and the one registry.
 
-One package per operator (attention/, linear/, elementwise/: its request validation and implementations);
+One package per operator (attention/, linear/, elementwise/, qlinear/: its request validation and implementations);
 beside them the shared helpers: registry (operators and their implementations), plugins (users' kernels),
 errors, buffers, triton_mode (interpreter or compiled, decided before any kernel is defined) and autotune
 (the autotuner's winners). The facade below is the public API. Imports nothing else of phasebench.
@@ -11,13 +11,15 @@ from __future__ import annotations
 # isort: off
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
 from .attention import TRITON_IMPORT_ERROR
-from . import linear as _linear, elementwise as _elementwise  # noqa: F401  (declare and register)
+from . import linear as _linear, elementwise as _elementwise, qlinear as _qlinear  # noqa: F401  (declare, register)
 # isort: on
 from .attention.request import AttentionRequest, validate
 from .elementwise.request import validate_elementwise
 from .errors import Unsupported
 from .linear.request import LinearRequest, validate_linear
 from .plugins import load_plugin, register
+from .qlinear.request import QLinearRequest, validate_qlinear
+from .qlinear.schemes import SCHEMES, QuantizedWeight, quantize
 from .registry import OPS, Impl, PlannedCall, add_operator, available_impls, describe_impls, get_impl
 
 IMPLS = OPS["attention"]  # the attention implementations by name
@@ -26,7 +28,8 @@ AttentionCall = PlannedCall  # its old name, kept in the facade's API (__all__):
 __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_impls", "Unsupported",
            "PlannedCall", "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
            "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
-           "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR"]
+           "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR", "qlinear", "prepare_qlinear",
+           "quantize", "QuantizedWeight", "QLinearRequest", "validate_qlinear", "SCHEMES"]
 
 # The facade functions below share their names with the operator packages: they are defined after the
 # packages are imported, so `phasebench.kernels.attention` is the function (import the packages' modules
@@ -81,3 +84,17 @@ def elementwise(kind, *tensors, impl="torch", **options):
     base=500000.0) -> (q, k), kv_append(cache_k, cache_v, k, v, positions) -> the caches written in place,
     greedy_pick(logits) -> int64 [M]."""
     return prepare_elementwise(kind, *tensors, impl=impl, **options).run()
+
+
+def prepare_qlinear(x, qweight, *, impl) -> PlannedCall:
+    """Validate and plan `qlinear` without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl, op="qlinear")
+    req = validate_qlinear(x, qweight)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def qlinear(x, qweight, *, impl):
+    """x [M, K] times a weight packed by `quantize(w, scheme)` (w [N, K], nn.Linear layout): [M, N] in x's dtype,
+    fp32 accumulation; the weights are those `qweight.dequantize()` returns."""
+    return prepare_qlinear(x, qweight, impl=impl).run()

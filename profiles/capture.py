@@ -127,8 +127,8 @@ def format_summary(summary: pd.DataFrame) -> str:
     if summary.empty:
         return "(no timed ranges found in the profile)"
     def shape(r) -> str:
-        if r.op == "linear":
-            return f"m{r.m} n{r.n} k{r.k}"
+        if r.op in ("linear", "qlinear"):
+            return f"m{r.m} n{r.n} k{r.k}" + (f" {r.scheme}" if r.op == "qlinear" else "")
         return f"b{r.batch} h{r.q_heads}/{r.kv_heads} q{r.q_len} k{r.kv_len} d{r.head_dim}"
 
     view = pd.DataFrame({

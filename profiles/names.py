@@ -14,7 +14,7 @@ FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "h
 LINEAR_FIELDS = ("m", "n", "k")
 ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fields kv_heads, head_dim
 # parse_case_key's (None where n/a)
-ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS)
+ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS, "scheme")
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -28,6 +28,10 @@ _KEY = re.compile(
 _LINEAR_KEY = re.compile(
     r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
     r"-(?P<dtype>[A-Za-z0-9_]+)"
+)
+_QLINEAR_KEY = re.compile(
+    r"qlinear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
+    r"-(?P<dtype>[A-Za-z0-9_]+)-(?P<scheme>[A-Za-z0-9-]+)"
 )
 _ELEMENTWISE_KEY = re.compile(
     r"elementwise/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/(?P<kind>[A-Za-z0-9_]+)-m(?P<m>\d+)-n(?P<n>\d+)"
@@ -89,6 +93,14 @@ def linear_key_for(case, impl: str) -> str:
         _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims)
 
 
+def qlinear_key_for(case, impl: str) -> str:
+    """The NVTX name of a quantized linear case: 'qlinear/<impl>/<phase>/m1-n28672-k4096-bfloat16-int4-g128'."""
+    scheme = str(case.scheme)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", scheme):
+        raise ValueError(f"scheme={case.scheme!r}: must be letters, digits or '-', and not empty")
+    return f"q{linear_key_for(case, impl)}-{scheme}"
+
+
 def elementwise_key_for(case, impl: str) -> str:
     """The NVTX name of an elementwise case: 'elementwise/<impl>/<phase>/rmsnorm-m8-n4096-bfloat16', with
     '-hkv8', '-d128' and '-c4096' after n where the case has kv_heads, head_dim and cache_len."""
@@ -120,6 +132,12 @@ def parse_case_key(name) -> dict | None:
     m = _LINEAR_KEY.fullmatch(name)
     if m is not None:
         out.update(m.groupdict(), op="linear")
+        for field in LINEAR_FIELDS:
+            out[field] = int(out[field])
+        return out
+    m = _QLINEAR_KEY.fullmatch(name)
+    if m is not None:
+        out.update(m.groupdict(), op="qlinear")
         for field in LINEAR_FIELDS:
             out[field] = int(out[field])
         return out

@@ -278,9 +278,10 @@ def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
 def _case_label(row: dict) -> str:
     """The row's shape label ('b2 h32/8 q1 k512 d128 causal') and dtype; built from the case fields without one."""
     shape = str(row.get("shape") or "").strip()
-    if not shape and row.get("op") == "linear":
+    if not shape and row.get("op") in ("linear", "qlinear"):
         shape = " ".join(str(part) for part in (row.get("projection") or "", f"m{key_text(row.get('m'))}",
-                                                f"n{key_text(row.get('n'))}", f"k{key_text(row.get('k'))}") if part)
+                                                f"n{key_text(row.get('n'))}", f"k{key_text(row.get('k'))}",
+                                                key_text(row.get("scheme"))) if part)
     elif not shape and key_text(row.get("batch")):
         shape = (f"b{key_text(row.get('batch'))} h{key_text(row.get('q_heads'))}/{key_text(row.get('kv_heads'))} "
                  f"q{key_text(row.get('q_len'))} k{key_text(row.get('kv_len'))} d{key_text(row.get('head_dim'))}"

@@ -1,2 +1,2 @@
 """The figure kit (kit: rows, groups, colours, markers, Agg figures) and the figures of result rows: roofline,
-prefill against decode, scaling, speedup, linear layers, paged KV caches."""
+prefill against decode, scaling, speedup, linear layers, quantized linear layers, paged KV caches."""

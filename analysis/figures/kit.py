@@ -13,9 +13,10 @@ from ...bench.spec.schema import ABOVE_ROOF_PCT, PHASES, cell_true
 # Jupyter still renders a returned Figure inline.
 
 IMPL_ORDER = ("naive", "flash", "triton", "sdpa_efficient", "cudnn", "torch")
-OPS = ("attention", "linear")
+OPS = ("attention", "linear", "qlinear")
 PHASE_MARKERS = {"prefill": "o", "chunked_prefill": "s", "decode": "^"}
 LINEAR_MARKERS = {"prefill": "D", "decode": "v"}
+QLINEAR_MARKERS = {"prefill": "X", "decode": "P"}  # quantized weights: their points sit right of linear's
 EXTRA_MARKERS = ("D", "v", "P", "X", "*", "<", ">")
 LINESTYLES = ("-", "--", ":", "-.")
 # Rows that differ in any of these are never pooled: not in a median, a speedup or a plot.
@@ -206,6 +207,8 @@ def op_phase_marker(op: str, phase: str) -> str:
     """Attention keeps the phase markers; linear rows get markers of their own."""
     if op == "linear" and phase in LINEAR_MARKERS:
         return LINEAR_MARKERS[phase]
+    if op == "qlinear" and phase in QLINEAR_MARKERS:
+        return QLINEAR_MARKERS[phase]
     if op in ("attention", ""):
         return phase_marker(phase)
     return EXTRA_MARKERS[sum(map(ord, op + phase)) % len(EXTRA_MARKERS)]

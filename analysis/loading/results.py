@@ -14,6 +14,7 @@ from ...bench.spec.schema import (
     PROFILE_INT_COLUMNS,
     PROFILE_REQUIRED_COLUMNS,
     PROFILE_STRING_COLUMNS,
+    QLINEAR_COLUMNS,
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
     STRING_COLUMNS,
@@ -34,6 +35,7 @@ _COMMON_REQUIRED = ("impl", "phase", "dtype", "latency_ms", "status")
 _OP_REQUIRED = {
     "attention": tuple(name for name in REQUIRED_COLUMNS if name not in _COMMON_REQUIRED),
     "linear": LINEAR_COLUMNS,
+    "qlinear": QLINEAR_COLUMNS,
 }
 
 

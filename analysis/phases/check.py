@@ -44,6 +44,8 @@ class ReferencePlan:
     context: int
     kinds: tuple[str, ...] = ("phasebench",)
     page_size: int = 0  # the composition's decode attention reads pages of this many tokens (0: contiguous)
+    weights: str = ""  # the layers' projections packed by this scheme ("": the activation dtype)
+    weights_impl: str = "torch"  # the qlinear impl that runs them, in the composition and the real pass alike
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -74,7 +76,7 @@ class ReferencePlan:
         """Every op the scenarios' compositions sum, once (the same cases at any layer count)."""
         steps = [step_defs.prefill_step(self.small, self.prompt),
                  *(step_defs.decode_step(self.small, b, self.context, self.page_size) for b in self.batches)]
-        return step_defs.distinct_uses(steps)
+        return step_defs.distinct_uses(step_defs.with_weights(step, self.weights) for step in steps)
 
 
 def _median(rows: list[dict]) -> float:

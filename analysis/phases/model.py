@@ -20,7 +20,7 @@ from ...bench.spec import steps as step_defs
 from ...bench.spec.interference_schema import COVERED_MIN
 from ...bench.spec.models import DecoderConfig
 
-DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"}
+DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch"}
 PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
@@ -49,11 +49,13 @@ def _flag(rows: pd.DataFrame, column: str) -> np.ndarray:
 
 class Measured:
     """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups: quiet
-    and unprofiled rows only (the noisy and profiled ones are kept apart, to be counted as left out)."""
+    and unprofiled rows only (the noisy and profiled ones are kept apart, to be counted as left out). With `weights`
+    (a scheme such as int4-g128), every step composed from it takes its layers' projections from the qlinear rows
+    of that scheme: measured, never scaled from the unquantized rows."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
-                 sequences: pd.DataFrame | None = None):
-        self.model, self.dtype = model, dtype
+                 sequences: pd.DataFrame | None = None, weights: str = ""):
+        self.model, self.dtype, self.weights = model, dtype, weights
         self.sequences = _sequence_terms(sequences)
         self.impls = {**DEFAULT_IMPLS, **(impls or {})}
         rows = df[(df["status"] == "ok") & (df["dtype"] == dtype) & (df["model"] == model)]
@@ -141,9 +143,10 @@ def _sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[li
 
 
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
-    """Sum count x latency over a step's ops, and the sequence term where measured; ops with no measured row are
-    named in `missing`."""
+    """Sum count x latency over a step's ops (the projections packed as measured.weights says), and the sequence
+    term where measured; ops with no measured row are named in `missing`."""
     items, missing, noisy = [], [], 0
+    uses = step_defs.with_weights(uses, measured.weights)  # the sequence term is keyed by the packed ops too
     for use in uses:
         noisy += measured.left_out_rows(use)
         latency = measured.latency_ms(use)

@@ -8,6 +8,8 @@ import html
 from ..comparison.pairs import VERDICTS
 from ..figures.kit import op_rows
 from ..figures.linear import linear_crossings
+from ..figures.quantized import CAPTION as QUANT_CAPTION
+from ..figures.quantized import quant_speedup, quant_speedup_table
 from ..phases.check import check_sentence
 from ..phases.figures import PHASE_FIGURES, reference_table
 from .context import Context, Section, figure_grid, folded
@@ -160,6 +162,24 @@ def linear_section(ctx: Context) -> Section | None:
                    [folded("Crossings", linear_crossings(ctx.df), note=note)])
 
 
+QUANT_NOTE = ("Per projection, M, scheme and implementation: the speedup over the same projection unquantized (the "
+              "vendor GEMM in the activation dtype, same group) and the ideal, unquantized bytes / quantized bytes "
+              "(packed weights with their scales and zeros, x and y); pct_of_ideal = 100 · speedup / ideal. The naive "
+              "impl dequantizes the whole weight before a dense GEMM and so cannot gain; torch and Triton read the "
+              "packed weights. Interpreter-mode rows (Triton without a GPU) prove correctness only and are in the "
+              "correctness table.")
+
+
+def quant_section(ctx: Context) -> Section | None:
+    """Quantized linear layers against their unquantized projection, only for rows with qlinear ones."""
+    if op_rows(ctx.df, "qlinear").empty:
+        return None
+    body = [f'<p class="note">{html.escape(QUANT_NOTE)}</p>',
+            folded("Speedup against the ideal bytes ratio", quant_speedup_table(ctx.df)),
+            figure_grid([ctx.figure("quant_speedup", quant_speedup(ctx.df), QUANT_CAPTION)])]
+    return Section("quantized", "Quantized weights: speedup against the bytes they save", body)
+
+
 def comparison_section(ctx: Context) -> Section | None:
     """New against base (analysis.comparison), only when a comparison was made: its figure, the pairs, the status
     changes, and the rows on one side only as counts with their lists folded."""
@@ -261,6 +281,7 @@ SECTIONS = [
     interference_section,
     paged_section,
     linear_section,
+    quant_section,
     comparison_section,
     ceilings_section,
     summary_section,

@@ -74,9 +74,10 @@ def case_text(row: dict) -> str:
     op = row.get("op") or "attention"
     if row.get("shape"):
         return f"{op} {row['phase']} {row['shape']} {row['dtype']}"
-    if op == "linear":
-        return f"linear {row['phase']} {row.get('projection') or ''} m{row['m']} n{row['n']} k{row['k']} " \
-               f"{row['dtype']}".replace("  ", " ")
+    if op in ("linear", "qlinear"):
+        scheme = f"{row.get('scheme')} " if op == "qlinear" else ""
+        return f"{op} {row['phase']} {row.get('projection') or ''} m{row['m']} n{row['n']} k{row['k']} " \
+               f"{scheme}{row['dtype']}".replace("  ", " ")
     text = (f"{op} {row['phase']} b{row['batch']} hq{row['q_heads']} "
             f"hkv{row['kv_heads']} q{row['q_len']} k{row['kv_len']} d{row['head_dim']} {row['dtype']}")
     if row.get("causal") is True:

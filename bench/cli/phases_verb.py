@@ -25,6 +25,22 @@ def parse_op_impls(items) -> dict[str, str]:
     return out
 
 
+def weights_scheme(args, device, impls: dict) -> str:
+    """The scheme of --weights ("" without it); torch has no weight-only fp8 GEMM, so fp8 takes Triton on a GPU and
+    naive on the host unless --impl names a qlinear impl. Only phasebench's decoder checks quantized weights."""
+    from ..spec.quant import WEIGHT_CHOICES
+
+    if not args.weights:
+        return ""
+    scheme = WEIGHT_CHOICES[args.weights]
+    if "transformers" in (args.reference or ()):
+        raise UsageError("reference: transformers' Llama has unquantized weights; with --weights only phasebench's "
+                         "decoder checks the composition")
+    if scheme == "fp8-e4m3" and not any(item.startswith("qlinear=") for item in args.impl or ()):
+        impls["qlinear"] = "triton" if device.type == "cuda" else "naive"
+    return scheme
+
+
 def cmd_phases(args) -> int:
     check_seconds(args, "sample_time", "case_timeout", "time_budget")
     check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
@@ -42,6 +58,10 @@ def cmd_phases(args) -> int:
     if args.reference_layers is not None and args.reference_layers > model.layers:
         raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
     references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
+    from ...analysis.phases import model as pm
+
+    impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
+    weights = weights_scheme(args, device, impls)
     if "transformers" in references:
         from ..phases.hf_reference import transformers_module
 
@@ -51,11 +71,9 @@ def cmd_phases(args) -> int:
             raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
     check_writable(out)
-    from ...analysis.phases import model as pm
     from ..phases.run_phases import PhasesConfig, ops_timer, run_phases
     from ..sweep.console import Progress
 
-    impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
     if args.page_size is not None and args.page_size < 0:
         raise UsageError(f"page-size: must be a non-negative number of tokens (0: contiguous), got {args.page_size}")
     cfg = PhasesConfig.defaults(model, device, out, prompts=tuple(args.prompt) if args.prompt else None,
@@ -65,7 +83,7 @@ def cmd_phases(args) -> int:
                                 reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
                                 references=references,
                                 reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
-    cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
+    cfg.impls, cfg.on_row, cfg.isolation, cfg.weights = impls, Progress(), isolation, weights
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
@@ -81,7 +99,8 @@ def cmd_phases(args) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
     paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
-    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}) -> {out}", file=sys.stderr)
+    packed = f", projections {weights} by qlinear {impls['qlinear']}" if weights else ""
+    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
     tables = run_phases(cfg, reuse)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
 
@@ -113,6 +132,10 @@ def add_phases_verb(verbs) -> None:
                         help="rounds of the check's ops, each between two timings of the real forward pass, so "
                              "that both sides see the same machine (default 5; 1 with --time-budget)")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
+    phases.add_argument("--weights", choices=("int8", "int4-g128", "int4-g32", "fp8"),
+                        help="the layers' projections weight-only quantized: measured qlinear rows of the scheme "
+                             "(impl: qlinear=torch, fp8 naive on the host and triton on a GPU); the lm_head stays "
+                             "in the activation dtype")
     phases.add_argument("--page-size", type=int, metavar="P",
                         help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
                              "contiguous); the prompt's own attention stays contiguous")

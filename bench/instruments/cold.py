@@ -35,7 +35,8 @@ class ColdCalls:
 
 
 def nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of tensors, or of anything with `nbytes` and `clone()` (a packed quantized weight)."""
+    return sum(t.nbytes for t in tensors)
 
 
 def copies_needed(streamed_bytes: int, target: int) -> int:

@@ -35,7 +35,8 @@ def _decoder(kind: str, plan: ReferencePlan):
     from .reference_decoder import ReferenceDecoder
 
     return ReferenceDecoder(plan.cut(deep), deep, torch.device(plan.device), TORCH_DTYPES[plan.dtype],
-                            max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches))
+                            max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches),
+                            weights=plan.weights, weights_impl=plan.weights_impl)
 
 
 _BUILT: dict = {}  # (kind, plan) -> the decoder (or why it cannot be built), kept across one check's brackets

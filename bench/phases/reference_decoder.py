@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels import qlinear, quantize
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..spec.models import DecoderConfig
 
@@ -75,6 +76,18 @@ def _linear(k: int, n: int, device, dtype) -> nn.Linear:
     return layer
 
 
+class QuantizedLinear(nn.Module):
+    """A projection whose weight is packed by a scheme (kernels.quantize), multiplied by kernels.qlinear's `impl`."""
+
+    def __init__(self, weight: torch.Tensor, scheme: str, impl: str):
+        super().__init__()
+        self.qweight, self.impl = quantize(weight, scheme), impl
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = qlinear(x.reshape(-1, x.shape[-1]), self.qweight, impl=self.impl)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -127,12 +140,13 @@ class DecoderLayer(nn.Module):
 
 
 class ReferenceDecoder(nn.Module):
-    """`layers` decoder layers of `config`'s dimensions with seeded random weights, a final norm, the lm_head
-    and a greedy pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden].
+    """`layers` decoder layers of `config`'s dimensions with seeded random weights (the layers' projections packed
+    by the `weights` scheme when given, run by qlinear's `weights_impl`), a final norm, the lm_head and a greedy
+    pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden].
     device='meta' builds it without memory, for tracing shapes."""
 
     def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, max_tokens: int,
-                 max_batch: int, seed: int = 0):
+                 max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch"):
         super().__init__()
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= config.layers:
             raise ValueError(f"layers: must be an int in 1..{config.layers} for {config.name}, got {layers!r}")
@@ -152,6 +166,10 @@ class ReferenceDecoder(nn.Module):
         self._cache_filled = False
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._init_weights()
+        if weights:  # the layers' projections packed by the scheme (the lm_head stays, as in the composition)
+            for layer in self.layers:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    setattr(layer, name, QuantizedLinear(getattr(layer, name).weight, weights, weights_impl))
 
     @property
     def is_meta(self) -> bool:
@@ -274,7 +292,7 @@ class ReferenceDecoder(nn.Module):
             def hook(module, args, out):
                 x = args[0]
                 ops.append({"op": "linear", "name": name, "scope": scope, "m": x.numel() // x.shape[-1],
-                            "n": module.weight.shape[0], "k": x.shape[-1]})
+                            "n": out.shape[-1], "k": x.shape[-1]})
             return hook
 
         def on_attention(module, args, out):
@@ -347,27 +365,6 @@ def activation_bytes(config: DecoderConfig, batch: int, tokens: int, dtype: torc
     widest = rows * (3 * c.intermediate + 4 * c.hidden + (c.q_heads + 2 * c.kv_heads) * c.head_dim)
     scores = batch * c.q_heads * tokens * tokens * 4 * 2
     return widest * _elem(dtype) + scores + batch * c.vocab * 4
-
-
-def fits(config: DecoderConfig, layers: int, batch: int, tokens: int, dtype: torch.dtype, free_bytes: int,
-         headroom: float = 0.85) -> bool:
-    """Whether weights, caches and activations of a decoder of `layers` layers fit in headroom x free_bytes."""
-    need = (weight_bytes(config, layers, dtype) + cache_bytes(config, layers, batch, tokens, dtype)
-            + activation_bytes(config, batch, tokens, dtype))
-    return need <= headroom * free_bytes
-
-
-def default_layers(config: DecoderConfig, device, dtype: torch.dtype, batch: int, tokens: int,
-                   free_bytes: int | None = None) -> int:
-    """HOST_LAYERS on the host (2 cores cannot run 32 layers in seconds); on a GPU the most layers, up to the
-    model's, that fit in its free memory (0 when not even one does)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return min(HOST_LAYERS, config.layers)
-    if free_bytes is None:
-        free_bytes = torch.cuda.mem_get_info(device)[0]
-    return max((n for n in range(1, config.layers + 1) if fits(config, n, batch, tokens, dtype, free_bytes)),
-               default=0)
 
 
 def time_prefill(decoder: ReferenceDecoder, batch: int, prompt_len: int, timer_cfg: TimerConfig | None = None,

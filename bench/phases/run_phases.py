@@ -71,6 +71,7 @@ class PhasesConfig:
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
     reference_rounds: int = check.ROUNDS  # rounds of the check's ops, interleaved with the reference's brackets
+    weights: str = ""  # the layers' projections packed by this scheme (qlinear rows; "": unquantized)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -92,7 +93,7 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
             out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context, cfg.page_size)
-    return out
+    return [step_defs.with_weights(step, cfg.weights) for step in out]
 
 
 def reference_reserve_s(budget_s: float) -> float:
@@ -106,7 +107,8 @@ TABLES_S = 1.0  # of the reserve, what the check leaves for the composition and 
 def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """The phase tables from measured rows and the sequence term's rows (analysis does the arithmetic; no
     measurement here)."""
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
+    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences,
+                           weights=cfg.weights)
     page = cfg.page_size
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
@@ -126,7 +128,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
 def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
-                                     tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size)
+                                     tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
+                                     cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]))
 
 
 def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:
@@ -165,9 +168,9 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
                                      on_row=cfg.on_row, first=sequences_of(cfg, timer, found))
     sequences = pd.DataFrame(found, columns=list(op_sequence.COLUMNS))
     frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
-                              sequences=sequences)
+                              sequences=sequences, weights=cfg.weights)
     per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
-    alone = pm.Measured(published, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+    alone = pm.Measured(published, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
     table = phase_check.check_table(brackets, plan, published=frame(published), interleaved=frame(rows),
                                     per_round=per_round, ops_alone=alone)
     return table, check.brackets_table(brackets), sequences
@@ -178,7 +181,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     uses = step_defs.distinct_uses(scenario_steps(cfg))
     if reuse is not None:  # measure only what the given results lack
-        have = pm.Measured(reuse, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+        have = pm.Measured(reuse, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
         uses = [u for u in uses if have.latency_ms(u) is None]
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
     impls = {op: [name] for op, name in cfg.impls.items()}
@@ -197,6 +200,7 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
+        "weights": cfg.weights,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),

@@ -51,7 +51,7 @@ SHARED_ALLOWED: dict[str, str] = {
 
 _MODULES = {"prefill_kernel": "triton_prefill", "split_kv_kernel": "triton_decode", "reduce_kernel": "triton_decode",
             "gemm_kernel": "triton_linear", "splitk_gemv_kernel": "triton_linear",
-            "splitk_reduce_kernel": "triton_linear"}
+            "splitk_reduce_kernel": "triton_linear", "qlinear_kernel": "triton_qlinear"}
 _PRECISION = {"bf16": "tf32", "fp16": "tf32", "fp32": "ieee"}  # what triton_attention passes per dtype
 _LOG = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
@@ -123,6 +123,7 @@ def variants(full: bool = False) -> list[Variant]:
     from ...kernels.attention import triton_decode as dec
     from ...kernels.attention import triton_prefill as pre
     from ...kernels.linear import triton_linear as lin
+    from ...kernels.qlinear import triton_qlinear as qlin
 
     out: dict[tuple, Variant] = {}
 
@@ -151,8 +152,24 @@ def variants(full: bool = False) -> list[Variant]:
         for cfg, w, s in configs:
             add(kernel, dt, flags + ("" if even_k else " ragged-K"), source, cfg, w, s, cx, types)
 
+    def qlinear(scheme, dt, block_m, configs, dst=""):  # packed weights: int8 as i8, int4 and fp8 as bytes
+        types = {"X": f"*{dt}", "Q": "*i8" if scheme == "int8" else "*u8", "S": f"*{dt}", "Z": f"*{dt}",
+                 "Dst": dst or f"*{dt}"}
+        cx = dict(QMODE=qlin.QMODES[scheme], GROUP=int(scheme.partition("-g")[2] or 1), UPCAST=False,
+                  PRECISION="ieee" if dt == "fp32" else None)
+        for cfg, w, s in configs:
+            add("qlinear_kernel", dt, f"{scheme} M{block_m or cfg['BLOCK_M']}" + " split" * bool(dst), "autotune",
+                {**({"BLOCK_M": block_m} if block_m else {}), **cfg}, w, s, cx, types)
+
     gemm, gemv = _configs(lin.GEMM_CONFIGS), _configs(lin.GEMV_CONFIGS)
     one = slice(0, 1)
+    # quantized weights: each scheme's one-token GEMV (no dot) and 16-row split GEMV, every config for int4-g128
+    # (the others one each: they differ only in how a tile is decoded), and the GEMM for int4-g128
+    for scheme in qlin.QMODES:
+        configs = _configs(qlin.GEMV_CONFIGS)[slice(None) if scheme == "int4-g128" else one]
+        qlinear(scheme, "bf16", 1, configs)
+        qlinear(scheme, "bf16", 16, configs, dst="*fp32")
+    qlinear("int4-g128", "bf16", 0, _configs(qlin.GEMM_CONFIGS))
     for dt in ("bf16", "fp16", "fp32") if full else ("bf16",):
         prefill(dt, 128, True, False)
         split_kv(dt, 128, 16, False)
@@ -247,9 +264,10 @@ def compile_variant(v: Variant, arch: int = 90) -> Build:
 
     from ...kernels.attention import triton_decode, triton_prefill
     from ...kernels.linear import triton_linear
+    from ...kernels.qlinear import triton_qlinear
 
-    fn = {"triton_prefill": triton_prefill, "triton_decode": triton_decode,
-          "triton_linear": triton_linear}[_MODULES[v.kernel]].__dict__[v.kernel]
+    fn = {"triton_prefill": triton_prefill, "triton_decode": triton_decode, "triton_linear": triton_linear,
+          "triton_qlinear": triton_qlinear}[_MODULES[v.kernel]].__dict__[v.kernel]
     build = Build(v.name, v.kernel, v.config, v.dtype, v.flags, v.source)
     start = time.perf_counter()
     log = io.StringIO()

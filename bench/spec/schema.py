@@ -16,13 +16,17 @@ from .roof import COPY
 # 4: page_size (an attention case whose KV cache is read in pages through a block table; 0: contiguous).
 # 5: read_bytes, write_bytes, read_gbps, write_gbps, roof_model: the roof is the row's own floor of its reads and
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
-SCHEMA_VERSION = 5
+# 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
+#    files, whose rows all had unquantized weights).
+SCHEMA_VERSION = 6
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
 # The fields of a linear case (bench.ops.linear.cases.LinearCase) beside dtype, phase and model.
 LINEAR_COLUMNS = ("m", "n", "k", "projection")
+# A quantized linear case (bench.ops.qlinear.cases.QLinearCase) has the linear fields and its weight's scheme.
+QLINEAR_COLUMNS = (*LINEAR_COLUMNS, "scheme")
 # The fields of an elementwise case (bench.ops.elementwise.cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
 ELEMENTWISE_COLUMNS = ("kind", "cache_len")
 
@@ -36,6 +40,7 @@ RESULT_COLUMNS = (
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
     "page_size",  # tokens per page of a paged KV cache (block table); 0 for a contiguous cache and other operators
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
+    "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
@@ -61,7 +66,7 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "page_size", "m", "n", "k", "projection", "kind", "cache_len")
+               "page_size", "m", "n", "k", "projection", "scheme", "kind", "cache_len")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -75,8 +80,8 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "kind", "timer", "noise_reason", "bound", "roof_model",
-    "status", "reason",
+    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "bound",
+    "roof_model", "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -98,7 +103,7 @@ SAMPLES_COLUMN = "samples_ms"
 
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
-KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *LINEAR_COLUMNS, "kind",
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *QLINEAR_COLUMNS, "kind",
                "cache_len", "device", "mode", "timer")
 
 

@@ -117,6 +117,15 @@ def chunked_prefill_steps(config: DecoderConfig, prompt: int, chunk: int, decode
     return steps
 
 
+def with_weights(uses: list[OpUse], scheme: str) -> list[OpUse]:
+    """The step with its decoder layers' projections (part "weights") packed by `scheme` (qlinear uses of the same
+    fields plus scheme); the lm_head keeps the activation dtype, as serving stacks mostly leave it. "": unchanged."""
+    if not scheme:
+        return uses
+    return [OpUse("qlinear", tuple(sorted((*u.fields, ("scheme", scheme)))), u.count, u.part, u.label)
+            if u.op == "linear" and u.part == "weights" else u for u in uses]
+
+
 def distinct_uses(steps) -> list[OpUse]:
     """Each (op, fields) once, across any number of steps: the cases to measure."""
     seen, out = set(), []

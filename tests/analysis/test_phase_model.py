@@ -335,3 +335,25 @@ def test_sequence_parts_give_one_layer_with_per_layer_counts_and_the_head():
     other = step_defs.prefill_step(TINY, 14)
     assert pm.sequence_key(layer) != pm.sequence_key(pm.sequence_parts(other)[0][2])
     assert pm.sequence_key(layer) == pm.sequence_key(pm.sequence_parts(step_defs.prefill_step(TINY, 13))[0][2])
+
+
+def test_quantized_weights_compose_from_their_own_rows_never_scaled():
+    # the projections measured unquantized and packed as int4-g128 (4x faster here); the lm_head stays unquantized
+    def latency(use):
+        return power_latency(use) / (4 if use.op == "qlinear" else 1)
+
+    plain = step_defs.decode_step(TINY, 2, 40)
+    packed = step_defs.with_weights(plain, "int4-g128")
+    assert {u.op for u in packed if u.part == "weights"} == {"qlinear"}
+    assert [u.op for u in packed if u.label == "lm_head"] == ["linear"]
+    rows = op_rows(step_defs.distinct_uses([plain, packed]), latency,
+                   impls={**pm.DEFAULT_IMPLS, "qlinear": "torch", "attention": "flash"})
+    dense = pm.Measured(rows, model="tiny", dtype="float32")
+    quant = pm.Measured(rows, model="tiny", dtype="float32", weights="int4-g128")
+    t_dense, t_quant = pm.tpot(dense, TINY, 2, 40), pm.tpot(quant, TINY, 2, 40)
+    assert t_dense.total_ms == hand_tpot(2, 40)
+    assert t_quant.parts["weights"] == t_dense.parts["weights"] / 4
+    assert t_quant.parts["head"] == t_dense.parts["head"] and t_quant.parts["attention"] == t_dense.parts["attention"]
+    # another scheme was not measured: named missing, not scaled from the rows that exist
+    other = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", weights="int8"), TINY, 2, 40)
+    assert not other.complete and all("qlinear" in m and "int8" in m for m in other.missing)

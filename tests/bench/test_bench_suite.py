@@ -20,12 +20,12 @@ def test_benchmark_suite_writes_tidy_json(bench_json):
     benches = data["benchmarks"]
     # the quick cases of the best device here, each with those of naive and flash its operator has
     assert len(benches) == sum(len(impls_for(c, ["naive", "flash"])) for c in cases)
-    assert {b["extra_info"]["op"] for b in benches} == {"attention", "linear"}
+    assert {b["extra_info"]["op"] for b in benches} == {"attention", "linear", "qlinear"}
     names = {b["name"] for b in benches}
     decode = next(c for c in cases if c.phase == "decode")
     assert f"test_kernel[attention-{decode.shape_label.replace(' ', '-')}-decode-naive]" in names
     case_keys = {"attention": ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal"),
-                 "linear": ("m", "n", "k", "projection")}
+                 "linear": ("m", "n", "k", "projection"), "qlinear": ("m", "n", "k", "projection", "scheme")}
     for b in benches:
         info = b["extra_info"]
         for key in ("impl", "backend", "mode", "phase", "flops", "bytes", "intensity", "tflops", "gbps",

@@ -53,6 +53,8 @@ def test_run_by_hand_shape(tmp_path):
     (["run", "--shape", "q_len=1,kv_len=64,q_heads=2,kv_heads=1,head_dim=8,page=-16"],
      "page_size: must be a non-negative int"),
     (["phases", "--page-size", "-16", "--out", "x"], "page-size: must be a non-negative number of tokens"),
+    (["phases", "--weights", "int4-g128", "--reference", "transformers", "--out", "x"],
+     "reference: transformers' Llama has unquantized weights"),
 ])
 def test_bad_command_lines(args, message, capsys):
     assert main(args) == 2

@@ -19,7 +19,7 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("hopper") / "builds.json"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "phasebench.bench.session.hopper_build", "--json", str(out), "--jobs", "2"]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -70,9 +70,27 @@ def test_16_bit_gemm_and_attention_dots_use_wgmma(report):
     assert {b["dtype"] for b in wide} == {"bf16", "fp16"}
     assert [b["name"] for b in wide if b["mma"] != "wgmma"] == []
     # every 16-bit dot is on tensor cores, fp32 (ieee) dots are not
-    dots = [b for b in report["builds"] if b["kernel"] not in ("reduce_kernel", "splitk_reduce_kernel")]
+    dots = [b for b in report["builds"] if b["kernel"] not in ("reduce_kernel", "splitk_reduce_kernel")
+            and not (b["kernel"] == "qlinear_kernel" and "M1" in b["flags"].split())]  # one token: no dot
     assert all(b["mma"] in ("wgmma", "mma") for b in dots if b["dtype"] != "fp32")
     assert all(b["mma"] == "fma" for b in dots if b["dtype"] == "fp32")
+
+
+def test_quantized_kernels_build_for_every_scheme(report):
+    from phasebench.kernels.qlinear import triton_qlinear
+
+    built = [b for b in report["builds"] if b["kernel"] == "qlinear_kernel"]
+    assert {b["flags"].split()[0] for b in built} == set(triton_qlinear.QMODES)
+    int4 = {(b["flags"], b["config"]) for b in built if b["flags"].startswith("int4-g128")}
+    for block_m, flags in ((1, "int4-g128 M1"), (16, "int4-g128 M16 split")):
+        assert {(flags, hopper_build._label({"BLOCK_M": block_m, **c.kwargs}, c.num_warps, c.num_stages))
+                for c in triton_qlinear.GEMV_CONFIGS} <= int4
+    gemm = [b for b in built if b["config"].startswith("M128") or b["config"].startswith("M64")]
+    assert {b["config"] for b in gemm} == {hopper_build._label(dict(c.kwargs), c.num_warps, c.num_stages)
+                                           for c in triton_qlinear.GEMM_CONFIGS}
+    assert all(b["mma"] == "wgmma" for b in gemm)  # the tiled GEMM's dots on Hopper's tensor cores
+    assert all(b["mma"] == "fma" for b in built if "M1" in b["flags"].split())  # one token: FMAs, no MMA tile
+    assert all(b["mma"] == "mma" for b in built if "M16" in b["flags"])  # 16 rows: mma.sync
 
 
 def test_problems_flags_spills_and_overruns_outside_the_allow_lists():

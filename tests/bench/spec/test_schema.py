@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 5
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 6
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
@@ -105,3 +105,11 @@ def test_cells_read_as_floats_and_flags_with_blanks_as_nothing():
     assert all(math.isnan(cell_float(v)) for v in (None, "[N/A]", "", float("nan")))
     assert not any(cell_true(v) for v in (None, pd.NA, float("nan"), 0, False, ""))  # a blank is not a yes
     assert all(cell_true(v) for v in (True, 1, 1.0, "yes"))
+
+
+def test_rows_before_schema_6_read_as_unquantized():
+    old = pd.DataFrame({"impl": ["torch"], "op": ["linear"], "m": [1], "n": [97], "k": [200], "dtype": ["float32"],
+                        "phase": ["decode"], "latency_ms": [0.5], "status": ["ok"]})
+    out = schema.conform(old)
+    assert "scheme" in schema.KEY_COLUMNS and "scheme" in schema.CASE_FIELDS
+    assert out.loc[0, "scheme"] == "" and out["scheme"].dtype == out["projection"].dtype

@@ -115,3 +115,13 @@ def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase):
     assert comparable(layer_ops + step_ops) == comparable(composed(uses, TINY))
     # the composition counts each layer op once per layer, as the traced decoder runs it
     assert all(u.count == TINY.layers for u in uses if u.op in ("linear", "attention") and u.part != "head")
+
+
+def test_with_weights_packs_the_layer_projections_only():
+    step = steps.decode_step(TINY, 3, 64)
+    assert steps.with_weights(step, "") == step
+    packed = steps.with_weights(step, "int8")
+    changed = [(a, b) for a, b in zip(step, packed, strict=True) if a != b]
+    assert {a.label for a, _ in changed} == {"qkv", "o", "gate_up", "down"}
+    for a, b in changed:
+        assert b.op == "qlinear" and b.field_dict == {**a.field_dict, "scheme": "int8"} and b.count == a.count

@@ -47,7 +47,7 @@ def test_presets_hold_the_public_configurations():
 def test_quick_suite_has_every_phase(device):
     phases = {(c.op, c.phase) for c in suite_cases("quick", device, "bfloat16")}
     assert phases == {("attention", "prefill"), ("attention", "chunked_prefill"), ("attention", "decode"),
-                      ("linear", "decode"), ("linear", "prefill")}
+                      ("linear", "decode"), ("linear", "prefill"), ("qlinear", "decode")}
 
 
 def test_gpu_sweeps_cover_the_ranges_the_issue_names():
