@@ -44,6 +44,17 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.to(xf.dtype)).to(x.dtype)
 
 
+@functools.lru_cache(maxsize=16)
+def lower_right(t: int, kv_len: int, device: torch.device):
+    """Bottom-right causal attention of t queries over kv_len keys, as flash attention does it: on CUDA SDPA's
+    causal_lower_right (its flash kernel), on the host one boolean mask per shape, built once, not per call."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(t, kv_len)
+    return torch.ones(t, kv_len, dtype=torch.bool, device=device).tril(kv_len - t)
+
+
 class Attention(nn.Module):
     """SDPA over the KV cache slice, a module of its own so a forward hook sees q/k/v as they are called.
     causal: each new token sees the cache before it and the new tokens up to itself (bottom-right aligned, so a
@@ -52,8 +63,8 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         t, kv_len = q.shape[2], k.shape[2]
         mask = None
-        if causal and t < kv_len:  # SDPA's is_causal is top-left aligned: right only when q and kv start together
-            mask = torch.ones(t, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - t)
+        if causal and 1 < t < kv_len:  # SDPA's is_causal is top-left aligned: right only when q and kv start together
+            mask = lower_right(t, kv_len, q.device)
         is_causal = causal and mask is None and t > 1
         if sdpa_has_gqa():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)

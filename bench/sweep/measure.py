@@ -226,15 +226,24 @@ def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
     """Why a compiled row may stand above its measured roof: where its figures most likely come from."""
     pct = f"{row['pct_roofline']:.0f}% of its measured roof"
     llc = last_level_cache()[0] if device.type == "cpu" else 0
-    if device.type == "cpu" and row["bytes"] <= llc:
-        return (f"above roof: {pct}; its {row['bytes'] / 2**20:.1f} MiB fit the {llc >> 20} MiB last-level cache, "
-                "so it reads from cache, not memory (activations a forward pass also keeps warm)")
+    if warm and device.type == "cpu" and row["bytes"] <= llc:  # cold operands rotate out of the LLC: not then
+        return (f"above roof: {pct}; timed warm, its {row['bytes'] / 2**20:.1f} MiB fit the {llc >> 20} MiB "
+                "last-level cache, so it reads from cache, not memory")
     if warm:
         return f"above roof: {pct}; timed with warm caches (--warm), its operands partly re-read from cache"
     basis = ("its bytes at the copy bandwidth (its cost model gives no read/write split)"
              if row.get("roof_model") == COPY else "its read and write bytes at the read and write ceilings")
     return (f"above roof: {pct} ({basis}); a ceiling measured low (a busy machine?) or a cost model that counts "
             "too few bytes or FLOPs: a bug to find before it is a result")
+
+
+def with_ceiling_load(row: dict, ceil: Ceilings) -> dict:
+    """An above-roof row's finding, with the load its ceilings were measured under where they carry a load warning
+    (a roof measured while others held the CPU reads low, and the rows timed in quieter moments stand above it)."""
+    load = [w for w in ceil.warnings if "under load" in w]
+    if not row.get("above_roof") or not load:
+        return row
+    return {**row, "reason": f"{row['reason']}; {load[0]}: they read low (PHASEBENCH_HOST_CEILINGS keeps quiet ones)"}
 
 
 def _free_cache() -> str:

@@ -17,7 +17,7 @@ import torch
 from ...kernels import OPS, triton_mode
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import TimerConfig
-from .measure import HarnessSampler, base_row
+from .measure import HarnessSampler, base_row, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
@@ -232,7 +232,7 @@ def run(cfg: RunConfig):
                         base = base_row(case, impl, run_id, cfg.suite, ceil, label)
                         if round_index == 0 and store.is_done(base):
                             continue
-                        row = measure_one(case, impl, base)
+                        row = with_ceiling_load(measure_one(case, impl, base), ceil)
                         store.append(row)
                         if row["status"] == "ok" and row.get("noisy"):
                             noisy.append((case, impl, base))

@@ -39,11 +39,16 @@ def itl_columns(samples_ms) -> dict:
             "itl_p99_ms": float(p99), "itl_max_ms": float(values.max())}
 
 
-def whole_model_columns(itl_mean_ms: float, head_ms: float, layers: int, model_layers: int) -> dict:
+def whole_model_columns(itl_mean_ms: float, head_ms: float, layers: int, model_layers: int,
+                        alone_mean_ms: float | None = None) -> dict:
     """Each user's tokens/s of the whole model: from the mean ITL where all its layers were timed, otherwise the
-    timed layers' share (the mean less the head) scaled to the model's layers with the head counted once."""
+    timed layers' share (the mean less the head) scaled to the model's layers with the head counted once. The head
+    is timed alone: beside a co-runner it is taken as slowed like the whole step (itl_mean / alone_mean), so that
+    its own slowdown is not multiplied by the layer count."""
     if not math.isfinite(head_ms):
         head_ms = 0.0 if layers == model_layers else math.nan
+    if alone_mean_ms and math.isfinite(alone_mean_ms) and alone_mean_ms > 0:
+        head_ms = head_ms * itl_mean_ms / alone_mean_ms
     whole = itl_mean_ms if layers == model_layers else head_ms + (itl_mean_ms - head_ms) * model_layers / layers
     label = f"all {model_layers} layers" if layers == model_layers else f"scaled from {layers} of {model_layers} layers"
     return {"model_layers": model_layers, "head_ms": head_ms, "model_itl_ms": whole,
@@ -102,10 +107,11 @@ def mode_rows(cfg, modes: list, skipped: dict, batch: int, prompt: int, windows,
             reasons.append(f"the prefill ran through only {covered:.0%} of a timed window: the stretch understates it")
         itl, only = itl_columns(t.samples_ms), itl_columns(alone_t.samples_ms)
         rows.append({**row, **itl, "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
-                     **whole_model_columns(itl["itl_mean_ms"], head_ms, cfg.layers, cfg.model.layers),
+                     **whole_model_columns(itl["itl_mean_ms"], head_ms, cfg.layers, cfg.model.layers,
+                                           only["itl_mean_ms"]),
                      "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
                      "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
-                     "stretch": t.median_ms / alone_t.median_ms,
+                     "stretch": itl["itl_mean_ms"] / only["itl_mean_ms"],  # the mean: stalls count, not hidden
                      "p90_stretch": t.percentile_ms(90) / alone_t.percentile_ms(90),
                      "prefill_alone_ms": prefill_alone,
                      "prefill_ms": prefill, "prefill_slowdown": prefill / prefill_alone,

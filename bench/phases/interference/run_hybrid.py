@@ -190,13 +190,14 @@ def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
                 reasons = [f"{len(one.ttft_ms)} of {cfg.arrivals} arrivals"] if len(one.ttft_ms) < cfg.arrivals else []
                 rows.append({**row, **itl, "iterations": one.iterations, "samples": len(one.itl_ms),
                              "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
-                             "decode_ms": itl["itl_p50_ms"], "stretch": itl["itl_p50_ms"] / only["itl_p50_ms"],
+                             "decode_ms": itl["itl_p50_ms"], "stretch": itl["itl_mean_ms"] / only["itl_mean_ms"],
                              "p90_stretch": itl["itl_p90_ms"] / only["itl_p90_ms"],
                              "ttft_ms": ttft[chunk], "ttft_max_ms": max(one.ttft_ms),
                              "decode_tokens_per_s": batch * one.iterations * 1e3 / ttft[chunk],
                              "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
                              "prefill_ms": ttft[chunk],
-                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers),
+                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers,
+                                                  only["itl_mean_ms"]),
                              "noisy": one.noisy > 0, "noise_reason": one.noise_reason,
                              "others_cores": max(one.others_cores) if one.others_cores else None,
                              "status": "ok", "reason": "; ".join(reasons + ([one.error] if one.error else []))})

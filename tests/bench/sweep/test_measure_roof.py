@@ -7,11 +7,13 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 from phasebench.bench.instruments.roofline import Ceilings
 from phasebench.bench.ops import operator_of
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.elementwise.cases import ElementwiseCase
 from phasebench.bench.ops.linear.cases import LinearCase
+from phasebench.bench.sweep import measure as measure_mod
 from phasebench.bench.sweep.measure import base_row, speed_figures
 
 E = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -114,3 +116,20 @@ def test_without_the_split_all_bytes_go_at_the_copy_bandwidth(no_split):
     assert row["roof_tflops"] == pytest.approx(min(0.731, 2 * 7 * 4099 * 1031 / (nbytes / 28.1e9) / 1e12))
     latency_ms = 1e3 * nbytes / 28.1e9 * 2.0
     assert speed_figures(row, latency_ms)["pct_roofline"] == pytest.approx(50.0)
+
+
+def test_an_above_roof_finding_blames_the_cache_only_when_timed_warm_and_names_a_busy_ceiling():
+    from types import SimpleNamespace
+
+    from phasebench.bench.sweep.measure import roof_finding, with_ceiling_load
+
+    row = {"pct_roofline": 187.3, "bytes": 64 << 20, "roof_model": "read+write", "above_roof": True}
+    cold = roof_finding(row, torch.device("cpu"), warm=False)  # cold operands rotate out of the LLC
+    assert cold.startswith("above roof: 187%") and "last-level cache" not in cold and "ceiling measured low" in cold
+    if measure_mod.last_level_cache()[0] >= row["bytes"]:
+        assert "last-level cache" in roof_finding(row, torch.device("cpu"), warm=True)
+    busy = SimpleNamespace(warnings=["ceilings measured under load: other processes used 51% of the host CPU"])
+    found = with_ceiling_load({**row, "reason": cold}, busy)
+    assert found["reason"].startswith(cold) and "under load: other processes used 51%" in found["reason"]
+    assert with_ceiling_load({**row, "reason": cold}, SimpleNamespace(warnings=[]))["reason"] == cold
+    assert with_ceiling_load({**row, "above_roof": False, "reason": ""}, busy)["reason"] == ""

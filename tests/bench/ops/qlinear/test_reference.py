@@ -18,5 +18,3 @@ def test_the_reference_is_the_fp64_product_of_the_dequantized_weights(monkeypatc
     out = reference.reference(case, x, CPU)
     whole = x.x.double() @ x.qweight.dequantize(torch.float64).T
     assert out.dtype == torch.float64 and torch.equal(out, whole)
-    # the scheme's own error (against the float weights) is far above the kernels' budget: the reference avoids it
-    assert (out - x.x.double() @ x.qweight.dequantize(torch.float64).T).abs().max() == 0

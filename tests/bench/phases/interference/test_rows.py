@@ -30,6 +30,10 @@ def test_a_whole_model_measured_is_labelled_so_and_a_partial_one_is_scaled_with_
     assert scaled["whole_model"] == "scaled from 2 of 32 layers" and scaled["model_layers"] == 32
     assert scaled["model_itl_ms"] == pytest.approx(2.0 + 10.5 * 16)
     assert scaled["tokens_per_s_per_user"] == pytest.approx(1e3 / 170.0)
+    # beside a co-runner that slows the step 2x (12.5 against 6.25 ms alone), the head timed alone counts slowed
+    # alike, once: 4 ms of head and 8.5 ms of layers x 16
+    slowed = whole_model_columns(12.5, 2.0, layers=2, model_layers=32, alone_mean_ms=6.25)
+    assert slowed["head_ms"] == 4.0 and slowed["model_itl_ms"] == pytest.approx(4.0 + 8.5 * 16)
     # no head timing: the whole model's figure is known only where every layer was timed
     assert whole_model_columns(12.5, math.nan, 2, 2)["model_itl_ms"] == 12.5
     assert math.isnan(whole_model_columns(12.5, math.nan, 2, 32)["tokens_per_s_per_user"])
