@@ -1,0 +1,81 @@
+"""The speculative loop: rolling back rejected tokens is exact (float64: the caches and the next outputs equal a loop
+that never proposed them), and the tokens each iteration yields follow the seeded draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from phasebench.bench.phases import speculative_loop as sl
+from phasebench.bench.phases.reference_decoder import ReferenceDecoder
+from phasebench.bench.spec.models import DecoderConfig
+
+TARGET = DecoderConfig(hidden=80, intermediate=136, layers=2, q_heads=5, kv_heads=1, head_dim=16, vocab=103,
+                       name="spec-target")
+DRAFT = DecoderConfig(hidden=48, intermediate=72, layers=1, q_heads=3, kv_heads=1, head_dim=16, vocab=103,
+                      name="spec-draft")
+CONTEXT, BATCH = 37, 3
+
+
+def pair(seed=5, max_tokens=120):
+    target = ReferenceDecoder(TARGET, 2, "cpu", torch.float64, max_tokens=max_tokens, max_batch=BATCH, seed=seed)
+    draft = ReferenceDecoder(DRAFT, 1, "cpu", torch.float64, max_tokens=max_tokens, max_batch=BATCH, seed=seed + 1)
+    return target, draft
+
+
+def rows(model, end):
+    return [t[:BATCH, :, :end] for layer in model.layers for t in (layer.k_cache, layer.v_cache)]
+
+
+@pytest.mark.parametrize("first", [[True, False, True], [True, True, True], [False, False, False]])
+def test_a_rollback_leaves_what_a_loop_that_never_proposed_the_rejected_tokens_holds(first):
+    spec = sl.SpeculativeLoop(*pair(), BATCH, CONTEXT, seed=3)
+    plain = sl.SpeculativeLoop(*pair(), BATCH, CONTEXT, seed=3)
+    kept = spec.iteration(first)
+    n = sl.accepted(first)
+    assert kept.shape == (BATCH, n + 1)
+    plain.feed(torch.cat((plain.last, kept[:, :-1]), dim=1))  # last and the kept proposals, as plain context
+    assert torch.equal(plain.last, spec.last) and plain.length == spec.length == CONTEXT + n + 1
+    for a, b in zip(rows(spec.target, spec.length), rows(plain.target, plain.length), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(rows(spec.draft, spec.draft_length), rows(plain.draft, spec.draft_length), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    then = [False, True, True, False]  # the next iteration: same draws, the same tokens and the same caches
+    assert torch.equal(spec.iteration(then), plain.iteration(then))
+    assert spec.length == plain.length
+    for a, b in zip(rows(spec.target, spec.length), rows(plain.target, plain.length), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_verify_pass_equals_one_token_at_a_time():
+    target, _ = pair()
+    x = torch.randn(BATCH, 4, TARGET.hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    at_once = target.extend(BATCH, CONTEXT, 4, x=x, every_position=True)
+    one_by_one = torch.stack([target.decode_step(BATCH, CONTEXT + i, x=x[:, i:i + 1]) for i in range(4)], dim=1)
+    assert torch.equal(at_once, one_by_one)
+
+
+def test_realised_tokens_follow_the_seeded_draws_exactly():
+    gamma, alpha, iterations = 4, 0.7, 23
+    acceptance = sl.draws([11, 2], iterations + sl.WARMUP_ITERATIONS, gamma, alpha)
+    again = np.random.default_rng([11, 2]).random((iterations + sl.WARMUP_ITERATIONS, gamma)) < alpha
+    assert np.array_equal(acceptance, again)
+    loop = sl.SpeculativeLoop(*pair(max_tokens=CONTEXT + 5 * (iterations + 3)), BATCH, CONTEXT)
+    ms, tokens = sl.time_loop(loop, acceptance)
+    by_hand = []
+    for row in again[sl.WARMUP_ITERATIONS:]:
+        leading = 0
+        while leading < gamma and row[leading]:
+            leading += 1
+        by_hand.append(leading + 1)
+    assert tokens == by_hand and len(ms) == iterations
+    warm = sum(sl.accepted(r) + 1 for r in again[:sl.WARMUP_ITERATIONS])
+    assert loop.length == CONTEXT + warm + sum(by_hand)
+
+
+def test_a_draft_of_another_vocabulary_is_refused():
+    target, _ = pair()
+    other = ReferenceDecoder(DecoderConfig(48, 72, 1, 3, 1, 16, 97, "other"), 1, "cpu", torch.float64,
+                             max_tokens=60, max_batch=BATCH)
+    with pytest.raises(ValueError, match=r"^draft: vocabulary 97 is not the target's 103$"):
+        sl.SpeculativeLoop(target, other, BATCH, CONTEXT)
