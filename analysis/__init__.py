@@ -25,6 +25,7 @@ from .phases.figures import (
     write_phase_figures,
 )
 from .phases.folder import load_phases
+from .phases.speculative_figures import best_gamma_figure, speculative_figure, speculative_summary
 from .report import (
     Headline,
     correctness_table,
@@ -39,6 +40,7 @@ from .report import (
 __all__ = [
     "DataFileError",
     "Headline",
+    "best_gamma_figure",
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
@@ -70,6 +72,8 @@ __all__ = [
     "regressions",
     "report_rows",
     "roofline",
+    "speculative_figure",
+    "speculative_summary",
     "speedup",
     "speedup_table",
     "status_table",

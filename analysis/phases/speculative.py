@@ -15,6 +15,10 @@ from numbers import Real
 import numpy as np
 import pandas as pd
 
+from ...bench.spec import steps as step_defs
+from ...bench.spec.models import DecoderConfig
+from . import model as pm
+
 COLUMNS = ("batch", "context", "gamma", "alpha", "expected_tokens_per_pass", "tpot_ms", "draft_step_ms", "verify_ms",
            "iteration_ms", "tokens_per_s_per_user", "tokens_per_s", "plain_tokens_per_s_per_user", "speedup",
            "best_gamma", "break_even_alpha", "missing")
@@ -150,3 +154,74 @@ def break_evens(table: pd.DataFrame) -> pd.DataFrame:
     out = first[["batch", "gamma", "break_even_alpha", "draft_step_ms", "verify_ms", "tpot_ms"]].copy()
     out["iteration_in_tpot"] = first["iteration_ms"] / first["tpot_ms"]
     return out.reset_index(drop=True)
+
+
+def composed_steps(target: DecoderConfig, draft: DecoderConfig, target_rows, draft_rows, batches, context: int,
+                   gammas, page_size: int = 0) -> dict:
+    """The steps speculative_table reads, composed by the phase model: the target's decode step (TPOT), the draft's
+    decode step and the target's verify pass per γ, each (ms, ops missing); *_rows are phase_model.Measured."""
+    steps = {}
+    for batch in batches:
+        for key, measured, step in ((("tpot", batch), target_rows, step_defs.decode_step(target, batch, context,
+                                                                                       page_size)),
+                                    (("draft", batch), draft_rows, step_defs.decode_step(draft, batch, context,
+                                                                                       page_size))):
+            t = pm.step_time(measured, step)
+            steps[key] = (t.total_ms, len(t.missing))
+        for gamma in gammas:
+            t = pm.step_time(target_rows, step_defs.verify_step(target, batch, context, gamma, page_size))
+            steps[("verify", batch, gamma)] = (t.total_ms, len(t.missing))
+    return steps
+
+
+CHECK_COLUMNS = ("batch", "gamma", "alpha", "layers", "draft_layers", "iterations", "expected_tokens_per_pass",
+                 "realised_tokens_per_pass", "tokens_std", "realised_z", "loop_iteration_ms", "loop_p90_ms",
+                 "composed_iteration_ms", "loop_tokens_per_s_per_user", "composed_tokens_per_s_per_user", "error_pct",
+                 "published_error_pct", "plain_ms", "loop_speedup", "composed_speedup", "goal_pct", "over_goal",
+                 "noisy_brackets", "brackets")
+
+
+def _composed_iteration(steps: dict, batch: int, gamma: int) -> float:
+    (draft, draft_missing), (verify, verify_missing) = steps[("draft", batch)], steps[("verify", batch, gamma)]
+    return math.nan if draft_missing or verify_missing else iteration_ms(gamma, draft, verify)
+
+
+def loop_check_table(loops: pd.DataFrame, composed: dict, published: dict, *, layers: int, draft_layers: int,
+                     goal_pct: float) -> pd.DataFrame:
+    """The composition against the real loop per (batch, γ, α). `loops`: one row per bracket and loop (kind
+    speculative or plain, `ms` and `tokens` per iteration); `composed` and `published`: composed_steps of the cut
+    models from the rows interleaved with the loop and from the published rows. The composed tokens/s takes the
+    loop's realised tokens per iteration, so error_pct is the composition's timing error alone; the draws' own
+    spread is realised_z (realised - E over its standard error)."""
+    rows = []
+    ok = loops[loops["kind"].isin(["speculative", "plain"])] if len(loops) else loops
+    for (batch, gamma, alpha), group in (ok[ok["kind"] == "speculative"].groupby(["batch", "gamma", "alpha"])
+                                         if len(ok) else ()):
+        batch, gamma, alpha = int(batch), int(gamma), float(alpha)  # a row that says why a loop failed has no γ
+        quiet = group[~group["noisy"].astype(bool)]
+        used = quiet if len(quiet) else group
+        ms = np.concatenate([np.asarray(m, float) for m in used["ms"]])
+        tokens = np.concatenate([np.asarray(t, float) for t in group["tokens"]])  # every draw counts
+        plain = ok[(ok["kind"] == "plain") & (ok["batch"] == batch)]
+        plain_ms = float(np.mean(np.concatenate([np.asarray(m, float) for m in plain["ms"]]))) if len(plain) \
+            else math.nan
+        e, std = expected_tokens(alpha, gamma), tokens_std(alpha, gamma)
+        realised, loop_ms = float(tokens.mean()), float(ms.mean())
+        loop_tps = 1e3 * realised / loop_ms
+
+        comp_ms, pub_ms = (_composed_iteration(steps, batch, gamma) for steps in (composed, published))
+        comp_tps = 1e3 * realised / comp_ms
+        tpot = composed[("tpot", batch)][0]
+        error = 100 * (comp_tps - loop_tps) / loop_tps
+        rows.append({"batch": batch, "gamma": gamma, "alpha": alpha, "layers": layers, "draft_layers": draft_layers,
+                     "iterations": len(tokens), "expected_tokens_per_pass": e, "realised_tokens_per_pass": realised,
+                     "tokens_std": std, "realised_z": (realised - e) / (std / math.sqrt(len(tokens))) if std else 0.0,
+                     "loop_iteration_ms": loop_ms, "loop_p90_ms": float(np.percentile(ms, 90)),
+                     "composed_iteration_ms": comp_ms, "loop_tokens_per_s_per_user": loop_tps,
+                     "composed_tokens_per_s_per_user": comp_tps, "error_pct": error,
+                     "published_error_pct": 100 * (loop_ms / pub_ms - 1),
+                     "plain_ms": plain_ms, "loop_speedup": realised * plain_ms / loop_ms,
+                     "composed_speedup": realised * tpot / comp_ms, "goal_pct": goal_pct,
+                     "over_goal": bool(abs(error) > goal_pct) if math.isfinite(error) else True,
+                     "noisy_brackets": int(group["noisy"].astype(bool).sum()), "brackets": len(group)})
+    return pd.DataFrame(rows, columns=list(CHECK_COLUMNS))

@@ -20,7 +20,7 @@ import torch
 
 from ...analysis.phases import model as pm
 from ..instruments import cold as cold_operands
-from ..instruments.host_cache import evictor
+from ..instruments.memory.host_cache import evictor
 from ..instruments.timing import TimerConfig, time_call
 from ..ops.attention.cases import AttentionCase
 from ..ops.elementwise.cases import ElementwiseCase

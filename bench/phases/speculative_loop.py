@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..spec.models import DecoderConfig
@@ -209,3 +210,26 @@ def time_loops(plan: LoopPlan, bracket: int, last: bool) -> list[dict]:
 def cut(config: DecoderConfig, layers: int) -> DecoderConfig:
     """`config` at min(layers, its own) layers, under its own name (the ops per layer are the same)."""
     return dataclasses.replace(config, layers=min(layers, config.layers))
+
+
+def run_loop_check(plan: LoopPlan, cases, impls: dict, out_dir, *, timer, isolation, rounds: int,
+                   on_row=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ops of the loop's composition measured `rounds` times into out_dir (a run folder of suite
+    phases-speculate), the loops timed before each round and after the last, on the same worker, so that both
+    sides see the same machine. Returns the loops' rows (one per bracket and loop) and the ops' rows."""
+    from ..sweep.runner import RunConfig, run
+    from ..sweep.worker import WorkerError
+
+    loops: list[dict] = []
+
+    def between(executor, k: int) -> None:
+        try:
+            loops.extend(executor.call(time_loops, plan, k, k == rounds, doing="timing the speculative loops",
+                                       timeout=None if isolation.case_timeout == 0 else 600.0))
+        except WorkerError as err:
+            loops.append({"kind": "error", "bracket": k, "error": str(err)})
+
+    rows = run(RunConfig(list(cases), impls, torch.device(plan.device), out_dir, suite="phases-speculate",
+                         timer=timer, isolation=isolation, rounds=rounds, between_rounds=between, on_row=on_row))
+    columns = ("kind", "bracket", "batch", "gamma", "alpha", "ms", "tokens", "noisy", "noise_reason", "error")
+    return pd.DataFrame(loops, columns=list(columns)), rows

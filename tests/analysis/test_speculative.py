@@ -132,3 +132,64 @@ def test_a_missing_step_is_nan_and_never_best():
     gone = table[table["gamma"] == 4].iloc[0]
     assert gone["missing"] == 2 and math.isnan(gone["speedup"]) and math.isnan(gone["break_even_alpha"])
     assert not gone["best_gamma"] and table[table["gamma"] == 1]["best_gamma"].all()
+
+
+def _loops():
+    import pandas as pd
+
+    rows = [{"kind": "plain", "bracket": k, "batch": 2, "gamma": 0, "alpha": float("nan"), "ms": [10.0, 12.0],
+             "tokens": [1, 1], "noisy": False} for k in range(2)]
+    rows += [{"kind": "speculative", "bracket": 0, "batch": 2, "gamma": 3, "alpha": 0.7, "ms": [20.0, 22.0],
+              "tokens": [4, 1], "noisy": False},
+             {"kind": "speculative", "bracket": 1, "batch": 2, "gamma": 3, "alpha": 0.7, "ms": [90.0, 95.0],
+              "tokens": [2, 3], "noisy": True},  # its times are left out, its draws are not
+             {"kind": "error", "bracket": 2, "error": "a worker died"}]
+    return pd.DataFrame(rows)
+
+
+def test_the_loop_check_compares_at_the_realised_tokens_and_flags_over_goal():
+    composed = {("tpot", 2): (11.0, 0), ("draft", 2): (2.0, 0), ("verify", 2, 3): (13.0, 0)}  # 19 ms per iteration
+    published = {("tpot", 2): (11.0, 0), ("draft", 2): (3.0, 0), ("verify", 2, 3): (12.0, 0)}  # 21 ms
+    table = sp.loop_check_table(_loops(), composed, published, layers=2, draft_layers=1, goal_pct=15.0)
+    (row,) = table.itertuples()
+    assert row.realised_tokens_per_pass == 2.5 and row.iterations == 4 and row.loop_iteration_ms == 21.0
+    assert row.loop_tokens_per_s_per_user == pytest.approx(1e3 * 2.5 / 21.0, rel=1e-14)
+    assert row.composed_tokens_per_s_per_user == pytest.approx(1e3 * 2.5 / 19.0, rel=1e-14)
+    assert row.error_pct == pytest.approx(100 * (21.0 / 19.0 - 1), rel=1e-12) and not row.over_goal
+    assert row.published_error_pct == pytest.approx(0.0, abs=1e-12)
+    assert row.plain_ms == 11.0 and row.loop_speedup == pytest.approx(2.5 * 11.0 / 21.0, rel=1e-14)
+    e, std = sp.expected_tokens(0.7, 3), sp.tokens_std(0.7, 3)
+    assert row.expected_tokens_per_pass == e and row.realised_z == pytest.approx((2.5 - e) / (std / 2), rel=1e-12)
+    assert row.noisy_brackets == 1 and row.brackets == 2
+    slow = {**composed, ("verify", 2, 3): (7.0, 0)}  # 13 ms composed against 21 measured: +61.5%
+    assert sp.loop_check_table(_loops(), slow, published, layers=2, draft_layers=1, goal_pct=15.0)["over_goal"].all()
+    gone = {**composed, ("verify", 2, 3): (math.nan, 3)}
+    missing = sp.loop_check_table(_loops(), gone, published, layers=2, draft_layers=1, goal_pct=15.0).iloc[0]
+    assert math.isnan(missing["error_pct"]) and missing["over_goal"]
+
+
+def test_the_figures_mark_break_even_points_and_the_summary_flags_over_goal():
+    from phasebench.analysis.figures.kit import SERIES_GID
+    from phasebench.analysis.phases import speculative_figures as figs
+
+    batches, gammas, alphas = (1, 3), (1, 2, 5), (0.55, 0.8, 0.93)
+    table = sp.speculative_table(_steps(batches, gammas), batches, 37, gammas, alphas)
+    composed = {**_steps(batches, gammas), ("verify", 2, 3): (7.0, 0), ("draft", 2): (2.0, 0), ("tpot", 2): (11.0, 0)}
+    check = sp.loop_check_table(_loops(), composed, composed, layers=2, draft_layers=1, goal_pct=15.0)
+    tables = {"speculative": table, "speculative_check": check,
+              "meta": {"speculate": {"draft": {"name": "the-draft"}}}}
+    fig = figs.speculative_figure(tables)
+    assert len(fig.axes) == 2
+    for ax, batch in zip(fig.axes, batches, strict=True):
+        evens = [line for line in ax.get_lines() if line.get_gid() == figs.BREAK_EVEN_GID]
+        finite = table[(table["batch"] == batch)].drop_duplicates("gamma")["break_even_alpha"].dropna()
+        assert sorted(float(line.get_xdata()[0]) for line in evens) == sorted(finite)
+        assert all(line.get_ydata()[0] == 1.0 for line in evens)
+        dots = [line for line in ax.get_lines() if line.get_gid() == SERIES_GID]
+        assert len(dots) == len(gammas)
+    best = figs.best_gamma_figure(tables)
+    assert len([line for line in best.axes[0].get_lines() if line.get_gid() == SERIES_GID]) == 2
+    text = figs.speculative_summary(tables)
+    assert "the-draft" in text and "Break-even α per γ" in text and "OVER GOAL" in text
+    assert figs.speculative_summary({}) == ""
+    assert "no speculative.csv" in figs.speculative_figure({}).axes[0].texts[0].get_text()

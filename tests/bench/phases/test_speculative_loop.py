@@ -79,3 +79,37 @@ def test_a_draft_of_another_vocabulary_is_refused():
                              max_tokens=60, max_batch=BATCH)
     with pytest.raises(ValueError, match=r"^draft: vocabulary 97 is not the target's 103$"):
         sl.SpeculativeLoop(target, other, BATCH, CONTEXT)
+
+
+def test_phases_speculate_on_a_tiny_pair_writes_the_tables_and_checks_the_loop(tmp_path):
+    import json
+
+    import pandas as pd
+    from phasebench.analysis.phases import speculative as sp
+
+    from ...conftest import run_cli
+
+    target = "name=spec-e2e-target,hidden=96,intermediate=160,layers=3,q_heads=6,kv_heads=2,head_dim=16,vocab=127"
+    draft = "name=spec-e2e-draft,hidden=48,intermediate=64,layers=1,q_heads=3,kv_heads=1,head_dim=16,vocab=127"
+    out = tmp_path / "phases"
+    proc = run_cli("phases", "--model", target, "--speculate", "--draft", draft, "--gamma", "1", "3",
+                   "--acceptance", "0.55", "0.85", "--prompt", "16", "--batch", "1", "--context", "23", "--chunk", "8",
+                   "--chunk-batch", "1", "--reference-batch", "1", "2", "--reference-rounds", "1", "--sample-time",
+                   "0.02", "--warm", "--retry-noisy", "0", "--no-isolate", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(out / "speculative.csv")
+    assert list(table.columns) == list(sp.COLUMNS) and len(table) == 2 * 2 * 2
+    for row in table.itertuples():  # E in the CSV is the formula, exactly
+        assert row.expected_tokens_per_pass == (1 - row.alpha ** (row.gamma + 1)) / (1 - row.alpha)
+    check = pd.read_csv(out / "speculative_check.csv")
+    assert len(check) == 8 and (check["brackets"] == 2).all() and (check["layers"] == 2).all()
+    assert (check["draft_layers"] == 1).all() and (check["iterations"] == 2 * 8).all()
+    assert (check["loop_tokens_per_s_per_user"] > 0).all()
+    assert "error_pct" in check and check["over_goal"].dtype == bool
+    ops = pd.read_csv(out / "speculative" / "results.csv")  # the loop's ops, a round between each two brackets
+    assert set(ops["suite"]) == {"phases-speculate"} and set(ops["model"]) == {"spec-e2e-target", "spec-e2e-draft"}
+    verify = ops[(ops["op"] == "attention") & (ops["q_len"] > 1)]
+    assert sorted(set(zip(verify["q_len"], verify["kv_len"], strict=True))) == [(2, 25), (4, 27)]
+    meta = json.loads((out / "phases.json").read_text())
+    assert meta["speculate"]["gammas"] == [1, 3] and meta["speculate"]["draft"]["name"] == "spec-e2e-draft"
+    assert "Against a real speculative loop" in proc.stdout and (out / "phases_speculative.png").is_file()
