@@ -94,16 +94,17 @@ def test_phases_speculate_on_a_tiny_pair_writes_the_tables_and_checks_the_loop(t
     out = tmp_path / "phases"
     proc = run_cli("phases", "--model", target, "--speculate", "--draft", draft, "--gamma", "1", "3",
                    "--acceptance", "0.55", "0.85", "--prompt", "16", "--batch", "1", "--context", "23", "--chunk", "8",
-                   "--chunk-batch", "1", "--reference-batch", "1", "2", "--reference-rounds", "1", "--sample-time",
+                   "--chunk-batch", "1", "--reference-batch", "2", "--reference-rounds", "1", "--sample-time",
                    "0.02", "--warm", "--retry-noisy", "0", "--no-isolate", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = pd.read_csv(out / "speculative.csv")
-    assert list(table.columns) == list(sp.COLUMNS) and len(table) == 2 * 2 * 2
+    assert list(table.columns) == list(sp.COLUMNS) and len(table) == 2 * 2 and set(table["batch"]) == {2}
     for row in table.itertuples():  # E in the CSV is the formula, exactly
         assert row.expected_tokens_per_pass == (1 - row.alpha ** (row.gamma + 1)) / (1 - row.alpha)
     check = pd.read_csv(out / "speculative_check.csv")
-    assert len(check) == 8 and (check["brackets"] == 2).all() and (check["layers"] == 2).all()
-    assert (check["draft_layers"] == 1).all() and (check["iterations"] == 2 * 8).all()
+    # two rounds of ops between three brackets of 8 timed iterations each; the loop's models cut to 2 layers
+    assert len(check) == 4 and (check["brackets"] == 3).all() and (check["layers"] == 2).all()
+    assert (check["draft_layers"] == 1).all() and (check["iterations"] == 3 * 8).all()
     assert (check["loop_tokens_per_s_per_user"] > 0).all()
     assert "error_pct" in check and check["over_goal"].dtype == bool
     ops = pd.read_csv(out / "speculative" / "results.csv")  # the loop's ops, a round between each two brackets
