@@ -193,3 +193,26 @@ def test_the_figures_mark_break_even_points_and_the_summary_flags_over_goal():
     assert "the-draft" in text and "Break-even α per γ" in text and "OVER GOAL" in text
     assert figs.speculative_summary({}) == ""
     assert "no speculative.csv" in figs.speculative_figure({}).axes[0].texts[0].get_text()
+
+
+def test_a_phases_folder_with_speculation_loads_and_reports_it(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import phasebench.analysis as pa
+    from phasebench.analysis.report.sections import speculative_tables
+
+    folder = tmp_path / "phases"
+    shutil.copytree(Path(pa.__file__).parent / "sample" / "cpu-phases", folder)
+    assert pa.load_phases(folder).get("speculative") is None and speculative_tables(pa.load_phases(folder)) == []
+    batches, gammas, alphas = (1,), (2, 4), (0.6, 0.8)
+    sp.speculative_table(_steps(batches, gammas), batches, 128, gammas, alphas).to_csv(folder / "speculative.csv",
+                                                                                       index=False)
+    composed = {**_steps(batches, gammas), ("draft", 2): (2.0, 0), ("verify", 2, 3): (13.0, 0), ("tpot", 2): (11.0, 0)}
+    sp.loop_check_table(_loops(), composed, composed, layers=2, draft_layers=1, goal_pct=15.0).to_csv(
+        folder / "speculative_check.csv", index=False)
+    tables = pa.load_phases(folder)
+    assert len(tables["speculative"]) == 4 and len(tables["speculative_check"]) == 1
+    html = "".join(speculative_tables(tables))
+    assert "the best γ per α" in html and "the break-even α per γ" in html and "against a real loop" in html
+    assert "speedup over plain decode" in pa.speculative_figure(tables).axes[0].get_ylabel()
