@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 import torch
-from phasebench.analysis.compare import compare
-from phasebench.bench.phases.interference import HOST_MODEL, InterferenceConfig, run_interference
+from phasebench.analysis.comparison.pairs import compare
+from phasebench.bench.phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
 from phasebench.bench.spec.models import model_config
 from phasebench.bench.sweep.selection import resolve_device
 

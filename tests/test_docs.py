@@ -25,6 +25,10 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]+)>?(?:\s+\"
 HTML_LINK = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)\s*=\s*\"([^\"]+)\"", re.I)
 HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto: ... never fetched
+# A repository path in a code span starts at a top-level folder, or at a folder of bench/ (the README's case path
+# names them from there); one with a placeholder (<op>, DIR, *, ...) is an example, not a path.
+TOP_FOLDERS = ("kernels", "bench", "profiles", "analysis", "tests", "docs", "notes", ".ci")
+PLACEHOLDER = re.compile(r"[<>*{}\[\]$]|\.\.\.|(?:^|/)[A-Z][A-Z_-]*(?:/|$)")
 
 
 def without_code(text: str) -> str:
@@ -58,6 +62,25 @@ def links(page: Path) -> list[str]:
     return LINK.findall(text) + HTML_LINK.findall(text)
 
 
+def missing_paths(page: Path, root: Path = REPO) -> list[str]:
+    """The repository paths named in code spans of `page` (outside fenced blocks) that name no file or folder."""
+    spans = CODE_SPAN.findall(FENCE.sub("", page.read_text(encoding="utf-8")))
+    missing = []
+    for token in {token.rstrip(".,:;") for span in spans for token in span.strip("`").split()}:
+        first = token.partition("/")[0]
+        if "/" not in token or PLACEHOLDER.search(token):
+            continue
+        if first in TOP_FOLDERS:
+            path = root / token
+        elif first.isidentifier() and (root / "bench" / first).is_dir():
+            path = root / "bench" / token
+        else:
+            continue
+        if not path.exists():
+            missing.append(f"{page.name}: {token}")
+    return sorted(missing)
+
+
 def broken(page: Path, root: Path = REPO) -> list[str]:
     """The relative links of `page` that name no file under `root`, or an anchor that no heading of it makes."""
     wrong = []
@@ -83,6 +106,11 @@ def test_the_manual_has_its_pages():
 def test_every_relative_link_and_image_resolves(page):
     assert links(page), f"{page.name} links nowhere"
     assert broken(page) == []
+
+
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_repository_path_in_code_exists(page):
+    assert missing_paths(page) == []
 
 
 def test_every_docs_page_is_linked_from_the_readme():
@@ -116,3 +144,15 @@ def test_the_check_finds_a_missing_file_a_missing_anchor_and_ignores_code(tmp_pa
         "page.md: docs/missing.md (no such file)",
         "page.md: docs/other.md#not-a-heading (no heading makes #not-a-heading)",
     ]
+
+
+def test_the_path_check_finds_a_missing_path_and_skips_examples(tmp_path):
+    (tmp_path / "bench" / "spec").mkdir(parents=True)
+    (tmp_path / "bench" / "spec" / "roof.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`bench/spec/roof.py`, `spec/roof.py` and `python bench/spec/roof.py [rounds]` exist; `bench/spec/gone.py`,\n"
+        "`spec/gone.py`.\n"
+        "Examples: `bench/ops/<op>/cases.py`, `analysis/DIR/x.csv`, `tests/*.py`, `results/run.json`, `a/b`.\n"
+        "```\n`bench/in_a_fence.py`\n```\n")
+    assert missing_paths(page, root=tmp_path) == ["page.md: bench/spec/gone.py", "page.md: spec/gone.py"]

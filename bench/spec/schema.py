@@ -46,7 +46,7 @@ RESULT_COLUMNS = (
     "read_gbps", "write_gbps",  # read-only and write-only bandwidth past the last-level cache
     "roof_tflops", "pct_roofline", "bound",
     "roof_model",  # "read+write": the floor of read_bytes and write_bytes; "copy": bytes at peak_gbps (bench.spec.roof)
-    "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: left off the figures, the finding in `reason`
+    "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: drawn hollow and counted, the finding in `reason`
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
