@@ -1,4 +1,5 @@
-"""`phasebench interference` rows: loading them, the table per decode batch and prompt, and what each user keeps."""
+"""`phasebench interference` rows: loading them, the tables per decode batch and prompt (the hybrid iteration per chunk,
+spatial sharing per mode), and what each user keeps of the whole model."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from ...bench.spec.interference_schema import (
 from ..loading.results import DataFileError
 from ..phases.model import USER_TARGETS
 
-SHOWN = ("batch", "prompt", "mode", "mechanism", "decode_ms", "decode_p90_ms", "stretch", "p90_stretch",
+SHOWN = ("batch", "prompt", "mode", "mechanism", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "stretch",
          "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
+HYBRID_SHOWN = ("batch", "prompt", "chunk", "iterations", "decode_only_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
+                "itl_p99_ms", "itl_max_ms", "ttft_ms", "chunk_cost", "decode_tokens_per_s", "tokens_per_s_per_user")
+SHORT = {"itl_mean_ms": "mean", "itl_p50_ms": "p50", "itl_p90_ms": "p90", "itl_p99_ms": "p99", "itl_max_ms": "max",
+         "decode_only_ms": "decode_only", "tokens_per_s_per_user": "tok/s/user", "prefill_slowdown": "prefill_x",
+         "decode_tokens_per_s": "decode_tok/s"}
 
 
 def load_interference(*sources) -> pd.DataFrame:
@@ -76,14 +82,32 @@ def _meta(path: Path) -> dict:
     return meta
 
 
-def mode_label(mode: str, mechanism: str) -> str:
+def mode_label(mode: str, mechanism: str, chunk: str = "") -> str:
+    if mode == "hybrid":
+        return "hybrid (whole prompt)" if chunk == "whole" else f"hybrid (chunk {chunk})"
     return mode if mode == "alone" else f"{mode} ({mechanism})"
 
 
 def ordered(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows by batch, prompt, then alone, colocated, protected."""
+    """Rows by batch, prompt, then alone, colocated, protected, hybrid (by chunk, whole last)."""
     rank = rows["mode"].map({m: i for i, m in enumerate(MODES)})
-    return rows.assign(_rank=rank).sort_values(["batch", "prompt", "_rank", "mechanism"]).drop(columns="_rank")
+    chunk = pd.to_numeric(rows["chunk"], errors="coerce").fillna(np.inf)
+    return (rows.assign(_rank=rank, _chunk=chunk).sort_values(["batch", "prompt", "_rank", "mechanism", "_chunk"])
+            .drop(columns=["_rank", "_chunk"]))
+
+
+def spatial(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["mode"] != "hybrid"]
+
+
+def hybrid(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["mode"] == "hybrid"]
+
+
+def basis(row) -> str:
+    """Where a row's per-user tokens/s come from: all the model's layers, or scaled from a few (schema <= 2 rows:
+    the layers timed, not scaled)."""
+    return str(row["whole_model"] or f"{row['layers']} layers timed, not scaled to the model")
 
 
 def verdicts(rows: pd.DataFrame, targets=USER_TARGETS) -> pd.DataFrame:
@@ -92,16 +116,25 @@ def verdicts(rows: pd.DataFrame, targets=USER_TARGETS) -> pd.DataFrame:
     ok = ordered(rows[rows["status"] == "ok"])
     out = []
     for (batch, prompt), group in ok.groupby(["batch", "prompt"], sort=False):
-        labels = [mode_label(m, k) for m, k in zip(group["mode"], group["mechanism"], strict=True)]
+        labels = [mode_label(m, k, c) for m, k, c in zip(group["mode"], group["mechanism"], group["chunk"],
+                                                          strict=True)]
         rates = group["tokens_per_s_per_user"].to_numpy(float)
+        bases = sorted({basis(row) for row in group.to_dict("records")})
         for target in targets:
-            out.append({"batch": batch, "prompt": prompt, "target": target,
+            out.append({"batch": batch, "prompt": prompt, "target": target, "basis": "; ".join(bases),
                         "kept": [lab for lab, r in zip(labels, rates, strict=True) if r >= target],
                         "lost": [lab for lab, r in zip(labels, rates, strict=True) if r < target]})
-    return pd.DataFrame(out, columns=["batch", "prompt", "target", "kept", "lost"])
+    return pd.DataFrame(out, columns=["batch", "prompt", "target", "basis", "kept", "lost"])
+
+
+def verdict_line(v: dict) -> str:
+    return (f"batch {v['batch']}, prompt {v['prompt']}, {v['target']:g} tok/s ({v['basis']}): kept by "
+            f"{', '.join(v['kept']) or 'none'}; lost by {', '.join(v['lost']) or 'none'}")
 
 
 def _cell(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and not np.isfinite(value)):
+        return "–"
     if isinstance(value, (bool, np.bool_)):
         return "NOISY" if value else ""
     if isinstance(value, (int, np.integer)):
@@ -111,28 +144,34 @@ def _cell(value) -> str:
     return str(value)
 
 
+def _table(rows: pd.DataFrame, columns) -> str:
+    table = rows[list(columns)].rename(columns=SHORT)
+    return table.to_string(index=False, na_rep="–", formatters={c: _cell for c in table.columns})
+
+
 def interference_summary(rows: pd.DataFrame) -> str:
-    """What `phasebench interference` prints: the decode step per batch, prompt and mode (median and p90, the
-    stretch against alone, each user's tokens/s), the prefill's slowdown, then who keeps the per-user targets."""
+    """What `phasebench interference` prints: the hybrid iteration per batch, prompt and chunk (the decode users'
+    ITL in ms against the decode-only iteration, TTFT, the cost of chunking), the spatial modes (the ITL's mean and
+    tail, the median's stretch against alone, the prefill's slowdown), then who keeps the per-user targets."""
     if rows.empty:
         return "interference: no rows"
     first = rows.iloc[0]
     out = [f"interference · {first['model']} ({first['layers']} layers) · {first['device']} · {first['dtype']} · "
            f"context {first['context']}"]
     ok = ordered(rows[rows["status"] == "ok"])
-    if len(ok):
-        table = ok[list(SHOWN)].rename(columns={"tokens_per_s_per_user": "tok/s/user", "prefill_slowdown":
-                                                "prefill_x"})
-        out += ["", table.to_string(index=False, formatters={c: _cell for c in table.columns})]
+    if len(hybrid(ok)):
+        out += ["", "Hybrid iteration: one prompt's arrival in the decode users' iterations (ITL in ms over the "
+                    "prompt's iterations)", _table(hybrid(ok), HYBRID_SHOWN)]
+    if len(spatial(ok)):
+        out += ["", "Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)",
+                _table(spatial(ok), SHOWN)]
     for row in rows[rows["status"] != "ok"].to_dict("records"):
         out.append(f"{row['status']}: batch {row['batch']} prompt {row['prompt']} "
-                   f"{mode_label(row['mode'], row['mechanism'])}: {row['reason']}")
+                   f"{mode_label(row['mode'], row['mechanism'], row['chunk'])}: {row['reason']}")
     judged = verdicts(rows)
     if len(judged):
-        out += ["", "Per-user targets (tokens/s each decode user sees):"]
-        for v in judged.to_dict("records"):
-            out.append(f"  batch {v['batch']}, prompt {v['prompt']}, {v['target']:g} tok/s: kept by "
-                       f"{', '.join(v['kept']) or 'none'}; lost by {', '.join(v['lost']) or 'none'}")
+        out += ["", "Per-user targets (tokens/s each decode user sees, from the mean ITL of the whole model):"]
+        out += [f"  {verdict_line(v)}" for v in judged.to_dict("records")]
     noisy = ok[ok["noisy"].astype(bool)]
     if len(noisy):
         out.append(f"\n{len(noisy)} of {len(ok)} rows NOISY (something besides the co-runner used the device), "

@@ -1,4 +1,5 @@
-"""The `interference` verb: a decode step timed alone, beside a prefill on the same device, and protected from it."""
+"""The `interference` verb: a prompt's arrival in the decode users' iterations (whole or chunked), and a decode step
+timed alone, beside a prefill on the same device, and protected from it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from .options import check_seconds, check_writable
 def cmd_interference(args) -> int:
     check_seconds(args, "window")
     device = resolve_device(args.device)
-    from ..phases.run_interference import HOST_MODEL, InterferenceConfig, run_interference
+    from ..phases.interference.run_hybrid import parse_chunk
+    from ..phases.interference.run_interference import HOST_MODEL, InterferenceConfig, run_interference
     from ..spec.models import model_config
 
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")
@@ -22,14 +24,21 @@ def cmd_interference(args) -> int:
         cfg = InterferenceConfig.defaults(model, device, out, dtype=args.dtype,
                                           prompts=tuple(args.prompt) if args.prompt else None,
                                           batches=tuple(args.batch) if args.batch else None, context=args.context,
-                                          layers=args.layers, window_s=args.window, rounds=args.rounds)
+                                          layers=args.layers, window_s=args.window, rounds=args.rounds,
+                                          chunks=tuple(map(parse_chunk, args.chunk)) if args.chunk else None,
+                                          arrivals=args.arrivals, forms=tuple(args.form) if args.form else None)
     except ValueError as err:
         raise UsageError(str(err)) from None
     check_writable(out)
     cfg.on_line = lambda line: print(line, file=sys.stderr, flush=True)
+    forms = []
+    if "hybrid" in cfg.forms:
+        forms.append(f"hybrid: chunks {' '.join(map(str, cfg.chunks))}, {cfg.arrivals} arrivals each")
+    if "spatial" in cfg.forms:
+        forms.append(f"spatial: {cfg.rounds} rounds of {cfg.window_s:g} s windows")
     print(f"phasebench interference: {model.name} ({cfg.layers} layers, {cfg.dtype}) on {device}, batches "
-          f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}, {cfg.rounds} rounds of "
-          f"{cfg.window_s:g} s windows -> {cfg.out_dir}", file=sys.stderr, flush=True)
+          f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}; {'; '.join(forms)} -> "
+          f"{cfg.out_dir}", file=sys.stderr, flush=True)
     rows = run_interference(cfg)
     from ...analysis.interference.figures import write_interference_figures
     from ...analysis.interference.rows import interference_summary
@@ -41,8 +50,9 @@ def cmd_interference(args) -> int:
 
 
 def add_interference_verb(verbs) -> None:
-    verb = verbs.add_parser("interference", help="a real decode step timed alone, beside a looped prefill on the same "
-                                                 "device, and protected from it: the users' inter-token stretch")
+    verb = verbs.add_parser("interference", help="a prompt's arrival in the decode users' iterations (whole or "
+                                                 "chunked), and a decode step beside a looped prefill on the same "
+                                                 "device: the users' inter-token latency (mean, p90, p99) and TTFT")
     verb.add_argument("--model", help="a preset or name=...,hidden=...,... (default: llama-3-8b on a GPU, a small "
                                       "decoder on the host)")
     verb.add_argument("--prompt", nargs="+", type=int, metavar="P", help="tokens of the co-located prefill")
@@ -53,6 +63,11 @@ def add_interference_verb(verbs) -> None:
                                                                 "(default 1)")
     verb.add_argument("--rounds", type=int, help="rounds over the modes, their order turned each round (default: 2 "
                                                  "on the host, 3 on a GPU)")
+    verb.add_argument("--chunk", nargs="+", metavar="C", help="the hybrid form's prompt tokens per iteration, and "
+                                                              "'whole' (default: 64 128 256 512 whole on the host)")
+    verb.add_argument("--arrivals", type=int, help="the hybrid form's arrivals per batch, prompt and chunk, their "
+                                                   "order turned each time (default: 4 on the host, 10 on a GPU)")
+    verb.add_argument("--form", nargs="+", choices=("hybrid", "spatial"), help="what to measure (default: both)")
     verb.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     verb.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
     verb.add_argument("--out", help="folder (default: a new ./results/interference-<timestamp>/)")

@@ -3,6 +3,6 @@ run and composes them (run_phases, with analysis.phases.model), each layer's and
 against alone (op_sequence: the composition's sequence term), checked against real forward passes of the same dims
 at L and 2L layers (reference_check: timed in brackets interleaved with rounds of the ops; analysis.phases.check
 computes the errors) of a plain-PyTorch decoder (reference_decoder) and of transformers' Llama (hf_reference);
-`phasebench interference` times that decoder's decode step alone, beside a prefill co-runner (corunner: a second
-process or CUDA stream) and protected from it (run_interference). Imports bench.sweep and below, and
-analysis.phases (torch-free)."""
+the decoder's hybrid iteration (hybrid_step: decode tokens and a prompt's chunk in one forward), which
+`phasebench interference` (the interference package) times as a prompt arrives, beside its spatial sharing modes.
+Imports bench.sweep and below, and analysis.phases (torch-free)."""

@@ -155,7 +155,11 @@ def format_summary(summary: dict, out: Path) -> list[str]:
             lines.append(f"  {best['impl']:<8} {best['phase']:<16} best {best['best_pct_roofline']:.1f}% of roofline, "
                          f"median {best['median_tflops']:.4g} TFLOP/s, {best['median_gbps']:.4g} GB/s")
     for row in (summary.get("interference") or {}).get("interference", []):
-        if row.get("mode") != "alone" and row.get("status") == "ok":
+        if row.get("mode") == "hybrid" and row.get("status") == "ok":
+            lines.append(f"interference: batch {row['batch']} prompt {row['prompt']} hybrid (chunk {row['chunk']}): "
+                         f"ITL p99 {row['itl_p99_ms']:.3g} ms (decode-only {row['decode_only_ms']:.3g}), TTFT "
+                         f"{row['ttft_ms']:.4g} ms")
+        elif row.get("mode") != "alone" and row.get("status") == "ok":
             lines.append(f"interference: batch {row['batch']} prompt {row['prompt']} {row['mode']} "
                          f"({row['mechanism']}): decode x{row['stretch']:.2f}, prefill x{row['prefill_slowdown']:.2f}")
     ncu = summary.get("ncu") or {}

@@ -91,9 +91,11 @@ GPU = SelfcheckPlan(
     # minutes at M = 16k, so the linear suites compare the vendor BLAS with Triton (naive linear is in the tests)
     suite_impls={"decode-linear": ("torch", "triton"), "prefill-linear": ("torch", "triton")},
     # the phases step's chunk batch, prompt and context among them, so its co-located estimate is measured; 8 layers
-    # keep three copies of the weights small, one round of short windows keeps it to seconds
+    # keep three copies of the weights small, one round of short windows keeps it to seconds; the hybrid form at the
+    # phases step's chunk (512), a larger one and whole, 3 arrivals each
     interference_args=("--model", "llama-3-8b", "--prompt", "2048", "8192", "--batch", "16", "64", "--context",
-                       "4095", "--layers", "8", "--window", "0.3", "--rounds", "1"),
+                       "4095", "--layers", "8", "--window", "0.3", "--rounds", "1", "--chunk", "512", "2048", "whole",
+                       "--arrivals", "3"),
 )
 
 # The dry run on a host without CUDA: the same steps at host sizes, under three minutes on 2 cores.
@@ -114,5 +116,5 @@ HOST = SelfcheckPlan(
     # the phases step's chunk prompt, chunk batch and context, and all the model's layers (a stretch of fewer is not
     # used), so its co-located estimate is measured
     interference_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "4", "--context", "255", "--layers", "2",
-                       "--window", "0.1", "--rounds", "1"),
+                       "--window", "0.1", "--rounds", "1", "--chunk", "32", "whole", "--arrivals", "2"),
 )

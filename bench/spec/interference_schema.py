@@ -7,17 +7,21 @@ import pandas as pd
 
 from .schema import coerce_columns
 
-INTERFERENCE_SCHEMA = 2  # 2: device_name; covered is the share of the window (schema 1: a flag, read as blank)
+# 2: device_name; covered is the share of the window (schema 1: a flag, read as blank). 3: the hybrid iteration's
+# rows (mode hybrid, chunk), the ITL's mean and tail on every row, whole-model per-user figures (older: blank)
+INTERFERENCE_SCHEMA = 3
 CSV_NAME = "interference.csv"
 RUN_JSON = "run.json"
 # alone: the decode step by itself; colocated: beside a looped prefill of the same model on the same device;
-# protected: co-located with the decode given priority (a high-priority stream) or reserved capacity (its own cores)
-MODES = ("alone", "colocated", "protected")
+# protected: co-located with the decode given priority (a high-priority stream) or reserved capacity (its own cores);
+# hybrid: one forward iteration carries the decode users' tokens and an arriving prompt's (whole, or a chunk of it)
+MODES = ("alone", "colocated", "protected", "hybrid")
+WHOLE = "whole"  # the chunk of a hybrid row that carries the whole prompt in one iteration
 # A co-located row whose prefill ran through less of a timed window than this understates the stretch: its reason
 # says so, and the phase model does not use it.
 COVERED_MIN = 0.95
-# One row per (model, layers, dtype, batch, context, prompt, mode, mechanism) on one device.
-KEY_COLUMNS = ("device", "model", "layers", "dtype", "batch", "context", "prompt", "mode", "mechanism")
+# One row per (model, layers, dtype, batch, context, prompt, mode, mechanism, chunk) on one device.
+KEY_COLUMNS = ("device", "model", "layers", "dtype", "batch", "context", "prompt", "mode", "mechanism", "chunk")
 
 INTERFERENCE_COLUMNS = (
     "run_id", "time", "device",
@@ -26,11 +30,27 @@ INTERFERENCE_COLUMNS = (
     "batch",  # decode sequences, one new token each per step
     "context",  # tokens already in each decode sequence's KV cache
     "prompt",  # tokens of the prefill co-located with the decode (the same prompt length for the alone row)
-    "mode", "mechanism",  # e.g. colocated / process, protected / disjoint cores or priority stream
+    "mode", "mechanism",  # e.g. colocated / process, protected / disjoint cores or priority stream, hybrid / chunked
+    "chunk",  # hybrid rows: the prompt's tokens per iteration ("64", ...) or "whole"; blank for spatial rows
+    "chunk_tokens",  # hybrid rows: the chunk in tokens (the prompt's for whole)
+    "iterations",  # hybrid rows: iterations from the prompt's arrival to its first token
+    # the decode users' inter-token latency: hybrid rows over the prompt's iterations, spatial rows over the decode
+    # samples (alone rows: by itself), pooled over the rounds; judged on its tail, never on a median alone
+    "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "itl_max_ms",
+    "decode_only_ms", "decode_only_p99_ms",  # the decode-only iteration (hybrid rows) or the alone row's decode
+    "ttft_ms",  # hybrid rows: the prompt's arrival to its first token (the sum of its iterations), median of arrivals
+    "ttft_max_ms",  # the slowest arrival's
+    "decode_tokens_per_s",  # hybrid rows: the decode users' tokens/s (all of them) while the prompt is processed
+    "chunk_cost",  # hybrid rows: ttft_ms / ttft_ms of the whole prompt in one iteration (same batch and prompt)
     "decode_ms", "decode_p10_ms", "decode_p90_ms", "samples",  # the decode step, pooled over the rounds
     "stretch",  # decode_ms / decode_ms of the alone row of the same batch, context and prompt
     "p90_stretch",  # decode_p90_ms / the alone row's decode_p90_ms
-    "tokens_per_s_per_user",  # 1000 / decode_ms: what each decode user sees
+    "tokens_per_s_per_user",  # 1000 / model_itl_ms: what each decode user sees, of the whole model (schema <= 2:
+    # 1000 / decode_ms of the layers measured)
+    "model_layers",  # the model's layers: `layers` of them were timed
+    "head_ms",  # the final norm, lm_head and greedy pick over the batch's tokens, timed alone (counted once)
+    "model_itl_ms",  # the whole model's mean ITL: head_ms + (itl_mean_ms - head_ms) x model_layers / layers
+    "whole_model",  # "all N layers" or "scaled from L of N layers": where tokens_per_s_per_user comes from
     "prefill_alone_ms",  # the prefill of `prompt` tokens by itself, as the co-runner times it
     "prefill_ms",  # the same prefill in this mode (alone for the alone row)
     "prefill_slowdown",  # prefill_ms / prefill_alone_ms
@@ -43,9 +63,12 @@ INTERFERENCE_COLUMNS = (
     "status", "reason",  # ok, skipped, failed
 )
 INT_COLUMNS = ("layers", "batch", "context", "prompt", "samples", "prefill_samples", "decode_threads",
-               "prefill_threads", "rounds")
+               "prefill_threads", "rounds", "chunk_tokens", "iterations", "model_layers")
+ITL_COLUMNS = ("itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "itl_max_ms")
 FLOAT_COLUMNS = ("decode_ms", "decode_p10_ms", "decode_p90_ms", "stretch", "p90_stretch", "tokens_per_s_per_user",
-                 "prefill_alone_ms", "prefill_ms", "prefill_slowdown", "covered", "window_s", "others_cores")
+                 "prefill_alone_ms", "prefill_ms", "prefill_slowdown", "covered", "window_s", "others_cores",
+                 *ITL_COLUMNS, "decode_only_ms", "decode_only_p99_ms", "ttft_ms", "ttft_max_ms",
+                 "decode_tokens_per_s", "chunk_cost", "head_ms", "model_itl_ms")
 BOOL_COLUMNS = ("noisy",)
 STRING_COLUMNS = tuple(c for c in INTERFERENCE_COLUMNS if c not in INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS)
 REQUIRED = ("batch", "context", "prompt", "mode", "mechanism", "status")  # the rest may be blank (a failed row)
@@ -64,6 +87,9 @@ def conform_interference(df: pd.DataFrame) -> pd.DataFrame:
         if name not in out.columns:
             out[name] = "" if name in STRING_COLUMNS else np.nan
     out = coerce_columns(out, strings=STRING_COLUMNS, ints=INT_COLUMNS, floats=FLOAT_COLUMNS, bools=BOOL_COLUMNS)
+    # schema <= 2 rows knew the median and p90 only: they are the ITL's p50 and p90 (mean and p99 stay blank)
+    out["itl_p50_ms"] = out["itl_p50_ms"].fillna(out["decode_ms"])
+    out["itl_p90_ms"] = out["itl_p90_ms"].fillna(out["decode_p90_ms"])
     out["noisy"] = out["noisy"].fillna(False)
     unknown = sorted(set(out["mode"]) - set(MODES))
     if unknown:

@@ -15,6 +15,7 @@ from phasebench.analysis import (
     write_report,
 )
 from phasebench.analysis.figures.kit import SERIES_GID
+from phasebench.analysis.interference.figures import chunk_figure
 from phasebench.analysis.interference.rows import interference_summary, verdicts
 from phasebench.analysis.loading.results import DataFileError
 from phasebench.bench.cli.main import main
@@ -117,11 +118,12 @@ def test_summary_prints_the_rows_the_verdicts_and_what_went_wrong():
     assert lines[0] == "interference · m-test (2 layers) · cpu · float32 · context 300"
     table = [line.split() for line in lines if line.split()[:2] in (["1", "64"], ["6", "512"])]
     assert [r[2] for r in table] == ["alone", "colocated", "protected", "alone", "colocated", "protected"]
-    assert table[1][4:7] == ["200", "240", "4"]  # decode ms, p90, stretch
+    # mean, p50, p90, p99, stretch: schema 2's rows knew the median and p90 only
+    assert table[1][4:9] == ["–", "200", "240", "–", "4"]
     assert table[4][-1] == "NOISY"
     assert "failed: batch 1 prompt 512 protected (disjoint cores): out of memory: boom" in lines
-    assert "  batch 1, prompt 64, 10 tok/s: kept by alone, protected (disjoint cores); lost by colocated (process)" \
-        in lines
+    assert ("  batch 1, prompt 64, 10 tok/s (2 layers timed, not scaled to the model): kept by alone, protected "
+            "(disjoint cores); lost by colocated (process)") in lines
     assert lines[-1].startswith("1 of 11 rows NOISY") and "0.90 of 2 CPUs" in lines[-1]
 
 
@@ -156,7 +158,7 @@ def test_user_rate_figure_has_every_mode_and_the_targets():
 
 def test_figures_say_when_there_is_nothing_to_draw(tmp_path):
     rows = designed_rows(failed={(b, p, m) for b in (1, 6) for p in (64, 512) for m in MECHANISMS})
-    for draw in (stretch_figure, user_rate_figure):
+    for draw in (stretch_figure, user_rate_figure, chunk_figure):
         assert "no data" in draw(rows).axes[0].texts[0].get_text()
     paths = write_interference_figures(designed_rows(), tmp_path)
     assert [p.name for p in paths] == ["interference_stretch.png", "interference_users.png"]
@@ -179,3 +181,65 @@ def test_cli_report_on_an_interference_folder(tmp_path, capsys):
     assert main(["report", str(folder), "--out", str(tmp_path / "out")]) == 0
     assert 'id="interference"' in (tmp_path / "out" / "report.html").read_text()
     assert f"interference: {folder}" in capsys.readouterr().out
+
+
+# the hybrid form: (ITL p99, mean, TTFT) in ms per (batch, chunk) at prompt 512; decode-only 10 ms at batch 1, 20 at 8
+HYBRID = {(1, "64"): (40.0, 14.0, 400.0), (1, "256"): (90.0, 30.0, 320.0), (1, "whole"): (300.0, 300.0, 300.0),
+          (8, "64"): (60.0, 25.0, 500.0), (8, "256"): (120.0, 45.0, 420.0), (8, "whole"): (380.0, 380.0, 380.0)}
+
+
+def designed_hybrid_rows(model_layers=32) -> pd.DataFrame:
+    rows = []
+    for (batch, chunk), (p99, mean, ttft) in HYBRID.items():
+        iterations = {"64": 8, "256": 2, "whole": 1}[chunk]
+        head, whole = 1.0, 1.0 + (mean - 1.0) * model_layers / 2
+        rows.append({"device": "cpu", "model": "m-test", "layers": 2, "dtype": "float32", "batch": batch,
+                     "context": 300, "prompt": 512, "mode": "hybrid",
+                     "mechanism": "whole prompt" if chunk == "whole" else "chunked", "chunk": chunk,
+                     "chunk_tokens": 512 if chunk == "whole" else int(chunk), "iterations": iterations,
+                     "itl_mean_ms": mean, "itl_p50_ms": 0.8 * mean, "itl_p90_ms": 0.9 * p99, "itl_p99_ms": p99,
+                     "itl_max_ms": p99, "decode_only_ms": 10.0 * (1 + (batch == 8)), "ttft_ms": ttft,
+                     "chunk_cost": ttft / HYBRID[(batch, "whole")][2], "prefill_alone_ms": 250.0,
+                     "decode_tokens_per_s": batch * iterations * 1e3 / ttft, "model_layers": model_layers,
+                     "head_ms": head, "model_itl_ms": whole, "tokens_per_s_per_user": 1e3 / whole,
+                     "whole_model": f"scaled from 2 of {model_layers} layers", "status": "ok", "reason": ""})
+    return conform_interference(pd.DataFrame(rows))
+
+
+def test_hybrid_rows_print_per_chunk_with_their_tail_ttft_and_whole_model_basis():
+    rows = pd.concat([designed_rows(), designed_hybrid_rows()], ignore_index=True)
+    text = interference_summary(rows)
+    lines = text.splitlines()
+    start = lines.index("Hybrid iteration: one prompt's arrival in the decode users' iterations (ITL in ms over the "
+                        "prompt's iterations)")
+    table = [line.split() for line in lines[start + 2:start + 8]]
+    # batch prompt chunk iterations decode_only mean p50 p90 p99 max ttft chunk_cost ...
+    assert [(r[0], r[2], r[8], r[10], r[11]) for r in table] == [
+        ("1", "64", "40", "400", "1.33"), ("1", "256", "90", "320", "1.07"), ("1", "whole", "300", "300", "1"),
+        ("8", "64", "60", "500", "1.32"), ("8", "256", "120", "420", "1.11"), ("8", "whole", "380", "380", "1")]
+    assert "Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)" in lines
+    found = verdicts(designed_hybrid_rows()).set_index(["batch", "prompt", "target"])
+    # whole model of 32 layers scaled from 2: ITL 1 + (mean - 1) x 16 ms; chunk 64 at batch 1: 209 ms, 4.8 tok/s
+    assert found.loc[(1, 512, 3.0), "kept"] == ["hybrid (chunk 64)"]
+    assert found.loc[(1, 512, 3.0), "basis"] == "scaled from 2 of 32 layers"
+    assert "  batch 8, prompt 512, 3 tok/s (scaled from 2 of 32 layers): kept by none; lost by hybrid (chunk 64), " \
+           "hybrid (chunk 256), hybrid (whole prompt)" in interference_summary(designed_hybrid_rows()).splitlines()
+    assert "  batch 6, prompt 512, 3 tok/s (2 layers timed, not scaled to the model): kept by alone, protected " \
+           "(disjoint cores); lost by colocated (process)" in lines
+
+
+def test_chunk_figure_draws_the_tail_and_ttft_per_chunk_and_batch(tmp_path):
+    rows = designed_hybrid_rows()
+    fig = chunk_figure(rows)
+    assert len(fig.axes) == 4  # ITL and TTFT for each of the two batches
+    series = {(ax_i, line.get_label()): list(line.get_ydata()) for ax_i, ax in enumerate(fig.axes)
+              for line in ax.get_lines() if line.get_gid() == SERIES_GID}
+    assert series[(0, "prompt 512 p99")] == [40.0, 90.0, 300.0] and series[(0, "prompt 512 mean")] == [14, 30, 300]
+    assert series[(3, "prompt 512")] == [500.0, 420.0, 380.0]  # batch 8's TTFT
+    assert [t.get_text() for t in fig.axes[3].get_xticklabels()] == ["64", "256", "whole"]
+    # row-major: batch 1's and batch 8's ITL panels, then their TTFT panels
+    only = [line.get_ydata()[0] for line in fig.axes[1].get_lines() if line.get_gid() == "decode_only"]
+    separated = [line.get_ydata()[0] for line in fig.axes[2].get_lines() if line.get_gid() == "separated"]
+    assert only == [20.0] and separated == [250.0]
+    paths = write_interference_figures(rows, tmp_path)
+    assert [p.name for p in paths] == ["interference_chunks.png"]

@@ -153,8 +153,9 @@ def test_dry_run_ran_every_step(dry_run):
         assert found["status"].get("ok", 0) + found["budget_skips"] == found["rows"], (suite, found)
     assert summary["suites"]["prefill"]["status"].get("ok", 0) >= 1
     assert {row["phase"] for row in summary["phases"]["reference"]} == {"prefill", "decode"}
-    measured = summary["interference"]["interference"]  # the decode step alone, beside a prefill, protected
-    assert {r["mode"] for r in measured} == {"alone", "colocated", "protected"}
+    measured = summary["interference"]["interference"]  # the hybrid form; the decode step alone, beside a prefill
+    assert {r["mode"] for r in measured} == {"alone", "colocated", "protected", "hybrid"}
+    assert {str(r["chunk"]) for r in measured if r["mode"] == "hybrid"} == {"32", "whole"}
     assert {(r["batch"], r["prompt"]) for r in measured} == {(4, 64)}
     assert {r["option"] for r in summary["phases"]["colocated"]} == {"separated", "co-located", "protected"}
     assert summary["profile"]["summary"] and summary["files"][selfcheck.ARCHIVE] > 0

@@ -1,7 +1,7 @@
-"""`phasebench interference` on the host: every mode gets its row, the rows round-trip through the loader; the share of
-a window the co-runner covers, the co-runners, their placement, the modes and bad input on their own; the GPU paths
-under `cuda`. How much a prefill stretches the decode, and how much a protection saves, are timings: `pytest bench
---expectations` measures and reports them (bench/test_expectations_bench.py)."""
+"""`phasebench interference` on the host: every hybrid chunk and spatial mode gets its row, the rows round-trip through
+the loader; the share of a window the co-runner covers, the co-runners, their placement, the modes and bad input on
+their own; the GPU paths under `cuda`. How much a prefill stretches the decode, how much a protection saves and what
+chunking does to the tail and to TTFT are timings: `pytest bench --expectations` and the verb's output report them."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from phasebench.analysis import load_interference
 from phasebench.bench.cli.main import main
 from phasebench.bench.instruments.contention import ContentionProbe
 from phasebench.bench.instruments.roofline import device_name
-from phasebench.bench.phases import corunner
-from phasebench.bench.phases.corunner import (
+from phasebench.bench.phases.interference import corunner
+from phasebench.bench.phases.interference.corunner import (
     CoRunnerError,
     Placement,
     PrefillSpec,
@@ -29,7 +29,7 @@ from phasebench.bench.phases.corunner import (
     place_host,
     split_cpus,
 )
-from phasebench.bench.phases.run_interference import (
+from phasebench.bench.phases.interference.run_interference import (
     HOST_MODEL,
     InterferenceConfig,
     Mode,
@@ -39,7 +39,7 @@ from phasebench.bench.phases.run_interference import (
     plan_modes,
     run_interference,
 )
-from phasebench.bench.spec.interference_schema import COVERED_MIN, INTERFERENCE_COLUMNS, MODES
+from phasebench.bench.spec.interference_schema import COVERED_MIN, INTERFERENCE_COLUMNS
 from phasebench.bench.spec.models import DecoderConfig
 
 # the host preset (hidden 512, 2 layers): big enough that both sides' ops use both cores (a hidden-256 decoder's
@@ -49,6 +49,9 @@ SMALL_MODEL = DecoderConfig(hidden=64, intermediate=96, layers=2, q_heads=2, kv_
                             name="interference-small")
 CPU = torch.device("cpu")
 LARGE, SMALL = 128, 16  # prompt tokens: a prefill of tens of ms, and one of a few
+CHUNK = 48  # the hybrid form's chunk: 3 iterations of the large prompt (the last one shorter), more than the small
+SPATIAL = {("alone", "alone"), ("colocated", "process"), ("colocated", "threads split, unpinned"),
+           ("protected", "disjoint cores")}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,8 @@ def host_run(tmp_path_factory):
     out, printed, progress = tmp_path_factory.mktemp("interference"), io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(progress):
         status = main(["interference", "--model", TINY, "--prompt", str(SMALL), str(LARGE), "--batch", "1", "3",
-                       "--context", "97", "--window", "0.1", "--rounds", "2", "--device", "cpu", "--out", str(out)])
+                       "--context", "97", "--window", "0.1", "--rounds", "2", "--chunk", str(CHUNK), "whole",
+                       "--arrivals", "2", "--device", "cpu", "--out", str(out)])
     assert status == 0, progress.getvalue()[-2000:]
     return out, printed.getvalue(), progress.getvalue(), load_interference(out)
 
@@ -73,13 +77,13 @@ def _row(rows, batch, prompt, mode):
 
 
 def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
-    out, _, _, rows = host_run
-    assert list(rows.columns[:len(INTERFERENCE_COLUMNS)]) == list(INTERFERENCE_COLUMNS)
-    assert len(rows) == 2 * 2 * len(MODES) and (rows["layers"] == 2).all() and (rows["rounds"] == 2).all()
-    assert (rows["device_name"] == device_name(CPU)).all()  # as result rows name the device
+    out, _, _, every = host_run
+    assert list(every.columns[:len(INTERFERENCE_COLUMNS)]) == list(INTERFERENCE_COLUMNS)
+    assert (every["device_name"] == device_name(CPU)).all()  # as result rows name the device
+    rows = every[every["mode"] != "hybrid"]
+    assert len(rows) == 2 * 2 * len(SPATIAL) and (rows["layers"] == 2).all() and (rows["rounds"] == 2).all()
     assert (rows["status"] == "ok").all(), rows[["mode", "reason"]]
-    assert set(zip(rows["mode"], rows["mechanism"], strict=True)) == {
-        ("alone", "alone"), ("colocated", "process"), ("protected", "disjoint cores")}
+    assert set(zip(rows["mode"], rows["mechanism"], strict=True)) == SPATIAL
     assert (rows["samples"] >= 3 * 2).all() and (rows["decode_ms"] > 0).all()
     assert (rows["decode_p10_ms"] <= rows["decode_ms"]).all() and (rows["decode_ms"] <= rows["decode_p90_ms"]).all()
     alone = rows[rows["mode"] == "alone"]
@@ -92,31 +96,88 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     assert (beside["reason"].str.contains("of a timed window") == short).all(), beside[["covered", "reason"]]
     assert rows.loc[rows["mode"] == "alone", "covered"].isna().all()
     assert (beside["prefill_ms"] > 0).all()
-    assert rows["tokens_per_s_per_user"].tolist() == pytest.approx((1e3 / rows["decode_ms"]).tolist())
+    _check_itl_and_whole_model(rows)
+    assert (rows["itl_p50_ms"] == rows["decode_ms"]).all()
+    split = rows[rows["mechanism"].isin(["disjoint cores", "threads split, unpinned"])]
+    assert (split["decode_threads"] + split["prefill_threads"] <= len(os.sched_getaffinity(0))).all()
     protected = rows[rows["mode"] == "protected"]
-    assert (protected["decode_threads"] + protected["prefill_threads"] <= len(os.sched_getaffinity(0))).all()
     assert set(protected["decode_cpus"]).isdisjoint(set(protected["prefill_cpus"]))
+    control = rows[rows["mechanism"] == "threads split, unpinned"]  # the threads of disjoint cores, no pinning
+    assert (control["decode_cpus"] == "all").all() and (control["prefill_cpus"] == "all").all()
+    assert control["decode_threads"].tolist() == protected["decode_threads"].tolist()
+
+
+def _check_itl_and_whole_model(rows):
+    """The ITL's statistics in order, and each user's tokens/s from the mean ITL of the whole (2-layer) model."""
+    itl = rows[["itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "itl_max_ms"]].to_numpy(float)
+    assert (itl[:, :-1] <= itl[:, 1:]).all() and (rows["itl_mean_ms"] <= rows["itl_max_ms"]).all()
+    assert (rows["itl_mean_ms"] > 0).all() and (rows["decode_only_ms"] > 0).all()
+    assert (rows["whole_model"] == "all 2 layers").all() and (rows["model_layers"] == 2).all()
+    assert rows["tokens_per_s_per_user"].tolist() == pytest.approx((1e3 / rows["itl_mean_ms"]).tolist())
+
+
+def test_every_batch_prompt_and_chunk_gets_one_hybrid_row(host_run):
+    _, _, progress, every = host_run
+    rows = every[every["mode"] == "hybrid"].set_index(["batch", "prompt", "chunk"])
+    assert len(rows) == 2 * 2 * 2 and (rows["rounds"] == 2).all()
+    for batch in (1, 3):
+        skipped = rows.loc[(batch, SMALL, str(CHUNK))]
+        assert skipped["status"] == "skipped"
+        assert skipped["reason"] == f"chunk {CHUNK} is more than the prompt's {SMALL} tokens"
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) == 6, every[["mode", "chunk", "reason"]]
+    _check_itl_and_whole_model(ok)
+    chunked = ok.xs(str(CHUNK), level="chunk")
+    assert chunked["iterations"].tolist() == [3, 3] and chunked["chunk_tokens"].tolist() == [CHUNK, CHUNK]
+    whole = ok.xs("whole", level="chunk")
+    assert (whole["iterations"] == 1).all() and (whole["chunk_cost"] == 1).all()
+    assert whole.index.get_level_values("prompt").tolist() == whole["chunk_tokens"].tolist()
+    assert (ok["samples"] == 2 * ok["iterations"]).all()  # every iteration of both arrivals
+    # TTFT: the median arrival's iterations; the decode users made batch tokens in each of them
+    assert (ok["ttft_ms"] >= ok["itl_p50_ms"]).all() and (ok["ttft_max_ms"] >= ok["ttft_ms"]).all()
+    assert ok["decode_tokens_per_s"].tolist() == pytest.approx(
+        (ok.index.get_level_values("batch") * ok["iterations"] * 1e3 / ok["ttft_ms"]).tolist())
+    assert ok["chunk_cost"].tolist() == pytest.approx(
+        [r.ttft_ms / whole.loc[(b, p), "ttft_ms"] for (b, p, _), r in zip(ok.index, ok.itertuples(), strict=True)])
+    assert (ok["prefill_alone_ms"] > 0).all()
+    assert (ok["noise_reason"].fillna("") != "").tolist() == ok["noisy"].tolist()  # the probe watched each arrival
+    assert (ok["others_cores"] >= 0).all()
+    assert f"hybrid round 2/2 prompt {LARGE} batch 3: decode-only" in progress
 
 
 def test_what_was_printed_is_what_loads_back(host_run):
     out, printed, progress, rows = host_run
     assert f"round 2/2 prompt {LARGE} batch 3: alone" in progress
-    table = [line.split() for line in printed.splitlines() if line.split()[:1] in (["1"], ["3"])]
-    # batch prompt mode mechanism (one or two words) decode_ms decode_p90_ms stretch ..., to 3 significant digits
+    lines = printed.splitlines()
+    split = lines.index("Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)")
+    hybrid = [line.split() for line in lines[:split] if line.split()[:1] in (["1"], ["3"])]
+    spatial = [line.split() for line in lines[split:] if line.split()[:1] in (["1"], ["3"])]
+    # batch prompt chunk iterations decode_only mean p50 p90 p99 max ttft_ms ..., to 3 significant digits
+    shown = {(int(r[0]), int(r[1]), r[2]): (float(r[8]), float(r[10])) for r in hybrid}
+    ok = rows[(rows["mode"] == "hybrid") & (rows["status"] == "ok")]
+    assert len(shown) == len(ok) == 6
+    for row in ok.itertuples():
+        p99, ttft = shown[(row.batch, row.prompt, row.chunk)]
+        assert p99 == pytest.approx(row.itl_p99_ms, rel=1e-2) and ttft == pytest.approx(row.ttft_ms, rel=1e-2)
+    # batch prompt mode mechanism (one to three words) mean p50 p90 p99 stretch ...
     shown = {}
-    for r in table:
-        at = 5 if r[3] == "disjoint" else 4
-        shown[(int(r[0]), int(r[1]), r[2])] = float(r[at]), float(r[at + 2])
-    assert len(shown) == len(rows) == 12
-    for row in rows.itertuples():
-        decode_ms, stretch = shown[(row.batch, row.prompt, row.mode)]
-        assert decode_ms == pytest.approx(row.decode_ms, rel=1e-2) and stretch == pytest.approx(row.stretch, rel=1e-2)
-    assert f"  batch 3, prompt {LARGE}, 10 tok/s: kept by" in printed
-    assert sorted(f.name for f in out.iterdir()) == ["interference.csv", "interference_stretch.png",
-                                                     "interference_users.png", "run.json"]
+    for r in spatial:
+        at = 4 + {"disjoint": 1, "threads": 2}.get(r[3], 0)
+        shown[(int(r[0]), int(r[1]), r[2], r[3])] = float(r[at]), float(r[at + 3]), float(r[at + 4])
+    ok = rows[rows["mode"] != "hybrid"]
+    assert len(shown) == len(ok) == 16
+    for row in ok.itertuples():
+        mean, p99, stretch = shown[(row.batch, row.prompt, row.mode, row.mechanism.split()[0].rstrip(","))]
+        assert mean == pytest.approx(row.itl_mean_ms, rel=1e-2) and p99 == pytest.approx(row.itl_p99_ms, rel=1e-2)
+        assert stretch == pytest.approx(row.stretch, rel=1e-2)
+    assert f"  batch 3, prompt {LARGE}, 10 tok/s (all 2 layers): kept by" in printed
+    assert sorted(f.name for f in out.iterdir()) == ["interference.csv", "interference_chunks.png",
+                                                     "interference_stretch.png", "interference_users.png", "run.json"]
     meta = json.loads((out / "run.json").read_text())
     assert meta["kind"] == "interference" and meta["run_id"] == rows["run_id"].iloc[0]
-    assert [m["mechanism"] for m in meta["modes"]] == ["alone", "process", "disjoint cores"]
+    assert meta["chunks"] == [CHUNK, "whole"] and meta["arrivals"] == 2
+    assert [m["mechanism"] for m in meta["modes"]] == ["alone", "process", "threads split, unpinned",
+                                                      "disjoint cores"]
     assert meta["state_before"]["host"] and meta["noise"].startswith("a window is noisy")
     assert meta["versions"]["torch"] == torch.__version__ and not meta["interrupted"]
 
@@ -127,13 +188,33 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path):
             raise KeyboardInterrupt  # as the self-check's SIGINT at the end of a step's allowance
 
     cfg = InterferenceConfig(model=SMALL_MODEL, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(8,),
-                             batches=(1, 2),
-                             context=5, layers=1, window_s=0.05, rounds=2, on_line=stop_after_the_first)
+                             batches=(1, 2), context=5, layers=1, window_s=0.05, rounds=2, forms=("spatial",),
+                             on_line=stop_after_the_first)
     rows = run_interference(cfg).set_index(["batch", "mode"])
     assert rows.attrs["interrupted"] and json.loads((tmp_path / "run.json").read_text())["interrupted"]
-    assert (rows.loc[1, "status"] == "ok").all() and (rows.loc[1, "reason"] == "1 of 2 rounds").all()
+    # (a co-located row on a busy host may add that its prefill covered too little of the window)
+    assert (rows.loc[1, "status"] == "ok").all() and rows.loc[1, "reason"].str.startswith("1 of 2 rounds").all()
     assert (rows.loc[2, "status"] == "failed").all() and (rows.loc[2, "reason"] == "not measured: interrupted").all()
-    assert len(load_interference(tmp_path)) == 2 * len(MODES)
+    assert len(load_interference(tmp_path)) == 2 * len(SPATIAL)
+
+
+def test_an_interrupted_hybrid_form_keeps_the_arrivals_it_measured(tmp_path):
+    def stop_after_the_first(line):
+        if line.startswith("hybrid round 1/2 prompt 12 batch 1:"):
+            raise KeyboardInterrupt
+
+    cfg = InterferenceConfig(model=SMALL_MODEL, device=CPU, out_dir=tmp_path, dtype="float32", prompts=(12,),
+                             batches=(1, 2), context=5, layers=1, window_s=0.05, rounds=1, chunks=(5, "whole"),
+                             arrivals=2, on_line=stop_after_the_first)
+    rows = run_interference(cfg)
+    assert rows.attrs["interrupted"]
+    hybrid = rows[rows["mode"] == "hybrid"].set_index(["batch", "chunk"])
+    assert (hybrid.loc[1, "status"] == "ok").all() and (hybrid.loc[1, "reason"] == "1 of 2 arrivals").all()
+    assert hybrid.loc[(1, "5"), "iterations"] == 3 and hybrid.loc[(1, "5"), "samples"] == 3
+    assert (hybrid.loc[2, "status"] == "failed").all() and (hybrid.loc[2, "reason"] == "not measured").all()
+    spatial = rows[rows["mode"] != "hybrid"]  # the spatial form never started
+    assert len(spatial) and (spatial["reason"] == "not measured: interrupted").all()
+    assert len(load_interference(tmp_path)) == len(rows)
 
 
 def test_the_covered_share_is_the_union_of_the_iterations_inside_the_window():
@@ -196,11 +277,13 @@ def test_a_row_whose_prefill_covered_too_little_of_a_window_says_so(tmp_path):
                                                   Window((4.0, 6.0), [6.0], covered=0.6)],
                (1, 8, ("protected", "disjoint cores")): [Window((1.0, 2.0), [5.0], covered=0.99),
                                                          Window((2.0, 3.0), [5.0], covered=0.97)]}
-    rows = {r["mode"]: r for r in mode_rows(cfg, modes, skipped, 1, 8, windows, {(8, "process"): [4.0]}, {})}
-    colocated, protected = rows["colocated"], rows["protected"]
+    rows = {(r["mode"], r["mechanism"]): r
+            for r in mode_rows(cfg, modes, skipped, 1, 8, windows, {(8, "process"): [4.0]}, {})}
+    colocated, protected = rows[("colocated", "process")], rows[("protected", "disjoint cores")]
+    assert rows[("colocated", "threads split, unpinned")]["status"] == "failed"  # no window given
     assert colocated["covered"] == 0.6 and "the prefill ran through only 60% of a timed window" in colocated["reason"]
     assert protected["covered"] == 0.97 and protected["reason"] == ""
-    assert rows["alone"]["covered"] is None and colocated["device_name"] == device_name(CPU)
+    assert rows[("alone", "alone")]["covered"] is None and colocated["device_name"] == device_name(CPU)
 
 
 def test_cores_split_into_disjoint_sets():
@@ -214,6 +297,12 @@ def test_the_modes_of_each_device():
     modes, skipped = plan_modes(CPU, frozenset({0}))
     assert [m.key for m in modes] == [("alone", "alone"), ("colocated", "process")]
     assert "needs 2 CPUs" in skipped[("protected", "disjoint cores")]
+    assert "needs 2 CPUs" in skipped[("colocated", "threads split, unpinned")]
+    modes, _ = plan_modes(CPU, frozenset(range(6)))
+    control, protected = modes[2:]
+    assert control.decode.cpus is None and control.decode.threads == protected.decode.threads == 3
+    assert control.prefill.threads == protected.prefill.threads == 3 and control.prefill.cpus is None
+    assert control.decode.describe() == "cpus all (unpinned), 3 threads"
     modes, _ = plan_modes(torch.device("cuda"), frozenset({0, 1}))
     assert [m.key for m in modes] == [("alone", "alone"), ("colocated", "stream"), ("colocated", "process"),
                                       ("protected", "priority stream")]
@@ -293,6 +382,10 @@ def test_a_co_runner_that_fails_says_why_in_one_line():
                                   "vocab=50"], "layers: 9 is not in 1..2"),
     (["--dtype", "int8"], "dtype: unknown dtype 'int8'"),
     (["--window", "0"], "window: must be a positive number"),
+    (["--chunk", "0"], "chunk: must be a positive int or 'whole', got '0'"),
+    (["--chunk", "half"], "chunk: must be a positive int or 'whole', got 'half'"),
+    (["--prompt", "64", "96", "--chunk", "128", "whole"], "chunk: 128 tokens is more than the largest prompt's 96"),
+    (["--arrivals", "0"], "arrivals: must be a positive int"),
 ])
 def test_bad_arguments_get_one_line(argv, says, capsys, tmp_path):
     assert main(["interference", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
@@ -321,6 +414,19 @@ def test_on_a_gpu_every_mode_gets_its_row_beside_a_second_stream_and_a_second_pr
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["modes"][-1]["decode"].startswith("stream priority -")
     assert len(load_interference(tmp_path)) == 4
+
+
+@pytest.mark.cuda
+@pytest.mark.gpu_exclusive
+def test_on_a_gpu_the_hybrid_form_times_each_iteration_with_events(tmp_path):
+    cfg = InterferenceConfig(model=GPU_MODEL, device=torch.device("cuda"), out_dir=tmp_path, dtype="bfloat16",
+                             prompts=(2048,), batches=(8,), context=1024, layers=4, window_s=0.2, rounds=1,
+                             chunks=(512, "whole"), arrivals=3, forms=("hybrid",))
+    rows = run_interference(cfg)
+    assert (rows["status"] == "ok").all(), rows[["chunk", "reason"]]
+    assert rows["chunk"].tolist() == ["512", "whole"] and rows["iterations"].tolist() == [4, 1]
+    assert (rows["samples"] == 3 * rows["iterations"]).all() and (rows["ttft_ms"] > 0).all()
+    assert (rows["whole_model"] == "all 4 layers").all() and rows["chunk_cost"].iloc[-1] == 1
 
 
 @pytest.mark.cuda

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..instruments.roofline import TORCH_DTYPES
-from ..spec.models import DecoderConfig
-from ..sweep.measure import one_line
+from ...instruments.roofline import TORCH_DTYPES
+from ...spec.models import DecoderConfig
+from ...sweep.measure import one_line
 
 Span = tuple[float, float]  # time.monotonic() at an iteration's start and end: CLOCK_MONOTONIC, one for all processes
 READY_TIMEOUT_S = 900.0  # spawning, importing torch, a CUDA context and the model's weights
@@ -39,7 +39,9 @@ class Placement:
     def describe(self) -> str:
         if self.priority is not None:
             return f"stream priority {self.priority}"
-        return f"cpus {cpu_list(self.cpus)}, {self.threads} threads" if self.cpus is not None else ""
+        if self.cpus is None:
+            return f"cpus all (unpinned), {self.threads} threads" if self.threads is not None else ""
+        return f"cpus {cpu_list(self.cpus)}, {self.threads} threads"
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def place_host(placement: Placement, every: frozenset[int]) -> None:
 
 
 def build_decoder(spec: PrefillSpec):
-    from .reference_decoder import ReferenceDecoder
+    from ..reference_decoder import ReferenceDecoder
 
     decoder = ReferenceDecoder(spec.model, spec.layers, spec.device, TORCH_DTYPES[spec.dtype],
                                max_tokens=spec.max_prompt, max_batch=1, seed=spec.seed)

@@ -1,12 +1,12 @@
-"""`phasebench interference`: a real decode step timed alone, beside a looped prefill of the same model on the same
-device, and protected from it (a high-priority stream, reserved cores); stretch = co-located / alone."""
+"""`phasebench interference`: the hybrid iteration (a prompt's arrival, whole or chunked, in the decode users'
+iterations; bench.phases.run_hybrid), and spatial sharing: a real decode step timed alone, beside a looped prefill of
+the same model on the same device, and protected from it (a high-priority stream, reserved cores)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,14 +15,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..instruments.contention import ContentionProbe, snapshot
-from ..instruments.roofline import TORCH_DTYPES, device_name
-from ..instruments.timing import TimerConfig, Timing, time_call
-from ..spec.interference_schema import COVERED_MIN, CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, conform_interference
-from ..spec.models import DecoderConfig
-from ..sweep.measure import one_line
-from ..sweep.metadata import run_metadata
-from ..sweep.runner import new_run_id, now
+from ...instruments.contention import ContentionProbe, snapshot
+from ...instruments.roofline import TORCH_DTYPES
+from ...instruments.timing import TimerConfig, time_call
+from ...spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, WHOLE, conform_interference
+from ...spec.models import DecoderConfig
+from ...sweep.measure import one_line
+from ...sweep.metadata import run_metadata
+from ...sweep.runner import new_run_id, now
+from ..reference_decoder import HOST_LAYERS, ReferenceDecoder, activation_bytes, cache_bytes, weight_bytes
 from .corunner import (
     HIGHEST_PRIORITY,
     LOWEST_PRIORITY,
@@ -33,19 +34,21 @@ from .corunner import (
     StreamCoRunner,
     allowed_cpus,
     covered_share,
-    cpu_list,
     place_host,
     split_cpus,
 )
-from .reference_decoder import HOST_LAYERS, ReferenceDecoder, activation_bytes, cache_bytes, weight_bytes
+from .rows import MAX_STRETCH_WINDOW, base_row, median_or_nan, mode_rows, progress_line
+from .run_hybrid import check_chunks, measure_hybrid
 
 # A small decoder for the host: a decode step of a few ms and a 512-token prefill of a few hundred on 2 cores.
 HOST_MODEL = "name=interference-host,hidden=512,intermediate=1536,layers=2,q_heads=8,kv_heads=2,head_dim=64,vocab=8192"
-HOST = dict(prompts=(128, 512), batches=(1, 8), context=256, window_s=1.0, rounds=2)
-GPU = dict(prompts=(2048, 8192), batches=(16, 64), context=4096, window_s=1.0, rounds=3)
+HOST = dict(prompts=(128, 512), batches=(1, 8), context=256, window_s=1.0, rounds=2, arrivals=4,
+            chunks=(64, 128, 256, 512, WHOLE))
+GPU = dict(prompts=(2048, 8192), batches=(16, 64), context=4096, window_s=1.0, rounds=3, arrivals=10,
+           chunks=(256, 512, 1024, 2048, WHOLE))
+FORMS = ("hybrid", "spatial")  # the hybrid iteration; two engines side by side
+UNPINNED = "threads split, unpinned"  # the host's control: disjoint cores' thread counts without their pinning
 WARMUP_S = 0.05
-# a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone
-MAX_STRETCH_WINDOW = 10
 ALONE_PREFILLS = 2  # prefill iterations timed alone per prompt and round, at least (and for half a window)
 FIT_HEADROOM = 0.85
 NOISE_RULE = ("a window is noisy when processes other than this one and its co-runner used a quarter of a core or "
@@ -70,9 +73,11 @@ class Mode:
 
 
 def plan_modes(device: torch.device, cpus: frozenset[int]) -> tuple[list[Mode], dict[tuple[str, str], str]]:
-    """The modes measured on this device, and those that cannot be, with why. Host: the prefill in a second process
-    (each side with as many threads as CPUs), then the two on disjoint cores (half each, threads to match). GPU: a
-    second stream of this process and a second process, then the decode on a high-priority stream."""
+    """The spatial modes measured on this device, and those that cannot be, with why. Host: the prefill in a second
+    process (each side with as many threads as CPUs); the control, each side with half the threads, unpinned (the end
+    of oversubscription alone); then the two on disjoint cores (half each, threads to match: the control and
+    pinning). GPU: a second stream of this process and a second process, then the decode on a high-priority
+    stream."""
     if device.type == "cuda":
         low, high = Placement(priority=LOWEST_PRIORITY), Placement(priority=HIGHEST_PRIORITY)
         return [Mode("alone", "alone", None, low), Mode("colocated", "stream", "stream", low, low),
@@ -82,9 +87,12 @@ def plan_modes(device: torch.device, cpus: frozenset[int]) -> tuple[list[Mode], 
     modes = [Mode("alone", "alone", None, every), Mode("colocated", "process", "process", every, every)]
     split = split_cpus(cpus)
     if split is None:
-        return modes, {("protected", "disjoint cores"): f"needs 2 CPUs for disjoint cores, {len(cpus)} allowed"}
+        why = f"needs 2 CPUs to split, {len(cpus)} allowed"
+        return modes, {("colocated", UNPINNED): why, ("protected", "disjoint cores"): why}
     decode, prefill = split
-    return modes + [Mode("protected", "disjoint cores", "process", Placement(decode, len(decode)),
+    return modes + [Mode("colocated", UNPINNED, "process", Placement(threads=len(decode)),
+                         Placement(threads=len(prefill))),
+                    Mode("protected", "disjoint cores", "process", Placement(decode, len(decode)),
                          Placement(prefill, len(prefill)))], {}
 
 
@@ -102,6 +110,9 @@ class InterferenceConfig:
     layers: int
     window_s: float
     rounds: int
+    chunks: tuple = (WHOLE,)  # the hybrid form's tokens per iteration: ints, and WHOLE for the prompt at once
+    arrivals: int = 4  # the hybrid form's rounds: one arrival per (batch, prompt, chunk) each
+    forms: tuple[str, ...] = FORMS
     seed: int = 0
     on_line: object = None  # called with each progress line
 
@@ -124,7 +135,7 @@ class InterferenceConfig:
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name[:-1]}: must be positive ints, got {list(values)}")
-        for name in ("context", "rounds"):
+        for name in ("context", "rounds", "arrivals"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive int, got {value!r}")
@@ -135,17 +146,22 @@ class InterferenceConfig:
                              + (" (none fits in this GPU's free memory)" if self.layers == 0 else ""))
         if not self.window_s > 0:
             raise ValueError(f"window: must be a positive number of seconds, got {self.window_s!r}")
+        if not self.forms or set(self.forms) - set(FORMS):
+            raise ValueError(f"form: must be some of {', '.join(FORMS)}, got {list(self.forms)}")
+        check_chunks(self.chunks, self.prompts)
 
 
 def default_layers(model: DecoderConfig, device: torch.device, dtype: str, batches, context: int, prompts) -> int:
     """HOST_LAYERS on the host; on a GPU the most layers that fit three copies of the weights (the decode's, the
-    prefill stream's and the prefill process's), the caches and the prefills' temporaries in its free memory."""
+    prefill stream's and the prefill process's), the caches (the decode users' and the arriving prompt's rows) and the
+    prefills' temporaries in its free memory."""
     if device.type != "cuda":
         return min(HOST_LAYERS, model.layers)
     kind, free = TORCH_DTYPES[dtype], torch.cuda.mem_get_info(device)[0]
 
     def need(n: int) -> int:
-        return (3 * weight_bytes(model, n, kind) + cache_bytes(model, n, max(batches), context + 1, kind)
+        return (3 * weight_bytes(model, n, kind)
+                + cache_bytes(model, n, max(batches) + 1, max(context + 1, max(prompts)), kind)
                 + 2 * cache_bytes(model, n, 1, max(prompts), kind) + 2 * activation_bytes(model, 1, max(prompts), kind)
                 + activation_bytes(model, max(batches), 1, kind))
 
@@ -179,9 +195,12 @@ class Session:
         for kind in kinds:  # while we do, so it is spawned first
             self._start(kind, lambda kind=kind: (ProcessCoRunner if kind == "process" else StreamCoRunner)(spec))
         self._streams: dict[int, torch.cuda.Stream] = {}
+        self._heads: dict[int, float] = {}
         try:
+            # the users' rows, and one more for the hybrid form's arriving prompt
             self.decoder = ReferenceDecoder(small, cfg.layers, self.device, TORCH_DTYPES[cfg.dtype],
-                                            max_tokens=cfg.context + 1, max_batch=max(cfg.batches), seed=cfg.seed)
+                                            max_tokens=max(cfg.context + 1, max(cfg.prompts)),
+                                            max_batch=max(cfg.batches) + 1, seed=cfg.seed)
             for batch in cfg.batches:  # the cache filled, the kernels loaded
                 self.decoder.decode_step(batch, cfg.context)
             if self.device.type == "cuda":
@@ -256,6 +275,17 @@ class Session:
             found.covered = covered_share(spans, start, end)
         return found
 
+    def head_ms(self, batch: int) -> float:
+        """The final norm, lm_head and greedy pick over `batch` tokens, timed alone (ms, median; kept per batch)."""
+        if batch not in self._heads:
+            d = self.decoder
+            x = torch.randn(batch, d.config.hidden, device=self.device).to(d.dtype)
+            timer = TimerConfig(warmup_s=WARMUP_S, budget_s=0.2, min_samples=5)
+            with torch.inference_mode():
+                timed = time_call(lambda: d.greedy(d.lm_head(d.final_norm(x))), self.device, timer)
+            self._heads[batch] = timed.median_ms
+        return self._heads[batch]
+
     def close(self) -> None:
         for runner in self.runners.values():
             runner.close()
@@ -263,32 +293,38 @@ class Session:
             place_host(Placement(), self.every)
 
 
-def _median(values) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
-    """Measure every (batch, prompt, mode) in rounds (the modes' order turned each round, so drift spreads over
-    them), pool each mode's windows, write interference.csv and run.json under out_dir; returns the rows."""
+    """The hybrid form (bench.phases.run_hybrid), then the spatial one: every (batch, prompt, mode) in rounds (the
+    modes' order turned each round, so drift spreads over them), each mode's windows pooled; writes
+    interference.csv and run.json under out_dir; returns the rows."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     say = cfg.on_line or (lambda line: None)
-    modes, skipped = plan_modes(cfg.device, allowed_cpus())
+    modes, skipped = plan_modes(cfg.device, allowed_cpus()) if "spatial" in cfg.forms else ([], {})
     meta = run_metadata(cfg.device)  # before measuring: a budget's interrupt leaves time only for writing
     meta.update(interference_schema=INTERFERENCE_SCHEMA, kind="interference", run_id=new_run_id(),
                 model=dataclasses.asdict(cfg.model), layers=cfg.layers, dtype=cfg.dtype, prompts=cfg.prompts,
                 batches=cfg.batches, context=cfg.context, window_s=cfg.window_s, rounds=cfg.rounds,
+                forms=cfg.forms, chunks=cfg.chunks, arrivals=cfg.arrivals,
                 noise=NOISE_RULE, modes=[{"mode": m.name, "mechanism": m.mechanism, "decode": m.decode.describe(),
                                           "prefill": m.prefill.describe() if m.runner else ""} for m in modes],
                 skipped={f"{n}/{m}": why for (n, m), why in skipped.items()}, state_before=snapshot(cfg.device))
     windows: dict[tuple, list[Window]] = defaultdict(list)
     alone_prefill: dict[tuple, list[float]] = defaultdict(list)
     errors: dict[tuple, str] = {}
-    session, interrupted = None, False
+    session, interrupted, hybrid, stopped = None, False, [], []
     try:
         session = Session(cfg, modes)
         for kind, why in session.broken.items():
             say(f"the {kind} co-runner did not start: {why}")
-        for round_ in range(cfg.rounds):
+        if "hybrid" in cfg.forms:
+            if cfg.device.type != "cuda":
+                place_host(Placement(), session.every)
+            companions = tuple(r.pid for r in session.runners.values() if r.pid)  # idle, but ours
+            hybrid = measure_hybrid(cfg, session.decoder, session.head_ms, say, stopped,
+                                    watch=lambda: session.probe.watch(companions))
+            if stopped:
+                raise KeyboardInterrupt
+        for round_ in range(cfg.rounds if modes else 0):
             for prompt in cfg.prompts:
                 for kind in session.runners:
                     try:
@@ -299,7 +335,7 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
                     turn = round_ % len(modes)
                     for mode in modes[turn:] + modes[:turn]:
                         try:
-                            alone_s = _median(alone_prefill.get((prompt, mode.runner), [])) / 1e3
+                            alone_s = median_or_nan(alone_prefill.get((prompt, mode.runner), [])) / 1e3
                             windows[(batch, prompt, mode.key)].append(
                                 session.window(mode, batch, prompt, alone_s if math.isfinite(alone_s) else 0.0))
                         except (CoRunnerError, RuntimeError) as err:  # out of memory, a co-runner that died
@@ -316,8 +352,11 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
         for key in ((b, p, m.key) for b in cfg.batches for p in cfg.prompts for m in modes):
             if interrupted and not windows.get(key):
                 errors.setdefault(key, "not measured: interrupted")
-        rows = [row for batch in cfg.batches for prompt in cfg.prompts
-                for row in mode_rows(cfg, modes, skipped, batch, prompt, windows, alone_prefill, errors)]
+        heads = {b: session.head_ms(b) for b in cfg.batches if modes and not interrupted} if session else {}
+        rows = [{**base_row(cfg, b), **r} for r in hybrid for b in (r["batch"],)]
+        rows += [row for batch in cfg.batches for prompt in cfg.prompts
+                 for row in mode_rows(cfg, modes, skipped, batch, prompt, windows, alone_prefill, errors,
+                                      heads.get(batch, math.nan))]
         stamp = now()
         table = conform_interference(pd.DataFrame([{"run_id": meta["run_id"], "time": stamp, **r} for r in rows]))
         table.to_csv(cfg.out_dir / CSV_NAME, index=False)
@@ -328,69 +367,3 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
             session.close()
     table.attrs["interrupted"] = interrupted
     return table
-
-
-def progress_line(round_: int, rounds: int, batch: int, prompt: int, modes: list[Mode], windows) -> str:
-    """This round's decode medians of one (batch, prompt), each against the alone window of the same round."""
-    found = {m.key: windows[(batch, prompt, m.key)] for m in modes}
-    latest = {key: runs[-1] for key, runs in found.items() if len(runs) > round_}
-    alone = _median(latest[("alone", "alone")].samples_ms) if ("alone", "alone") in latest else float("nan")
-    parts = []
-    for mode in modes:
-        if mode.key in latest:
-            ms = _median(latest[mode.key].samples_ms)
-            name = "alone" if mode.name == "alone" else f"{mode.name}/{mode.mechanism}"
-            stretch = "" if mode.name == "alone" else f" x{ms / alone:.2f}"
-            parts.append(f"{name} {ms:.3g} ms{stretch}{' NOISY' if latest[mode.key].noisy else ''}")
-    return f"round {round_ + 1}/{rounds} prompt {prompt} batch {batch}: " + ", ".join(parts)
-
-
-def mode_rows(cfg: InterferenceConfig, modes: list[Mode], skipped: dict, batch: int, prompt: int, windows,
-              alone_prefill, errors) -> list[dict]:
-    """The rows of one (batch, prompt): each mode's pooled windows against the alone mode's."""
-    base = {"device": str(cfg.device), "device_name": device_name(cfg.device), "device_kind": cfg.device.type,
-            "model": cfg.model.name, "layers": cfg.layers, "dtype": cfg.dtype, "batch": batch, "context": cfg.context,
-            "prompt": prompt, "rounds": cfg.rounds, "window_s": cfg.window_s}
-    alone = [s for w in windows.get((batch, prompt, ("alone", "alone")), []) for s in w.samples_ms]
-    alone_t = Timing(tuple(alone), "") if alone else None
-    first_runner = next((m.runner for m in modes if m.runner), None)
-    rows = []
-    for mode in modes:
-        found = windows.get((batch, prompt, mode.key), [])
-        runner = mode.runner or first_runner
-        host = cfg.device.type != "cuda"
-        row = {**base, "mode": mode.name, "mechanism": mode.mechanism,
-               "decode_threads": mode.decode.threads if host else None,
-               "prefill_threads": mode.prefill.threads if host and mode.runner else None,
-               "decode_cpus": cpu_list(mode.decode.cpus) if host else "",
-               "prefill_cpus": cpu_list(mode.prefill.cpus) if host and mode.runner else ""}
-        why = errors.get((batch, prompt, mode.key)) or (errors.get((prompt, runner)) if runner else None)
-        if not found or alone_t is None:
-            rows.append({**row, "status": "failed", "reason": why or "the alone mode was not measured"})
-            continue
-        t = Timing(tuple(s for w in found for s in w.samples_ms), "")
-        prefill_alone = _median(alone_prefill.get((prompt, runner), []))
-        prefill = _median([p for w in found for p in w.prefill_ms]) if mode.runner else prefill_alone
-        noisy = [w for w in found if w.noisy]
-        others = [w.others_cores for w in found if w.others_cores is not None]
-        reasons = []
-        if len(found) < cfg.rounds:  # a round failed or was interrupted: the row holds those that ran
-            reasons = [f"{len(found)} of {cfg.rounds} rounds", *([why] if why else [])]
-        if mode.runner and not any(w.prefill_ms for w in found):
-            reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW} windows or prefills alone")
-        covered = min((w.covered for w in found if w.covered is not None), default=math.nan)  # the worst window
-        if covered < COVERED_MIN:
-            reasons.append(f"the prefill ran through only {covered:.0%} of a timed window: the stretch understates it")
-        rows.append({**row, "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
-                     "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
-                     "stretch": t.median_ms / alone_t.median_ms,
-                     "p90_stretch": t.percentile_ms(90) / alone_t.percentile_ms(90),
-                     "tokens_per_s_per_user": 1e3 / t.median_ms, "prefill_alone_ms": prefill_alone,
-                     "prefill_ms": prefill, "prefill_slowdown": prefill / prefill_alone,
-                     "prefill_samples": sum(len(w.prefill_ms) for w in found) if mode.runner else None,
-                     "covered": covered if mode.runner else None,
-                     "others_cores": max(others) if others else None, "noisy": bool(noisy),
-                     "noise_reason": noisy[0].reason if noisy else "", "status": "ok", "reason": "; ".join(reasons)})
-    for (name, mechanism), why in skipped.items():
-        rows.append({**base, "mode": name, "mechanism": mechanism, "status": "skipped", "reason": why})
-    return rows

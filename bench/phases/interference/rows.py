@@ -1,0 +1,118 @@
+"""The rows of `phasebench interference`'s spatial form (a mode's pooled windows against the alone mode's) and what
+every row carries: the ITL's mean and tail, and the whole model's per-user figures (measured or scaled, and which)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+from ...instruments.roofline import device_name
+from ...instruments.timing import Timing
+from ...spec.interference_schema import COVERED_MIN
+from .corunner import cpu_list
+
+# a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone
+MAX_STRETCH_WINDOW = 10
+
+
+def median_or_nan(values) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def base_row(cfg, batch: int) -> dict:
+    """What every row of a run at this batch names: the device, the model as timed, the batch and its context."""
+    return {"device": str(cfg.device), "device_name": device_name(cfg.device), "device_kind": cfg.device.type,
+            "model": cfg.model.name, "layers": cfg.layers, "dtype": cfg.dtype, "batch": batch, "context": cfg.context}
+
+
+def itl_columns(samples_ms) -> dict:
+    """The inter-token latency's mean, p50, p90, p99 and max over samples (ms): a time-sliced or bimodal latency
+    hides its stalls from the median."""
+    values = np.asarray(list(samples_ms), dtype=float)
+    if not len(values):
+        return {"itl_mean_ms": math.nan, "itl_p50_ms": math.nan, "itl_p90_ms": math.nan, "itl_p99_ms": math.nan,
+                "itl_max_ms": math.nan}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"itl_mean_ms": float(values.mean()), "itl_p50_ms": float(p50), "itl_p90_ms": float(p90),
+            "itl_p99_ms": float(p99), "itl_max_ms": float(values.max())}
+
+
+def whole_model_columns(itl_mean_ms: float, head_ms: float, layers: int, model_layers: int) -> dict:
+    """Each user's tokens/s of the whole model: from the mean ITL where all its layers were timed, otherwise the
+    timed layers' share (the mean less the head) scaled to the model's layers with the head counted once."""
+    if not math.isfinite(head_ms):
+        head_ms = 0.0 if layers == model_layers else math.nan
+    whole = itl_mean_ms if layers == model_layers else head_ms + (itl_mean_ms - head_ms) * model_layers / layers
+    label = f"all {model_layers} layers" if layers == model_layers else f"scaled from {layers} of {model_layers} layers"
+    return {"model_layers": model_layers, "head_ms": head_ms, "model_itl_ms": whole,
+            "tokens_per_s_per_user": 1e3 / whole if whole > 0 else math.nan, "whole_model": label}
+
+
+def progress_line(round_: int, rounds: int, batch: int, prompt: int, modes: list, windows) -> str:
+    """This round's decode medians of one (batch, prompt), each against the alone window of the same round."""
+    found = {m.key: windows[(batch, prompt, m.key)] for m in modes}
+    latest = {key: runs[-1] for key, runs in found.items() if len(runs) > round_}
+    alone = median_or_nan(latest[("alone", "alone")].samples_ms) if ("alone", "alone") in latest else float("nan")
+    parts = []
+    for mode in modes:
+        if mode.key in latest:
+            ms = median_or_nan(latest[mode.key].samples_ms)
+            name = "alone" if mode.name == "alone" else f"{mode.name}/{mode.mechanism}"
+            stretch = "" if mode.name == "alone" else f" x{ms / alone:.2f}"
+            parts.append(f"{name} {ms:.3g} ms{stretch}{' NOISY' if latest[mode.key].noisy else ''}")
+    return f"round {round_ + 1}/{rounds} prompt {prompt} batch {batch}: " + ", ".join(parts)
+
+
+def mode_rows(cfg, modes: list, skipped: dict, batch: int, prompt: int, windows, alone_prefill, errors,
+              head_ms: float = math.nan) -> list[dict]:
+    """The rows of one (batch, prompt): each mode's pooled windows against the alone mode's; head_ms: the head
+    timed alone at this batch (for the whole model's figures)."""
+    base = {**base_row(cfg, batch), "prompt": prompt, "rounds": cfg.rounds, "window_s": cfg.window_s}
+    alone = [s for w in windows.get((batch, prompt, ("alone", "alone")), []) for s in w.samples_ms]
+    alone_t = Timing(tuple(alone), "") if alone else None
+    first_runner = next((m.runner for m in modes if m.runner), None)
+    rows = []
+    for mode in modes:
+        found = windows.get((batch, prompt, mode.key), [])
+        runner = mode.runner or first_runner
+        host = cfg.device.type != "cuda"
+        row = {**base, "mode": mode.name, "mechanism": mode.mechanism,
+               "decode_threads": mode.decode.threads if host else None,
+               "prefill_threads": mode.prefill.threads if host and mode.runner else None,
+               "decode_cpus": cpu_list(mode.decode.cpus) if host else "",
+               "prefill_cpus": cpu_list(mode.prefill.cpus) if host and mode.runner else ""}
+        why = errors.get((batch, prompt, mode.key)) or (errors.get((prompt, runner)) if runner else None)
+        if not found or alone_t is None:
+            rows.append({**row, "status": "failed", "reason": why or "the alone mode was not measured"})
+            continue
+        t = Timing(tuple(s for w in found for s in w.samples_ms), "")
+        prefill_alone = median_or_nan(alone_prefill.get((prompt, runner), []))
+        prefill = median_or_nan([p for w in found for p in w.prefill_ms]) if mode.runner else prefill_alone
+        noisy = [w for w in found if w.noisy]
+        others = [w.others_cores for w in found if w.others_cores is not None]
+        reasons = []
+        if len(found) < cfg.rounds:  # a round failed or was interrupted: the row holds those that ran
+            reasons = [f"{len(found)} of {cfg.rounds} rounds", *([why] if why else [])]
+        if mode.runner and not any(w.prefill_ms for w in found):
+            reasons.append(f"no whole prefill iteration inside {MAX_STRETCH_WINDOW} windows or prefills alone")
+        covered = min((w.covered for w in found if w.covered is not None), default=math.nan)  # the worst window
+        if covered < COVERED_MIN:
+            reasons.append(f"the prefill ran through only {covered:.0%} of a timed window: the stretch understates it")
+        itl, only = itl_columns(t.samples_ms), itl_columns(alone_t.samples_ms)
+        rows.append({**row, **itl, "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
+                     **whole_model_columns(itl["itl_mean_ms"], head_ms, cfg.layers, cfg.model.layers),
+                     "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
+                     "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
+                     "stretch": t.median_ms / alone_t.median_ms,
+                     "p90_stretch": t.percentile_ms(90) / alone_t.percentile_ms(90),
+                     "prefill_alone_ms": prefill_alone,
+                     "prefill_ms": prefill, "prefill_slowdown": prefill / prefill_alone,
+                     "prefill_samples": sum(len(w.prefill_ms) for w in found) if mode.runner else None,
+                     "covered": covered if mode.runner else None,
+                     "others_cores": max(others) if others else None, "noisy": bool(noisy),
+                     "noise_reason": noisy[0].reason if noisy else "", "status": "ok", "reason": "; ".join(reasons)})
+    for (name, mechanism), why in skipped.items():
+        rows.append({**base, "mode": name, "mechanism": mechanism, "status": "skipped", "reason": why})
+    return rows

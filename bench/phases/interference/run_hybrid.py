@@ -1,0 +1,208 @@
+"""The hybrid form of `phasebench interference`: one prompt's arrival processed iteration by iteration (whole, or in
+chunks) with the decode users stepping in every iteration, against the decode-only iteration; one row per chunk."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from ...spec.interference_schema import WHOLE
+from ...sweep.measure import one_line
+from ..hybrid_step import HybridStep, chunk_plan, hybrid_step
+from ..reference_decoder import ReferenceDecoder
+from .rows import itl_columns, whole_model_columns
+
+MIN_DECODE_ONLY = 8  # decode-only iterations per round, at least (as many as the prompt's iterations otherwise)
+
+
+def parse_chunk(value: str | int) -> int | str:
+    """A --chunk value: a positive int of tokens, or 'whole' (the prompt in one iteration)."""
+    if isinstance(value, str) and value.strip().lower() == WHOLE:
+        return WHOLE
+    try:
+        chunk = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"chunk: must be a positive int or '{WHOLE}', got {value!r}") from None
+    if chunk < 1:
+        raise ValueError(f"chunk: must be a positive int or '{WHOLE}', got {value!r}")
+    return chunk
+
+
+def check_chunks(chunks, prompts) -> None:
+    """One-line ValueErrors: no chunk, a bad one, or one larger than every prompt (a chunk larger than some prompts
+    only gets their rows skipped)."""
+    if not chunks:
+        raise ValueError("chunk: needs at least one chunk size or 'whole'")
+    for chunk in chunks:
+        if parse_chunk(chunk) != chunk:
+            raise ValueError(f"chunk: must be a positive int or '{WHOLE}', got {chunk!r}")
+        if chunk != WHOLE and chunk > max(prompts):
+            raise ValueError(f"chunk: {chunk} tokens is more than the largest prompt's {max(prompts)}")
+
+
+def chunk_label(chunk: int | str) -> str:
+    return WHOLE if chunk == WHOLE else str(chunk)
+
+
+def arrival_steps(batch: int, context: int, prompt: int, chunk: int | str) -> list[HybridStep]:
+    """The iterations from the prompt's arrival to its first token, the users at `context` in every one."""
+    plan = chunk_plan(prompt, None if chunk == WHOLE else chunk)
+    return [HybridStep(batch, context, start, tokens, last=i == len(plan) - 1) for i, (start, tokens) in
+            enumerate(plan)]
+
+
+def time_iterations(decoder: ReferenceDecoder, steps: list[HybridStep], x_decode: torch.Tensor | None,
+                    x_prompt: torch.Tensor | None) -> list[float]:
+    """Each iteration's duration in ms, in order, the tokens read back after each as a serving loop does: CUDA events
+    around each on the current stream, perf_counter_ns on the host (the garbage collector held off)."""
+    cuda = decoder.device.type == "cuda"
+    out = []
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for step in steps:
+            xp = x_prompt[:, step.start:step.start + step.tokens] if step.tokens else None
+            xd = x_decode if step.batch else None
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                ids = hybrid_step(decoder, step, xd, xp)
+                end.record()
+                ids.cpu()
+                out.append(begin.elapsed_time(end))
+            else:
+                t0 = time.perf_counter_ns()
+                hybrid_step(decoder, step, xd, xp).cpu()
+                out.append((time.perf_counter_ns() - t0) / 1e6)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    return out
+
+
+@dataclass
+class Scenario:
+    """What one (batch, prompt, chunk) collected over the rounds."""
+
+    itl_ms: list[float] = field(default_factory=list)  # every iteration of every arrival
+    decode_only_ms: list[float] = field(default_factory=list)
+    ttft_ms: list[float] = field(default_factory=list)  # one per arrival
+    iterations: int = 0
+    error: str = ""
+    noisy: int = 0  # arrivals whose window the contention probe judged noisy
+    noise_reason: str = ""
+    others_cores: list[float] = field(default_factory=list)
+
+
+def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: list, watch=None) -> list[dict]:
+    """For each batch and prompt, `cfg.arrivals` rounds over the chunk sizes (their order turned each round): the
+    decode-only iterations, then one prompt's arrival to its first token (the prompt in cache row `batch`); the
+    prompt's prefill alone once per round. `watch()`: the contention probe's context around each arrival (its
+    verdict has .noisy, .reason, .stats). Returns one row per (batch, prompt, chunk); an interrupt (appended to
+    `interrupted`) ends the rounds and the rows keep what was measured."""
+    gen = torch.Generator(device=decoder.device).manual_seed(cfg.seed + 7)
+    hidden, dtype = decoder.config.hidden, decoder.dtype
+    found: dict[tuple, Scenario] = defaultdict(Scenario)
+    alone: dict[int, list[float]] = defaultdict(list)
+    prompts = {p: torch.randn(1, p, hidden, generator=gen, device=decoder.device).to(dtype) for p in cfg.prompts}
+    try:
+        for round_ in range(cfg.arrivals):
+            for prompt in cfg.prompts:
+                chunks = [c for c in cfg.chunks if c == WHOLE or c <= prompt]
+                turn = round_ % len(chunks)
+                try:
+                    alone[prompt] += time_iterations(decoder, [HybridStep(0, 0, 0, prompt, last=True)], None,
+                                                     prompts[prompt])
+                except RuntimeError as err:
+                    say(f"hybrid: the prefill of {prompt} alone failed: {one_line(err)}")
+                for batch in cfg.batches:
+                    x_decode = torch.randn(batch, 1, hidden, generator=gen, device=decoder.device).to(dtype)
+                    for chunk in chunks[turn:] + chunks[:turn]:
+                        one = found[(batch, prompt, chunk)]
+                        steps = arrival_steps(batch, cfg.context, prompt, chunk)
+                        try:
+                            if round_ == 0:  # the shapes' first call (allocations, kernel choice) untimed
+                                time_iterations(decoder, steps[:1], x_decode, prompts[prompt])
+                            with watch() if watch else contextlib.nullcontext() as seen:
+                                one.decode_only_ms += time_iterations(
+                                    decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
+                                    x_decode, None)
+                                spans = time_iterations(decoder, steps, x_decode, prompts[prompt])
+                            if seen is not None:
+                                one.noisy += bool(seen.noisy)
+                                one.noise_reason = one.noise_reason or seen.reason
+                                if seen.stats.get("other_cores") is not None:
+                                    one.others_cores.append(seen.stats["other_cores"])
+                        except RuntimeError as err:  # out of memory: recorded, the sweep goes on
+                            one.error = one.error or one_line(err)
+                            continue
+                        one.itl_ms += spans
+                        one.ttft_ms.append(sum(spans))
+                        one.iterations = len(steps)
+                    say(progress_line(round_, cfg, batch, prompt, chunks, found))
+    except KeyboardInterrupt:
+        interrupted.append(True)
+        say("interrupted: the hybrid rows hold the arrivals measured so far")
+    return hybrid_rows(cfg, found, alone, head_ms)
+
+
+def progress_line(round_: int, cfg, batch: int, prompt: int, chunks, found) -> str:
+    parts = []
+    for chunk in chunks:
+        one = found.get((batch, prompt, chunk))
+        if one is None or not one.ttft_ms:
+            continue
+        last = one.itl_ms[-one.iterations:]
+        parts.append(f"{chunk_label(chunk)}: worst ITL {max(last):.3g} ms, TTFT {one.ttft_ms[-1]:.4g} ms")
+    decode = next((found[(batch, prompt, c)].decode_only_ms for c in chunks if found[(batch, prompt, c)].ttft_ms),
+                  [])
+    head = f"decode-only {statistics.mean(decode):.3g} ms; " if decode else ""
+    return f"hybrid round {round_ + 1}/{cfg.arrivals} prompt {prompt} batch {batch}: " + head + ", ".join(parts)
+
+
+def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
+    """The rows of the hybrid form: the ITL's mean and tail over the prompt's iterations against the decode-only
+    iteration, TTFT, the decode users' tokens/s meanwhile and the cost of chunking (against `whole`)."""
+    rows = []
+    for batch in cfg.batches:
+        for prompt in cfg.prompts:
+            ttft = {}
+            for chunk in cfg.chunks:
+                row = {"mode": "hybrid", "mechanism": "whole prompt" if chunk == WHOLE else "chunked",
+                       "batch": batch, "prompt": prompt, "chunk": chunk_label(chunk),
+                       "chunk_tokens": prompt if chunk == WHOLE else chunk, "rounds": cfg.arrivals}
+                one = found.get((batch, prompt, chunk))
+                if chunk != WHOLE and chunk > prompt:
+                    rows.append({**row, "status": "skipped",
+                                 "reason": f"chunk {chunk} is more than the prompt's {prompt} tokens"})
+                    continue
+                if one is None or not one.ttft_ms:
+                    rows.append({**row, "status": "failed", "reason": (one.error if one else "") or "not measured"})
+                    continue
+                itl, only = itl_columns(one.itl_ms), itl_columns(one.decode_only_ms)
+                ttft[chunk] = statistics.median(one.ttft_ms)
+                reasons = [f"{len(one.ttft_ms)} of {cfg.arrivals} arrivals"] if len(one.ttft_ms) < cfg.arrivals else []
+                rows.append({**row, **itl, "iterations": one.iterations, "samples": len(one.itl_ms),
+                             "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
+                             "decode_ms": itl["itl_p50_ms"], "stretch": itl["itl_p50_ms"] / only["itl_p50_ms"],
+                             "p90_stretch": itl["itl_p90_ms"] / only["itl_p90_ms"],
+                             "ttft_ms": ttft[chunk], "ttft_max_ms": max(one.ttft_ms),
+                             "decode_tokens_per_s": batch * one.iterations * 1e3 / ttft[chunk],
+                             "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
+                             "prefill_ms": ttft[chunk],
+                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers),
+                             "noisy": one.noisy > 0, "noise_reason": one.noise_reason,
+                             "others_cores": max(one.others_cores) if one.others_cores else None,
+                             "status": "ok", "reason": "; ".join(reasons + ([one.error] if one.error else []))})
+            for row in rows[-len(cfg.chunks):]:
+                if row["status"] == "ok" and WHOLE in ttft:
+                    row["chunk_cost"] = row["ttft_ms"] / ttft[WHOLE]
+                if row["status"] == "ok" and row.get("prefill_alone_ms"):
+                    row["prefill_slowdown"] = row["ttft_ms"] / row["prefill_alone_ms"]
+    return rows
