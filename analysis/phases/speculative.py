@@ -203,6 +203,8 @@ def loop_check_table(loops: pd.DataFrame, composed: dict, published: dict, *, la
         ms = np.concatenate([np.asarray(m, float) for m in used["ms"]])
         tokens = np.concatenate([np.asarray(t, float) for t in group["tokens"]])  # every draw counts
         plain = ok[(ok["kind"] == "plain") & (ok["batch"] == batch)]
+        quiet_plain = plain[~plain["noisy"].astype(bool)]
+        plain = quiet_plain if len(quiet_plain) else plain  # as the loops: quiet brackets where there are any
         plain_ms = float(np.mean(np.concatenate([np.asarray(m, float) for m in plain["ms"]]))) if len(plain) \
             else math.nan
         e, std = expected_tokens(alpha, gamma), tokens_std(alpha, gamma)

@@ -139,6 +139,8 @@ def _loops():
 
     rows = [{"kind": "plain", "bracket": k, "batch": 2, "gamma": 0, "alpha": float("nan"), "ms": [10.0, 12.0],
              "tokens": [1, 1], "noisy": False} for k in range(2)]
+    rows.append({"kind": "plain", "bracket": 2, "batch": 2, "gamma": 0, "alpha": float("nan"), "ms": [90.0],
+                 "tokens": [1], "noisy": True})  # a busy bracket of plain decode is left out too
     rows += [{"kind": "speculative", "bracket": 0, "batch": 2, "gamma": 3, "alpha": 0.7, "ms": [20.0, 22.0],
               "tokens": [4, 1], "noisy": False},
              {"kind": "speculative", "bracket": 1, "batch": 2, "gamma": 3, "alpha": 0.7, "ms": [90.0, 95.0],
