@@ -1,7 +1,9 @@
-"""Session-wide test settings: one ceilings cache for the whole run, a quick run shared by end-to-end tests."""
+"""Session-wide test settings: the xdist workers, one ceilings cache for the whole run, a quick run shared by
+end-to-end tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,12 +13,38 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# `python -m pytest` spreads tests/ over this many pytest-xdist workers (CI's 2 cores), a whole file at a time
+DEFAULT_WORKERS = 2
+# seconds a (case, impl) may take in a CLI run of the tests before it is called hung: a verdict never depends on how
+# busy the host is (the default, 10x an impl's longest row, failed naive linear on a loaded host); the tests of the
+# timeout itself give --case-timeout
+CASE_TIMEOUT_S = 900
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Without -n, the whole suite runs on DEFAULT_WORKERS workers, each test file on one worker (its module fixtures
+    run once). A marker selection (`-m cuda`, the self-check's passes) or a CUDA host runs in one process unless -n
+    is given: the `gpu_exclusive` tests must not share the GPU. `-n 0` runs in this process."""
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or getattr(option, "numprocesses", 0) is not None
+            or option.collectonly or option.markexpr or config.getoption("usepdb", False)
+            or os.environ.get("PYTEST_XDIST_WORKER")):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    option.numprocesses = DEFAULT_WORKERS
+    if option.dist == "no":
+        option.dist = "loadfile"
 
 
 def pytest_configure(config):
-    # ceilings are measured once per test session and shared with subprocesses through the env
+    # ceilings are measured once per test session and shared with subprocesses (xdist workers too) through the env
     if "PHASEBENCH_CACHE" not in os.environ:
         os.environ["PHASEBENCH_CACHE"] = tempfile.mkdtemp(prefix="phasebench-cache-")
+    os.environ.setdefault("PHASEBENCH_CASE_TIMEOUT", f"{CASE_TIMEOUT_S}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,7 +59,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def run_cli(*args: str, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
     """`phasebench ARGS` in a fresh interpreter, as a user would run it."""
     return subprocess.run([sys.executable, "-m", "phasebench.bench.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
@@ -44,22 +72,41 @@ def run_pytest_bench(out: Path, *args: str, env: dict | None = None) -> subproce
     return subprocess.run([sys.executable, "-m", "pytest", str(REPO / "bench"), "-q", "-p", "no:cacheprovider",
                            f"--benchmark-json={out}", "--benchmark-columns=median,rounds", *args],
                           capture_output=True, text=True, env={**inherited, **(env or {})}, cwd=out.parent,
-                          timeout=600, stdin=subprocess.DEVNULL)
+                          timeout=1200, stdin=subprocess.DEVNULL)
+
+
+def once_per_session(tmp_path_factory, name: str, make) -> tuple[Path, subprocess.CompletedProcess]:
+    """`make(folder)` (a command that writes into `folder`) once per test session, whichever xdist worker asks first:
+    the others wait for it, then get the same folder and the same outcome, failure included."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's
+    folder, outcome = root / name, root / f"{name}.outcome.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not outcome.exists():
+            folder.mkdir()
+            proc = make(folder)
+            outcome.write_text(json.dumps({"args": [str(a) for a in proc.args], "returncode": proc.returncode,
+                                           "stdout": proc.stdout, "stderr": proc.stderr}))
+    done = json.loads(outcome.read_text())
+    return folder, subprocess.CompletedProcess(done["args"], done["returncode"], done["stdout"], done["stderr"])
 
 
 @pytest.fixture(scope="session")
 def bench_json(tmp_path_factory) -> Path:
-    """`pytest bench --benchmark-json` on the quick cases of the best device (naive and flash), run once per session."""
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = run_pytest_bench(out, env={"PHASEBENCH_IMPL": "naive,flash"})
+    """`pytest bench --benchmark-json` on the quick cases of the best device (naive and flash), once per session."""
+    folder, proc = once_per_session(tmp_path_factory, "bench", lambda out: run_pytest_bench(
+        out / "bench.json", env={"PHASEBENCH_IMPL": "naive,flash"}))
     assert proc.returncode == 0, proc.stdout[-3000:]
-    return out
+    return folder / "bench.json"
 
 
 @pytest.fixture(scope="session")
 def quick_run(tmp_path_factory) -> Path:
-    """The default `phasebench run` (quick suite, best device here) into a temp folder, run once per session."""
-    out = tmp_path_factory.mktemp("quick-run")
-    proc = run_cli("run", "--out", str(out))
+    """The default `phasebench run` (quick suite, best device here) into a temp folder, once per session."""
+    out, proc = once_per_session(tmp_path_factory, "quick-run", lambda out: run_cli("run", "--out", str(out),
+                                                                                   timeout=1800))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out

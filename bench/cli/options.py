@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 from pathlib import Path
 
 from ..sweep.selection import Selection, UsageError
@@ -35,10 +36,10 @@ def add_isolation_arguments(verb) -> None:
     verb.add_argument("--no-isolate", action="store_true",
                       help="measure in this process (default: in a worker process that a crash, a hang or a lost "
                            "CUDA context costs one failed row, replaced after it dies)")
-    verb.add_argument("--case-timeout", type=float, metavar="S",
+    verb.add_argument("--case-timeout", type=float, metavar="S", default=os.environ.get("PHASEBENCH_CASE_TIMEOUT"),
                       help="seconds a (case, impl) may take in the worker before it is recorded failed and the worker "
                            "replaced (default: 300 for an impl's first row, then 10x its longest row, at least 60; "
-                           "0: no limit)")
+                           "0: no limit; env PHASEBENCH_CASE_TIMEOUT)")
 
 
 def selection_of(args) -> Selection:
