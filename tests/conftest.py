@@ -44,6 +44,9 @@ def pytest_configure(config):
     # ceilings are measured once per test session and shared with subprocesses (xdist workers too) through the env
     if "PHASEBENCH_CACHE" not in os.environ:
         os.environ["PHASEBENCH_CACHE"] = tempfile.mkdtemp(prefix="phasebench-cache-")
+    # the host's ceilings too (each `phasebench` command would measure them, seconds each): tests of the host's
+    # own measuring take the variable out
+    os.environ.setdefault("PHASEBENCH_HOST_CEILINGS", os.path.join(os.environ["PHASEBENCH_CACHE"], "host"))
     os.environ.setdefault("PHASEBENCH_CASE_TIMEOUT", f"{CASE_TIMEOUT_S}")
 
 
@@ -59,10 +62,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def run_cli(*args: str, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
-    """`phasebench ARGS` in a fresh interpreter, as a user would run it."""
+def run_cli(*args: str, timeout: float = 900, cwd=None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`phasebench ARGS` in a fresh interpreter, as a user would run it (without the environment variables `unset`)."""
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run([sys.executable, "-m", "phasebench.bench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
+                          timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL, env=env)
 
 
 def run_pytest_bench(out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -174,6 +174,15 @@ def fingerprint(device: torch.device) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+HOST_KEEP_ENV = "PHASEBENCH_HOST_CEILINGS"  # a folder: the host's ceilings measured once there, then reused
+
+
+def host_keep_dir() -> Path | None:
+    """The folder named by PHASEBENCH_HOST_CEILINGS, where the host keeps its ceilings for every run, or None."""
+    value = os.environ.get(HOST_KEEP_ENV)
+    return Path(value) if value else None
+
+
 def cache_dir() -> Path:
     if os.environ.get("PHASEBENCH_CACHE"):
         return Path(os.environ["PHASEBENCH_CACHE"])
@@ -282,6 +291,13 @@ def _cached(device: torch.device, path: Path, current: dict, wanted: list[str],
     return _held(device, entry, wanted) if entry is not None else (None, "measured: nothing cached for these versions")
 
 
+def _kept(path: Path, current: dict) -> tuple[dict | None, str]:
+    entry = _read_entry(path, current)
+    if entry is None:
+        return None, f"measured: none kept in {path.parent} yet ({HOST_KEEP_ENV})"
+    return entry, f"kept in {path.parent} ({HOST_KEEP_ENV}), measured {entry['measured_at']}: not measured again"
+
+
 def _measure_dtype(device: torch.device, dtype: str, timer: TimerConfig, with_probe: bool) -> tuple:
     n = matmul_size(device, dtype)
     tflops = measure_matmul(device, dtype, timer, n=n)
@@ -294,17 +310,24 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
     `refresh`, the entry is from other torch/CUDA/driver versions, a probe now differs from the entry's by more
     than PROBE_TOLERANCE, or a dtype is missing (then it is measured and added); without (default on the host),
     measured in each run and reused within one process for HOST_REUSE_S. Figures measured on a busy machine (the
-    conditions' load warnings) serve this run, with a warning, and are never kept for another."""
+    conditions' load warnings) serve this run, with a warning, and are never kept for another. On the host, where
+    PHASEBENCH_HOST_CEILINGS names a folder (and `cached` is not False), the ceilings kept there are used without a
+    probe, and measured and kept there (with their load warning, if any) when there are none yet."""
     gpu = device.type == "cuda"
+    keep_dir = None if gpu or cached is False else host_keep_dir()
     use_file = gpu if cached is None else cached
-    path = cache_dir() / f"ceilings-{fingerprint(device)}.json"
+    path = (keep_dir or cache_dir()) / f"ceilings-{fingerprint(device)}.json"
     current = versions(device)
     name = device_name(device)
     wanted = list(dict.fromkeys(dtypes))
     timer = CEILING_TIMER if gpu else HOST_CEILING_TIMER
     with on_device(device):
-        entry, checked = (None, "measured: --refresh") if refresh else _cached(device, path, current, wanted,
-                                                                                  use_file)
+        if refresh:
+            entry, checked = None, "measured: --refresh"
+        elif keep_dir is not None:
+            entry, checked = _kept(path, current)
+        else:
+            entry, checked = _cached(device, path, current, wanted, use_file)
         source = "cached" if entry is not None else "measured"
         if entry is None:
             def measure_all():
@@ -326,10 +349,10 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
             entry.setdefault("probe", {})[dtype] = probed
     busy = load_warnings(entry.get("conditions") or {}) if source == "measured" else []
     busy += [w for d in missing for w in load_warnings(entry["added"][d].get("conditions") or {})]
-    if busy:
+    if busy and keep_dir is None:
         checked += "; kept for no other run: measured on a busy machine"
     elif source == "measured" or missing:
-        _keep(device, path, entry, use_file)
+        _keep(device, path, entry, use_file or keep_dir is not None)
     age = round(max(0.0, time.time() - entry["measured_at_epoch"]), 3)
     result = Ceilings(name, device.type, float(entry["peak_gbps"]),
                       {k: float(v) for k, v in entry["peak_tflops"].items()}, datasheet_for(name),
@@ -351,6 +374,8 @@ def _keep(device: torch.device, path: Path, entry: dict, use_file: bool) -> None
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entry, indent=1))
+        partial = path.with_name(f"{path.name}.{os.getpid()}.part")  # runs side by side never read half a file
+        partial.write_text(json.dumps(entry, indent=1))
+        os.replace(partial, path)
     except OSError:
         pass  # an unwritable cache only costs a re-measurement next time

@@ -61,6 +61,7 @@ class NoBuffers:
 def fake_measure(monkeypatch, tmp_path):
     """A private cache, a fresh in-process memo and instant measurements; the Fake counts them."""
     monkeypatch.setenv("PHASEBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(roofline.HOST_KEEP_ENV, raising=False)  # the tests' shared folder (tests/conftest.py)
     monkeypatch.setattr(roofline, "_this_process", {})
     fake = Fake()
     for module in (roofline, ceiling_measures):
@@ -136,8 +137,32 @@ def test_the_host_measures_in_each_run_and_reuses_within_a_process(fake_measure)
     assert fresh.copy_gbps == first.copy_gbps
 
 
+def test_a_host_keep_folder_measures_once_and_serves_every_run_after(fake_measure, monkeypatch, tmp_path):
+    kept = tmp_path / "kept"
+    monkeypatch.setenv(roofline.HOST_KEEP_ENV, str(kept))
+    monkeypatch.setattr(roofline, "load_warnings", lambda conditions, what="ceilings": ["ceilings measured under load"])
+    first = roofline.ceilings(CPU, ("float32",))
+    assert first.source == "measured" and "none kept" in first.checked and len(list(kept.glob("ceilings-*.json"))) == 1
+    roofline._this_process.clear()  # a new process
+    fake_measure.figures["read"] *= 0.5
+    again = roofline.ceilings(CPU, ("float32",))
+    assert again.source == "cached" and "kept in" in again.checked and again.read_gbps == first.read_gbps
+    assert "ceilings measured under load" in again.warnings  # a busy measurement is kept with its warning
+    assert fake_measure.measured() == [*MEASURED, "float32"]  # no probe, nothing measured again
+    more = roofline.ceilings(CPU, ("float32", "bfloat16"))  # a dtype not kept yet is measured and added
+    assert more.source == "cached" and fake_measure.measured()[-1] == "bfloat16"
+    assert "bfloat16" in roofline.ceilings(CPU, ("bfloat16",)).peak_tflops
+    own = roofline.ceilings(CPU, ("float32",), cached=False)  # the host's own rule, the folder left alone
+    assert own.source == "measured" and own.read_gbps == pytest.approx(0.5 * first.read_gbps)
+    fresh = roofline.ceilings(CPU, ("float32",), refresh=True)
+    assert fresh.source == "measured" and fresh.checked == "measured: --refresh"
+    roofline._this_process.clear()
+    assert roofline.ceilings(CPU, ("float32",)).read_gbps == pytest.approx(0.5 * first.read_gbps)  # kept anew
+
+
 def test_two_host_runs_each_measure_their_ceilings():
-    found = [json.loads(run_cli("ceilings", "--device", "cpu", "--json").stdout) for _ in range(2)]
+    found = [json.loads(run_cli("ceilings", "--device", "cpu", "--json", unset=(roofline.HOST_KEEP_ENV,)).stdout)
+             for _ in range(2)]
     assert [f["source"] for f in found] == ["measured", "measured"]
     assert found[0]["measured_at"] <= found[1]["measured_at"] and all("host measures" in f["checked"] for f in found)
 
@@ -443,7 +468,7 @@ def test_h200_datasheet_ridge_is_about_206():
 
 
 def test_ceilings_cli():
-    table = run_cli("ceilings", "--device", "cpu")
+    table = run_cli("ceilings", "--device", "cpu", unset=(roofline.HOST_KEEP_ENV,))
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert "ridge" in table.stdout and "^3" in table.stdout
