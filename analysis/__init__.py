@@ -26,6 +26,7 @@ from .phases.figures import (
     write_phase_figures,
 )
 from .phases.folder import load_phases
+from .phases.speculative_figures import best_gamma_figure, speculative_figure, speculative_summary
 from .report import (
     Headline,
     correctness_table,
@@ -40,6 +41,7 @@ from .report import (
 __all__ = [
     "DataFileError",
     "Headline",
+    "best_gamma_figure",
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "SCHEMA_VERSION",
@@ -73,6 +75,8 @@ __all__ = [
     "regressions",
     "report_rows",
     "roofline",
+    "speculative_figure",
+    "speculative_summary",
     "speedup",
     "speedup_table",
     "status_table",

@@ -36,9 +36,10 @@ CAPTION = ("Speedup of each weight-only quantized implementation over the unquan
 
 def quant_speedup_table(df: pd.DataFrame, baseline: str = "torch") -> pd.DataFrame:
     """One row per (device, mode, timer, profiled, run, model, projection, N, K, dtype, M, scheme, impl) of the
-    qlinear rows whose projection also ran unquantized with `baseline` in the same run and group: the median latencies of both, speedup =
-    baseline latency / latency, ideal = baseline bytes / bytes (read plus written) and pct_of_ideal = 100 · speedup /
-    ideal. Only performance rows take part (not interpreter-mode, noisy or above their roof)."""
+    qlinear rows whose projection also ran unquantized with `baseline` in the same run and group: the median
+    latencies of both, speedup = baseline latency / latency, ideal = baseline bytes / bytes (read plus written) and
+    pct_of_ideal = 100 · speedup / ideal. Only performance rows take part (not interpreter-mode, noisy or above
+    their roof)."""
     # paired within one run (decode-quant measures both), never against another run's medians
     keys = group_fields(df) + [name for name in ("run_id", *SHAPE_FIELDS) if name in df.columns]
     columns = keys + list(QUANT_COLUMNS)

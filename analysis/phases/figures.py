@@ -350,12 +350,12 @@ PHASE_FIGURES = {"phases_ttft": ttft_figure, "phases_decode": decode_figure, "ph
                  "phases_breakdown": decode_breakdown_figure}
 
 
-def write_phase_figures(tables: dict, out_dir, *, dpi: int = 110) -> list[Path]:
-    """The four phase figures as PNG files in out_dir, named as PHASE_FIGURES."""
+def write_phase_figures(tables: dict, out_dir, *, dpi: int = 110, figures: dict | None = None) -> list[Path]:
+    """The four phase figures (or `figures`: name -> draw) as PNG files in out_dir, named as PHASE_FIGURES."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, draw in PHASE_FIGURES.items():
+    for name, draw in (figures or PHASE_FIGURES).items():
         path = out / f"{name}.png"
         draw(tables).savefig(path, dpi=dpi)
         paths.append(path)

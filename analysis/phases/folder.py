@@ -25,8 +25,14 @@ TABLES = {
                   "source"),
     # the ops of each layer and head in sequence against alone (bench/phases/op_sequence.py): the sequence term
     "sequences": ("key", "sequence", "sequence_ms", "alone_ms", "term_ms", "status"),
+    # --speculate only (analysis/phases/speculative.py): the composition and its check against a real loop
+    "speculative": ("batch", "gamma", "alpha", "expected_tokens_per_pass", "tpot_ms", "draft_step_ms", "verify_ms",
+                    "iteration_ms", "tokens_per_s_per_user", "tokens_per_s", "speedup", "best_gamma",
+                    "break_even_alpha"),
+    "speculative_check": ("batch", "gamma", "alpha", "loop_tokens_per_s_per_user", "composed_tokens_per_s_per_user",
+                          "error_pct", "expected_tokens_per_pass", "realised_tokens_per_pass", "over_goal"),
 }
-OPTIONAL = ("colocated", "sequences")  # folders written before them lack them
+OPTIONAL = ("colocated", "sequences", "speculative", "speculative_check")  # folders without them lack them
 META = "phases.json"
 
 

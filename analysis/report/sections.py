@@ -12,6 +12,8 @@ from ..figures.quantized import CAPTION as QUANT_CAPTION
 from ..figures.quantized import quant_speedup, quant_speedup_table
 from ..phases.check import check_sentence
 from ..phases.figures import PHASE_FIGURES, reference_table
+from ..phases.speculative import best_gammas, break_evens
+from ..phases.speculative_figures import SPECULATIVE_FIGURES
 from .context import Context, Section, figure_grid, folded
 from .headline_table import headline
 from .interference_section import interference_section
@@ -58,6 +60,11 @@ CAPTIONS = {
     "phases_breakdown": "Where a decode step's time goes, by part; on the reference decoder's layer count, the "
                         "hatched top is what its measured step takes beyond the composition (launch gaps and the "
                         "rest), drawn only when positive.",
+    "phases_speculative": "Speculative decoding: tokens/s over plain decode's against the acceptance rate α, one "
+                          "line per draft length γ (E(α, γ) = (1 - α^(γ+1)) / (1 - α) tokens per iteration of γ "
+                          "measured draft steps and one measured verify pass); dots are the α composed, diamonds "
+                          "the break-even α on the 1x line.",
+    "phases_best_gamma": "The draft length with the most tokens/s at each α, per batch, with its speedup.",
 }
 LEFT_OUT = ("Interpreter-mode rows (correctness only) and noisy rows (timed while the device was contended) are left "
             "out of every figure; rows above their roof (findings) are drawn hollow and labelled, in no median or "
@@ -96,7 +103,8 @@ def figures_section(ctx: Context) -> Section | None:
     """The phase figures of each phases folder, then every other figure of the rows."""
     parts = []
     for index, tables in enumerate(ctx.of("phases")):
-        for name, draw in PHASE_FIGURES.items():
+        shown = {**PHASE_FIGURES, **(SPECULATIVE_FIGURES if tables.get("speculative") is not None else {})}
+        for name, draw in shown.items():
             parts.append(ctx.figure(name + _phase_suffix(index), draw(tables), CAPTIONS[name]))
     for name, fig in ctx.performance_figures().items():
         if name != "roofline":
@@ -144,7 +152,31 @@ def phases_section(ctx: Context) -> Section | None:
             shown = [c for c in SEQUENCE_COLUMNS if c in sequences]
             body.append(folded("The ops in sequence against alone (the sequence term, once per layer and head)",
                                sequences[shown]))
+        body += speculative_tables(tables)
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
+
+
+SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per batch and acceptance rate α the draft "
+                    "length γ with the most tokens/s, composed from the draft's measured decode steps and the "
+                    "target's measured verify pass over γ + 1 positions; the break-even α per γ (speedup 1); and the "
+                    "composition of the loop's cut models against a real speculative loop, at the loop's realised "
+                    "tokens per iteration (error_pct; OVER GOAL beyond goal_pct), with the realised tokens against "
+                    "E(α, γ) in standard errors (realised_z).")
+
+
+def speculative_tables(tables: dict) -> list[str]:
+    """The speculative tables of a phases folder written with --speculate (none otherwise)."""
+    table = tables.get("speculative")
+    if table is None or not len(table):
+        return []
+    table = table.assign(best_gamma=table["best_gamma"].astype(str).str.lower().isin(["true", "1"]))
+    out = [f'<p class="note">{html.escape(SPECULATIVE_NOTE)}</p>',
+           folded("Speculative decoding: the best γ per α", best_gammas(table)),
+           folded("Speculative decoding: the break-even α per γ", break_evens(table))]
+    check = tables.get("speculative_check")
+    if check is not None:
+        out.append(folded("Speculative decoding against a real loop", check))
+    return out
 
 
 def linear_section(ctx: Context) -> Section | None:

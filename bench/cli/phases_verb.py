@@ -41,6 +41,28 @@ def weights_scheme(args, device, impls: dict) -> str:
     return scheme
 
 
+def speculate_of(args, model, device):
+    """The --speculate settings (a SpeculateConfig) or None; a one-line UsageError for α outside (0, 1), γ < 1, or
+    a draft of another vocabulary or not smaller than the target, before anything is written."""
+    if not args.speculate:
+        given = [name for name in ("draft", "gamma", "acceptance") if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{given[0]}: applies to --speculate only")
+        return None
+    from ...analysis.phases import speculative as sp
+    from ..phases.run_phases import LOOP_ITERATIONS, SpeculateConfig
+    from ..spec.models import draft_config
+
+    try:
+        draft = draft_config(model, args.draft)
+        gammas = tuple(sp.check_gamma(g) for g in args.gamma or SpeculateConfig.gammas)
+        alphas = tuple(sp.check_alpha(a, open_interval=True) for a in args.acceptance or SpeculateConfig.alphas)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return SpeculateConfig(draft, tuple(dict.fromkeys(gammas)), tuple(dict.fromkeys(alphas)),
+                           iterations=LOOP_ITERATIONS["cuda" if device.type == "cuda" else "cpu"])
+
+
 def cmd_phases(args) -> int:
     check_seconds(args, "sample_time", "case_timeout", "time_budget")
     check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
@@ -69,6 +91,7 @@ def cmd_phases(args) -> int:
             transformers_module()
         except ImportError as err:
             raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
+    speculate = speculate_of(args, model, device)
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")
     check_writable(out)
     from ..phases.run_phases import PhasesConfig, ops_timer, run_phases
@@ -83,7 +106,8 @@ def cmd_phases(args) -> int:
                                 reference_batches=tuple(args.reference_batch) if args.reference_batch else None,
                                 references=references,
                                 reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
-    cfg.impls, cfg.on_row, cfg.isolation, cfg.weights = impls, Progress(), isolation, weights
+    cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
+    cfg.weights, cfg.speculate = weights, speculate
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
     reuse = None
@@ -103,9 +127,16 @@ def cmd_phases(args) -> int:
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
     tables = run_phases(cfg, reuse)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
+    from ...analysis.phases.speculative_figures import speculative_summary, write_speculative_figures
 
     print(phases_summary(tables))
     figures = write_phase_figures(tables, out)
+    if speculate:
+        import json
+
+        described = {**tables, "meta": json.loads((out / "phases.json").read_text())}
+        print(speculative_summary(described))
+        figures += write_speculative_figures(described, out)
     print(f"\ntables: {out}/*.csv, phases.json; rows: {out}/ops; figures: {', '.join(p.name for p in figures)}")
     return 0
 
@@ -131,6 +162,16 @@ def add_phases_verb(verbs) -> None:
     phases.add_argument("--reference-rounds", type=int, metavar="N",
                         help="rounds of the check's ops, each between two timings of the real forward pass, so "
                              "that both sides see the same machine (default 5; 1 with --time-budget)")
+    phases.add_argument("--speculate", action="store_true",
+                        help="compose speculative decoding at the reference batches (a draft's decode steps and the "
+                             "target's verify passes: speculative.csv) and check it against a real speculative loop")
+    phases.add_argument("--draft", metavar="MODEL",
+                        help="the draft: a preset or name=...,hidden=...,... of the target's vocabulary (default: the "
+                             "target family's small preset, e.g. llama-3.2-1b for llama-3-8b)")
+    phases.add_argument("--gamma", nargs="+", type=int, metavar="G",
+                        help="draft tokens per iteration (default 1 2 4 8)")
+    phases.add_argument("--acceptance", nargs="+", type=float, metavar="A",
+                        help="i.i.d. acceptance rates α in (0, 1) (default 0.5 0.6 0.7 0.8 0.9)")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
     phases.add_argument("--weights", choices=("int8", "int4-g128", "int4-g32", "fp8"),
                         help="the layers' projections weight-only quantized: measured qlinear rows of the scheme "

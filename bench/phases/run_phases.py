@@ -15,12 +15,13 @@ import torch
 
 from ...analysis.phases import check as phase_check
 from ...analysis.phases import model as pm
+from ...analysis.phases import speculative as sp
 from ..instruments.timing import TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
 from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
-from . import op_sequence
+from . import op_sequence, speculative_loop
 from . import reference_check as check
 from .op_sequence import case_of
 
@@ -42,6 +43,22 @@ def ops_timer(device: torch.device, sample_time: float | None = None, warm: bool
     if warm:
         timer = dataclasses.replace(timer, cold=False)
     return timer if sample_time is None else dataclasses.replace(timer, budget_s=sample_time)
+
+
+@dataclass(frozen=True)
+class SpeculateConfig:
+    """Speculative decoding to compose (a draft's decode steps and the target's verify passes) and the real loop
+    that checks it: `iterations` timed per (batch, γ, α) in each of `rounds` + 1 brackets around the ops' rounds."""
+
+    draft: DecoderConfig
+    gammas: tuple[int, ...] = (1, 2, 4, 8)
+    alphas: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
+    iterations: int = 8
+    rounds: int = 2
+
+
+# the loop's iterations per bracket: a host keeps them few (a 2-layer TinyLlama verify pass takes ~30 ms there)
+LOOP_ITERATIONS = {"cpu": 8, "cuda": 32}
 
 
 @dataclass
@@ -72,6 +89,7 @@ class PhasesConfig:
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
     reference_rounds: int = check.ROUNDS  # rounds of the check's ops, interleaved with the reference's brackets
     weights: str = ""  # the layers' projections packed by this scheme (qlinear rows; "": unquantized)
+    speculate: SpeculateConfig | None = None  # compose speculative decoding (at the reference batches) and check it
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -93,7 +111,30 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     for chunk in cfg.chunks:
         for batch in (cfg.chunk_batch, 0):
             out += step_defs.chunked_prefill_steps(m, cfg.chunk_prompt, chunk, batch, cfg.context, cfg.page_size)
+    if cfg.speculate:
+        out += [step_defs.verify_step(m, b, cfg.context, g, cfg.page_size) for b in cfg.reference_batches
+                for g in cfg.speculate.gammas]
     return [step_defs.with_weights(step, cfg.weights) for step in out]
+
+
+def draft_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
+    """The draft's decode steps that speculation composes (none without --speculate)."""
+    if not cfg.speculate:
+        return []
+    return [step_defs.decode_step(cfg.speculate.draft, b, cfg.context, cfg.page_size) for b in cfg.reference_batches]
+
+
+def measured_cases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> list:
+    """The cases of every composed step, the target's and the draft's under their own model names, less those that
+    `reuse` already measured."""
+    cases = []
+    for model, steps in ((cfg.model, scenario_steps(cfg)), (cfg.speculate and cfg.speculate.draft, draft_steps(cfg))):
+        uses = step_defs.distinct_uses(steps)
+        if reuse is not None and uses:  # measure only what the given results lack
+            have = pm.Measured(reuse, model=model.name, dtype=cfg.dtype, impls=cfg.impls)
+            uses = [u for u in uses if have.latency_ms(u) is None]
+        cases += [case_of(u, cfg.dtype, model.name) for u in uses]
+    return cases
 
 
 def reference_reserve_s(budget_s: float) -> float:
@@ -136,7 +177,7 @@ def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[
     """What the check's worker runs first: every layer and head of the composed steps in sequence against its ops
     alone (bench.phases.op_sequence), its rows appended to `out` and written to DIR/sequences.csv at once (a check
     that dies later keeps them); with a time budget, the first half of what the ops left is theirs."""
-    items = op_sequence.distinct_sequences(scenario_steps(cfg))
+    items = op_sequence.distinct_sequences(scenario_steps(cfg) + draft_steps(cfg))
     end = None if cfg.time_budget_s is None else (cfg.started or time.monotonic()) + cfg.time_budget_s - \
         reference_reserve_s(cfg.time_budget_s) / 2
 
@@ -179,11 +220,7 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Measure (or reuse) the ops, check a real forward pass, compose, and write every table under out_dir."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    uses = step_defs.distinct_uses(scenario_steps(cfg))
-    if reuse is not None:  # measure only what the given results lack
-        have = pm.Measured(reuse, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
-        uses = [u for u in uses if have.latency_ms(u) is None]
-    cases = [case_of(u, cfg.dtype, cfg.model.name) for u in uses]
+    cases = measured_cases(cfg, reuse)
     impls = {op: [name] for op, name in cfg.impls.items()}
     timer = cfg.timer or ops_timer(cfg.device)
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - reference_reserve_s(cfg.time_budget_s)
@@ -194,6 +231,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     reference, brackets, sequences = reference_check(cfg, timer, impls, df)
     tables = compose(df, cfg, sequences)
     tables.update(reference=reference, reference_brackets=brackets, sequences=sequences)
+    if cfg.speculate:
+        tables.update(speculative_tables(cfg, df, sequences, timer, impls))
     for name, table in tables.items():
         table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
     (cfg.out_dir / "phases.json").write_text(json.dumps({
@@ -204,6 +243,44 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),
-        "over_goal": phase_check.over_goal_notes(tables["reference"])},
+        "over_goal": phase_check.over_goal_notes(tables["reference"]),
+        "speculate": None if not cfg.speculate else {
+            **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
+            "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum())}},
         indent=1))
     return tables
+
+
+def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFrame, timer: TimerConfig,
+                       impls: dict) -> dict[str, pd.DataFrame]:
+    """speculative.csv (per batch, γ and α, composed from the published rows) and speculative_check.csv (the
+    composition of the loop's cut models against the real loop, timed around rounds of the ops it composes to)."""
+    spec, page = cfg.speculate, cfg.page_size
+    frame = functools.partial(pm.Measured, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
+
+    def steps(rows, target, draft):
+        return sp.composed_steps(target, draft, frame(rows, model=target.name), frame(rows, model=draft.name),
+                                 cfg.reference_batches, cfg.context, spec.gammas, page)
+
+    table = sp.speculative_table(steps(df, cfg.model, spec.draft), cfg.reference_batches, cfg.context, spec.gammas,
+                                 spec.alphas)
+    target = speculative_loop.cut(cfg.model, cfg.reference_layers)
+    draft = speculative_loop.cut(spec.draft, cfg.reference_layers)
+    plan = speculative_loop.LoopPlan(target, draft, str(cfg.device), cfg.dtype, tuple(cfg.reference_batches),
+                                     cfg.context, tuple(spec.gammas), tuple(spec.alphas), spec.iterations)
+    uses = [(target, u) for u in step_defs.distinct_uses(
+        [step_defs.decode_step(target, b, cfg.context) for b in plan.batches]
+        + [step_defs.verify_step(target, b, cfg.context, g) for b in plan.batches for g in plan.gammas])]
+    uses += [(draft, u) for u in step_defs.distinct_uses([step_defs.decode_step(draft, b, cfg.context)
+                                                          for b in plan.batches])]
+    cases = [case_of(u, cfg.dtype, model.name) for model, u in uses]
+    loops, rows = speculative_loop.run_loop_check(plan, cases, impls, cfg.out_dir / "speculative", timer=timer,
+                                                  isolation=cfg.isolation, rounds=spec.rounds, on_row=cfg.on_row)
+    checked = sp.loop_check_table(loops, steps(rows, target, draft), steps(df, target, draft),
+                                  layers=target.layers, draft_layers=draft.layers,
+                                  goal_pct=phase_check.goal_pct(cfg.device))
+    return {"speculative": table, "speculative_check": checked,
+            "speculative_loops": loops.drop(columns=["ms", "tokens"]).assign(
+                iterations=[len(m) if isinstance(m, list) else 0 for m in loops["ms"]],
+                mean_ms=[float(sum(m) / len(m)) if isinstance(m, list) and m else float("nan") for m in loops["ms"]],
+                tokens=[int(sum(t)) if isinstance(t, list) else 0 for t in loops["tokens"]])}

@@ -52,7 +52,14 @@ MODELS: dict[str, DecoderConfig] = {
     "qwen2.5-7b": DecoderConfig(3584, 18944, 28, 28, 4, 128, 152064, "qwen2.5-7b"),
     "gemma-2-9b": DecoderConfig(3584, 14336, 42, 16, 8, 256, 256000, "gemma-2-9b"),
     "llama-2-7b": DecoderConfig(4096, 11008, 32, 32, 32, 128, 32000, "llama-2-7b"),
+    # small models of the same families: the default drafts of speculative decoding (DRAFTS)
+    "llama-3.2-1b": DecoderConfig(2048, 8192, 16, 32, 8, 64, 128256, "llama-3.2-1b"),
+    "tinyllama-1.1b": DecoderConfig(2048, 5632, 22, 32, 4, 64, 32000, "tinyllama-1.1b"),
+    "gemma-2-2b": DecoderConfig(2304, 9216, 26, 8, 4, 256, 256000, "gemma-2-2b"),
 }
+# target -> its default draft: a small model of the same family and tokenizer
+DRAFTS = {"llama-3-8b": "llama-3.2-1b", "llama-3-70b": "llama-3-8b", "llama-2-7b": "tinyllama-1.1b",
+          "gemma-2-9b": "gemma-2-2b"}
 CONFIG_KEYS = tuple(f.name for f in fields(DecoderConfig))
 
 
@@ -107,3 +114,30 @@ def register_model(config: DecoderConfig) -> DecoderConfig:
         raise ValueError(f"model: {config.name!r} is already a different model; give the custom one another name")
     MODELS[config.name] = config
     return config
+
+
+def model_weight_count(config: DecoderConfig) -> int:
+    """Weights of every layer's projections and the lm_head: what one decode step streams."""
+    return config.layers * config.layer_weight_count() + config.vocab * config.hidden
+
+
+def draft_config(target: DecoderConfig, spec=None) -> DecoderConfig:
+    """The draft model of speculative decoding for `target`: `spec` (a preset, a key=value spec or a config) or the
+    target's default (DRAFTS); one-line ValueError for a draft of another vocabulary or not smaller than the
+    target."""
+    if spec is None:
+        if target.name not in DRAFTS:
+            raise ValueError(f"draft: no default draft for {target.name!r} (defaults: "
+                             f"{', '.join(f'{t} -> {d}' for t, d in DRAFTS.items())}); give --draft")
+        spec = DRAFTS[target.name]
+    try:
+        draft = model_config(spec)
+    except ValueError as err:
+        raise ValueError(f"draft: {str(err).removeprefix('model: ')}") from None
+    if draft.vocab != target.vocab:
+        raise ValueError(f"draft: {draft.name} has a vocabulary of {draft.vocab}, {target.name} of {target.vocab}; "
+                         "a draft proposes the target's tokens")
+    if model_weight_count(draft) >= model_weight_count(target):
+        raise ValueError(f"draft: {draft.name} ({model_weight_count(draft) / 1e9:.2f}B weights) is not smaller than "
+                         f"{target.name} ({model_weight_count(target) / 1e9:.2f}B)")
+    return draft

@@ -88,6 +88,18 @@ def decode_step(config: DecoderConfig, batch: int, context: int, page_size: int 
             + _head(config, batch))
 
 
+def verify_step(config: DecoderConfig, batch: int, context: int, gamma: int, page_size: int = 0) -> list[OpUse]:
+    """Speculative decoding's verify pass: each of `batch` sequences holding `context` tokens runs its last token and
+    `gamma` draft tokens through the target: projections and elementwise work at M = batch x (gamma + 1), attention
+    with gamma + 1 query tokens against the context (bottom-right causal), the head over every verified position."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma: the draft tokens per iteration must be an int >= 1, got {gamma!r}")
+    tokens = gamma + 1
+    attention = [dict(batch=batch, q_len=tokens, kv_len=context + tokens, page_size=page_size)]
+    return (_layer(config, batch * tokens, "chunked_prefill", "decode", batch * (context + tokens), attention)
+            + _head(config, batch * tokens))
+
+
 def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: int, prefix: int,
                 last_chunk: bool, page_size: int = 0) -> list[OpUse]:
     """Sarathi-Serve's step: `decode_batch` decode tokens and a `chunk`-token slice of a prompt (after `prefix`

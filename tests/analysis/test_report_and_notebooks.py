@@ -75,7 +75,7 @@ def test_committed_interference_sample_loads():
 NOTEBOOK_IMAGES = {
     "roofline.ipynb": 6,  # roofline, phases, tokens/s, two scaling figures, speedup
     "linear.ipynb": 4,  # linear sweep, layer tokens/s, roofline, speedup
-    "phases.ipynb": 4,  # TTFT, decode sweep, chunked prefill, decode breakdown
+    "phases.ipynb": 6,  # TTFT, decode sweep, chunked prefill, decode breakdown, speculation (or its no-data note) x2
     "interference.ipynb": 2,  # the stretch, what each user sees
 }
 NO_TORCH = 'import sys\nassert not [m for m in sys.modules if m.split(".")[0] in ("torch", "triton")]'

@@ -187,14 +187,14 @@ def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
     device = resolve_device(None)
     dtype = default_dtype(device)
     cases = suite_cases("quick", device.type, dtype)
-    impls = {op: available_impls(device, op=op) for op in ("attention", "linear")}
+    impls = {op: available_impls(device, op=op) for op in ("attention", "linear", "qlinear")}
     csv = pd.read_csv(quick_run / "results.csv")
     parquet = pd.read_parquet(quick_run / "results.parquet")
     assert list(csv.columns) == COLUMNS and set(ISSUE_COLUMNS) <= set(csv.columns)
     assert len(csv) == len(parquet) == sum(len(impls[c.op]) for c in cases)
     assert (parquet.status == "ok").all(), parquet[["impl", "status", "reason"]]
     assert set(parquet.phase) == {"prefill", "chunked_prefill", "decode"} and set(parquet.dtype) == {dtype}
-    assert set(parquet.op) == {"attention", "linear"} and (parquet.device_kind == device.type).all()
+    assert set(parquet.op) == {"attention", "linear", "qlinear"} and (parquet.device_kind == device.type).all()
     for op, names in impls.items():
         assert set(parquet[parquet.op == op].impl) == set(names)
     assert {"naive", "flash"} <= set(impls["attention"]) and {"naive", "torch"} <= set(impls["linear"])

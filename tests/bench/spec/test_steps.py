@@ -68,6 +68,17 @@ def test_chunked_prefill_covers_the_prompt_with_hybrid_steps():
         steps.chunked_prefill_steps(TINY, 100, 0, 4, 200)
 
 
+def test_verify_runs_gamma_plus_one_tokens_per_sequence_against_the_context():
+    uses = by_label(steps.verify_step(TINY, 3, 61, 4))
+    assert uses["attention"][0].field_dict["q_len"] == 5 and uses["attention"][0].field_dict["kv_len"] == 66
+    assert uses["qkv"][0].field_dict["m"] == 15 and uses["qkv"][0].field_dict["phase"] == "decode"
+    assert uses["lm_head"][0].field_dict["m"] == 15 and uses["lm_head"][0].count == 1  # every verified position
+    assert uses["kv_append"][0].field_dict["cache_len"] == 3 * 66
+    for gamma in (0, 2.0, True):
+        with pytest.raises(ValueError, match=r"^gamma: "):
+            steps.verify_step(TINY, 3, 61, gamma)
+
+
 def test_distinct_uses_name_each_case_once():
     all_steps = [steps.decode_step(TINY, 4, 64), steps.decode_step(TINY, 4, 64), steps.prefill_step(TINY, 64)]
     uses = steps.distinct_uses(all_steps)
@@ -102,12 +113,18 @@ def composed(uses, config):
     return out
 
 
-@pytest.mark.parametrize("phase", ["prefill", "decode"])
+@pytest.mark.parametrize("phase", ["prefill", "decode", "verify"])
 def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase):
+    import torch
     from phasebench.bench.phases import reference_decoder as ref
 
     if phase == "prefill":
         traced, uses = ref.ops_of_prefill(TINY, 1, 97), steps.prefill_step(TINY, 97)
+    elif phase == "verify":  # the target's pass over the last token and 4 draft tokens, the head on each
+        decoder = ref.ReferenceDecoder(TINY, 1, "meta", torch.float32, max_tokens=205, max_batch=3)
+        with decoder.record_ops() as traced:
+            decoder.extend(3, 200, 5, every_position=True)
+        uses = steps.verify_step(TINY, 3, 200, 4)
     else:
         traced, uses = ref.ops_of_decode(TINY, 3, 200), steps.decode_step(TINY, 3, 200)
     layer_ops = [o for o in traced if o["scope"] == "layer"]
@@ -125,3 +142,23 @@ def test_with_weights_packs_the_layer_projections_only():
     assert {a.label for a, _ in changed} == {"qkv", "o", "gate_up", "down"}
     for a, b in changed:
         assert b.op == "qlinear" and b.field_dict == {**a.field_dict, "scheme": "int8"} and b.count == a.count
+
+
+def test_a_draft_defaults_to_the_family_preset_and_must_be_smaller_with_the_same_vocabulary():
+    from phasebench.bench.spec.models import MODELS, draft_config, model_weight_count
+
+    assert draft_config(MODELS["llama-3-8b"]).name == "llama-3.2-1b"
+    for target, draft in (("llama-3-8b", "llama-3.2-1b"), ("llama-2-7b", "tinyllama-1.1b"),
+                          ("gemma-2-9b", "gemma-2-2b"), ("llama-3-70b", "llama-3-8b")):
+        assert MODELS[draft].vocab == MODELS[target].vocab
+        assert model_weight_count(MODELS[draft]) < model_weight_count(MODELS[target])
+    small = "name=tiny-draft-steps,hidden=64,intermediate=96,layers=1,q_heads=4,kv_heads=2,head_dim=16,vocab=97"
+    assert draft_config(TINY, small).hidden == 64
+    with pytest.raises(ValueError, match=r"^draft: no default draft for 'tiny-steps'"):
+        draft_config(TINY)
+    with pytest.raises(ValueError, match=r"^draft: .* vocabulary of 128256, tiny-steps of 97"):
+        draft_config(TINY, "llama-3.2-1b")
+    with pytest.raises(ValueError, match=r"^draft: llama-3-8b .* is not smaller than llama-3.2-1b"):
+        draft_config(MODELS["llama-3.2-1b"], "llama-3-8b")
+    with pytest.raises(ValueError, match=r"^draft: unknown model 'nope'"):
+        draft_config(TINY, "nope")
