@@ -289,23 +289,27 @@ def _pct(value) -> str:
     return f"{value:+.1f}%"
 
 
-def check_sentence(table: pd.DataFrame, phase: str) -> str:
+def check_sentence(table: pd.DataFrame, phase: str, legend: bool = True) -> str:
     """What the check says of one phase's published figures, for beside them: 'Checked against real passes (goal
-    15%; negative: the composition is faster): phasebench (2 layers) decode batch 1 published -3.2% (interleaved
-    -5.0%, per layer -21.0%) OVER GOAL; ...'; empty where nothing checked the phase."""
+    15%; < 0: the composition is faster): phasebench (2 layers) decode batch 1 published -3.2% (interleaved -5.0%,
+    per layer -21.0%) OVER GOAL; decode batch 8 ...'; empty where nothing checked the phase. legend=False leaves
+    out what the sign means (said once already)."""
     rows = table[table["phase"] == phase] if "phase" in table else table.iloc[:0]
     if not len(rows):
         return ""
-    cells = []
+    cells, named = [], set()
     for row in rows.to_dict("records"):
         values = {label: float(row[column]) for column, label in (("published_error_pct", "published"),
                                                                    ("interleaved_error_pct", "interleaved"),
                                                                    ("per_layer_error_pct", "per layer"))}
         shown = [f"{label} {_pct(value)}" for label, value in values.items() if np.isfinite(value)]
-        cell = f"{row.get('reference', 'phasebench')} ({int(row['layers'])} layers) {where(row)} " + (
+        who = f"{row.get('reference', 'phasebench')} ({int(row['layers'])} layers)"
+        place = where(row) if who not in named else where(row).replace("decode batch", "batch")
+        cell = ("" if who in named else f"{who} ") + f"{place} " + (  # each reference named once
             f"{shown[0]} ({', '.join(shown[1:])})" if len(shown) > 1 else (shown or ["not timed"])[0])
+        named.add(who)
         cell += " noisy" if bool(row.get("noisy")) else ""
         cells.append(cell + (" OVER GOAL" if bool(row["over_goal"]) else ""))
     goals = "/".join(f"{g:g}%" for g in dict.fromkeys(rows["goal_pct"]))
-    return (f"Checked against real passes (goal {goals}; negative: the composition is faster): " + "; ".join(cells)
-            + ".")
+    sign = "; < 0: the composition is faster" if legend else ""
+    return f"Checked against real passes (goal {goals}{sign}): " + "; ".join(cells) + "."

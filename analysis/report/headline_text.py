@@ -159,7 +159,8 @@ def _phases_block(found: dict) -> tuple[str, list]:
             ["tokens/s per user", *(number(v) for v in decode["tokens_per_s_per_user"])]]))
         knee = found.get("saturation_batch")
         lead = f"Saturation batch {knee}: " if knee is not None else "No saturation batch: "
-        items.append(("p", [lead + found["saturation"] + "." + _checked(found.get("composition"), "decode")]))
+        items.append(("p", [lead + found["saturation"] + "." + _checked(found.get("composition"), "decode",
+                                                                         legend=False)]))
     if found.get("left_out"):
         items.append(("p", [f"{found['left_out']} of {found['points']} TTFT and TPOT points left out: an op they "
                             "need was not measured or only noisily (see the phase tables' missing and "
@@ -170,9 +171,9 @@ def _phases_block(found: dict) -> tuple[str, list]:
     return "Phases · " + " · ".join(setting), items
 
 
-def _checked(composition: pd.DataFrame | None, phase: str) -> str:
+def _checked(composition: pd.DataFrame | None, phase: str, legend: bool = True) -> str:
     """' Checked against real passes (goal 15%): ...' beside a phase's figures; empty where none checked it."""
-    sentence = check_sentence(composition, phase) if composition is not None else ""
+    sentence = check_sentence(composition, phase, legend) if composition is not None else ""
     return " " + sentence if sentence else ""
 
 
@@ -184,7 +185,7 @@ def _interactive_sentence(limits: pd.DataFrame) -> str:
     for row in limits.to_dict("records"):
         text = f"prompt {key_text(row['prompt'])}: TTFT {duration(row['ttft_ms'])}"
         if not row["meets_ttft"]:
-            parts.append(text + " (missed), no batch")
+            parts.append(f"prompt {key_text(row['prompt'])}: missed")  # its TTFT is said above; no batch keeps it
             continue
         batches = [f"batch {int(row[name])} at {name.split('_')[2]}" if row[name] else f"no batch at "
                    f"{name.split('_')[2]}" for name in targets]

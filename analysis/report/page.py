@@ -32,8 +32,8 @@ section { margin-top: 18px; min-width: 0; }
 }
 .answer { min-width: 0; }
 .hl-block { border-left: 4px solid #4a7bd0; background: #f6f8fc; padding: 2px 10px 4px; margin: 0 0 10px; }
-.hl-block h3 { margin: 4px 0 2px; }
-.hl-block p { margin: 3px 0; }
+.hl-block h3 { margin: 3px 0 2px; }
+.hl-block p { margin: 2px 0; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #d4d4d4; padding: 2px 7px; white-space: nowrap; text-align: left; vertical-align: top; }
 th { background: #eef0f3; } thead th { white-space: normal; }

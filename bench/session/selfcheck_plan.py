@@ -98,10 +98,11 @@ GPU = SelfcheckPlan(
                        "--arrivals", "3"),
 )
 
-# The dry run on a host without CUDA: the same steps at host sizes, under three minutes on 2 cores.
+# The dry run on a host without CUDA: the same steps at host sizes, about four minutes on 2 cores.
 HOST = SelfcheckPlan(
-    name="host-dry-run", device="cpu", dtype="float32", total_s=190,
-    budgets={"env": 6, "tests": 25, "ceilings": 5, "suites": 90, "interference": 9, "phases": 18, "profile": 10,
+    name="host-dry-run", device="cpu", dtype="float32", total_s=240,
+    # phases: the check times its references at L and 2L layers and the ops in sequence, about a minute here
+    budgets={"env": 6, "tests": 25, "ceilings": 5, "suites": 90, "interference": 9, "phases": 68, "profile": 10,
              "ncu": 6, "report": 10},
     minimum_s={"env": 4, "tests": 12, "ceilings": 3, "interference": 6, "phases": 10, "profile": 6, "ncu": 4,
                "report": 5},
@@ -109,7 +110,8 @@ HOST = SelfcheckPlan(
     startup_s=5, teardown_s=2,
     # the host suites' sizes: causal prefill 64, decode at 256 keys for batches 1 and 4
     phases_args=("--model", TINY_MODEL, "--prompt", "64", "--batch", "1", "4", "--context", "255", "--chunk", "32",
-                 "--chunk-batch", "4", "--reference-layers", "1", "--reference-batch", "1", "4"),
+                 "--chunk-batch", "4", "--reference-layers", "1", "--reference-batch", "1", "4",
+                 "--reference-rounds", "1"),
     profile_shapes=("q_len=32,kv_len=32", "batch=2,q_len=1,kv_len=256"),
     ncu_shape="batch=2,q_len=1,kv_len=256",
     ceiling_dtypes=("float32",), reserve_s=5,

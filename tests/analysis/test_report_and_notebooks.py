@@ -43,10 +43,10 @@ def test_runner_and_benchmark_rows_combine(quick_run, bench_json):
     assert bench_rows == len(load(bench_json)) > 0
     df = load(quick_run, bench_json)
     assert len(df) == runner_rows + bench_rows and df.run_id.nunique() == 2
-    assert set(df.op) == {"attention", "linear"}
+    assert set(df.op) == {"attention", "linear", "qlinear"}
     assert {"naive", "flash", "triton"} <= set(df.impl)
     for run_id, rows in df.groupby("run_id"):
-        assert set(rows.op) == {"attention", "linear"}, run_id
+        assert set(rows.op) == {"attention", "linear", "qlinear"}, run_id
 
 
 def test_report_refuses_a_broken_file(tmp_path, capsys):

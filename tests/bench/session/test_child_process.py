@@ -44,11 +44,11 @@ def test_an_overrunning_child_gets_sigint_and_keeps_what_it_wrote(tmp_path):
             raise SystemExit(130)
     """
     log = io.StringIO()
-    result = run_child(_python(code), 1.0, log, grace_s=20)
+    result = run_child(_python(code), 3.0, log, grace_s=120)  # a loaded host starts Python slowly
     assert result.overran and result.returncode == 130  # interrupted in its 60 s sleep: it wrote what it had
     assert saved.read_text() == "rows"
     assert "measuring" in log.getvalue() and "rows written so far are kept" in log.getvalue()
-    assert "stopped after its allowance of 1 s" in log.getvalue()
+    assert "stopped after its allowance of 3 s" in log.getvalue()
 
 
 def test_a_child_that_ignores_sigint_is_killed_with_its_children(tmp_path):
