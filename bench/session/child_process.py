@@ -52,6 +52,13 @@ def _pump(stream, log: TextIO, echo: TextIO | None, lines: list[str]) -> None:
         del lines[:-40]
 
 
+def sigint_default() -> None:
+    """In a child before it runs: SIGINT back to its default. A parent that ignores it (nohup, a pytest-xdist
+    worker) would hand the child an ignored SIGINT, and Python then never raises KeyboardInterrupt: the stop that
+    lets a child keep what it measured would wait out its grace and kill it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGINT to the child's process group (its own children too), SIGKILL after the grace period."""
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
@@ -76,7 +83,7 @@ def run_child(command: Sequence[str], allowance_s: float, log: TextIO, *, echo: 
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True, errors="replace", cwd=cwd, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)
     lines: list[str] = []
     reader = threading.Thread(target=_pump, args=(proc.stdout, log, echo, lines), daemon=True)
     reader.start()

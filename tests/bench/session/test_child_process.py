@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import sys
 import textwrap
 import time
@@ -79,3 +80,20 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return "\nState:\tZ" not in status
+
+
+def test_a_parent_that_ignores_sigint_still_stops_its_child_with_it(tmp_path):
+    """nohup or a pytest-xdist worker ignores SIGINT, and a child would inherit that: it gets SIGINT back."""
+    code = """
+        import time
+        try:
+            time.sleep(60)
+        except KeyboardInterrupt:
+            raise SystemExit(130)
+    """
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = run_child(_python(code), 3.0, io.StringIO(), grace_s=120)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert result.overran and result.returncode == 130

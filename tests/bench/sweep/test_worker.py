@@ -13,6 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+from phasebench.bench.session.child_process import sigint_default
 from phasebench.bench.sweep import worker
 from phasebench.bench.sweep.worker import CaseClock, Worker, WorkerError, signal_name
 
@@ -113,7 +114,7 @@ def test_ctrl_c_keeps_the_rows_and_closes_run_json_as_interrupted(tmp_path):
                              str(plugin), "--impl", "bad", *[a for s in SHAPES for a in ("--shape", s)],
                              "--sample-time", "0.02", "--out", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_default)  # as a terminal's run has it
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:  # until the two good rows are written and the third hangs
