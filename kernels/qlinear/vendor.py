@@ -1,6 +1,8 @@
 """The vendor quantized linear layers: torch's own weight-only GEMMs (the backend names the op).
 
-- int8: torch._weight_int8pack_mm (per-channel scales in x's dtype).
+- int8: torch._weight_int8pack_mm (per-channel scales in x's dtype). torch 2.13's host kernel reads past the end
+  of K for bfloat16 activations unless K is a multiple of 16 (garbage or a segfault): there the weight is padded
+  with zero columns once, when the call is planned, and x with zeros on each call (counted in its time).
 - int4: on the host torch._convert_weight_to_int4pack_for_cpu + torch._weight_int4pack_mm_for_cpu (N a multiple
   of 16); on CUDA torch._convert_weight_to_int4pack + torch._weight_int4pack_mm (bf16, N a multiple of 8, the padded
   K a multiple of 32). Both take scales and zeros as [K / G, N, 2] with w = (q - 8) * scale + zero, the layout of
@@ -37,13 +39,23 @@ def _repacked(qweight, dtype: torch.dtype, pack) -> tuple[torch.Tensor, torch.Te
     return found[dtype]
 
 
+INT8_HOST_BF16_K = 16  # the K multiple torch's host int8 kernel needs for bfloat16 activations
+
+
 def _int8(req: QLinearRequest) -> PlannedCall:
     qweight, x = req.qweight, req.x
-    scales = qweight.scales.to(x.dtype)
+    scales, qdata, kp = qweight.scales.to(x.dtype), qweight.qdata, req.k
+    if req.device_type == "cpu" and req.dtype == torch.bfloat16 and req.k % INT8_HOST_BF16_K:
+        kp = -(-req.k // INT8_HOST_BF16_K) * INT8_HOST_BF16_K
+        found = _PACKED.setdefault(qweight, {})
+        if ("int8", kp) not in found:
+            found["int8", kp] = F.pad(qdata, (0, kp - req.k))
+        qdata = found["int8", kp]
+    x_of = _padded(x, kp)
 
     def run():
         try:
-            return torch._weight_int8pack_mm(x, qweight.qdata, scales)
+            return torch._weight_int8pack_mm(x_of(), qdata, scales)
         except NotImplementedError as err:  # no kernel for this device in this torch build
             raise Unsupported(f"torch._weight_int8pack_mm: {str(err).splitlines()[0]}") from None
 
