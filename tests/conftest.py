@@ -48,10 +48,38 @@ def pytest_configure(config):
     # own measuring take the variable out
     os.environ.setdefault("PHASEBENCH_HOST_CEILINGS", os.path.join(os.environ["PHASEBENCH_CACHE"], "host"))
     os.environ.setdefault("PHASEBENCH_CASE_TIMEOUT", f"{CASE_TIMEOUT_S}")
+    _share_the_cores()
+
+
+def _share_the_cores():
+    """Each xdist worker (and the commands it starts) gets its share of the host's CPUs as torch threads: two
+    workers of 2 threads each on 2 cores time-slice their OpenMP teams, and a 0.01 ms GEMM then takes a scheduler
+    quantum (8 ms), which turned minutes of tests into many. Only threads change; no verdict depends on them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
+    import torch
+
+    torch.set_num_threads(int(threads))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true",
+                     help="run the slow tier only: the end-to-end runs marked `slow` (CI runs both tiers)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` skip, with the reason, where no CUDA device is."""
+    """The tier: `pytest` leaves the tests marked `slow` out, `pytest --slow` runs those only. Tests marked `cuda`
+    skip, with the reason, where no CUDA device is."""
+    slow = config.getoption("slow")
+    tier = {True: [], False: []}
+    for item in items:
+        tier[(item.get_closest_marker("slow") is not None) == slow].append(item)
+    if tier[False]:
+        config.hook.pytest_deselected(items=tier[False])
+        items[:] = tier[True]
     import torch
 
     if torch.cuda.is_available():

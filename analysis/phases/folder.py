@@ -31,8 +31,12 @@ TABLES = {
                     "break_even_alpha"),
     "speculative_check": ("batch", "gamma", "alpha", "loop_tokens_per_s_per_user", "composed_tokens_per_s_per_user",
                           "error_pct", "expected_tokens_per_pass", "realised_tokens_per_pass", "over_goal"),
+    # --interference with hybrid rows of this model (analysis/phases/hybrid_check.py): composed vs measured
+    "hybrid_check": ("batch", "prompt", "context", "chunk", "iterations", "measured_itl_mean_ms", "composed_itl_ms",
+                     "itl_error_pct", "measured_ttft_ms", "composed_ttft_ms", "ttft_error_pct", "over_goal"),
 }
-OPTIONAL = ("colocated", "sequences", "speculative", "speculative_check")  # folders without them lack them
+# folders without them lack them
+OPTIONAL = ("colocated", "sequences", "speculative", "speculative_check", "hybrid_check")
 META = "phases.json"
 
 

@@ -14,8 +14,10 @@ import pandas as pd
 import torch
 
 from ...analysis.phases import check as phase_check
+from ...analysis.phases import hybrid_check
 from ...analysis.phases import model as pm
 from ...analysis.phases import speculative as sp
+from ..instruments.roofline import device_name
 from ..instruments.timing import TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
@@ -114,7 +116,17 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     if cfg.speculate:
         out += [step_defs.verify_step(m, b, cfg.context, g, cfg.page_size) for b in cfg.reference_batches
                 for g in cfg.speculate.gammas]
+    out += hybrid_check.hybrid_steps(m, measured_hybrid(cfg), cfg.page_size)
     return [step_defs.with_weights(step, cfg.weights) for step in out]
+
+
+def measured_hybrid(cfg: PhasesConfig) -> pd.DataFrame:
+    """The hybrid iterations `phasebench interference` timed for this model, dtype, device and all its layers
+    (unquantized and contiguous: the interference decoder's weights and cache are)."""
+    if cfg.weights or cfg.page_size:
+        return pd.DataFrame()
+    return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
+                                    device=device_name(cfg.device), layers=cfg.model.layers)
 
 
 def draft_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
@@ -158,6 +170,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
                                   page),
         "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
                                         cfg.interference, page),
+        # the composed hybrid iterations against the measured ones (empty without --interference hybrid rows)
+        "hybrid_check": hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page),
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
@@ -244,6 +258,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),
         "over_goal": phase_check.over_goal_notes(tables["reference"]),
+        "hybrid_checked": len(tables["hybrid_check"]),
+        "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
             "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum())}},

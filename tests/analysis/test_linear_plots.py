@@ -303,6 +303,7 @@ def test_tables_group_by_op(attention_and_linear):
     assert linear_text.str.startswith("linear ").all() and linear_text.str.contains(" m96 n1000 k1000").any()
 
 
+@pytest.mark.slow
 def test_report_adds_the_linear_section_only_with_linear_rows(attention_and_linear, tmp_path):
     attention, both = attention_and_linear
     paths = write_report(both, tmp_path / "both")

@@ -28,11 +28,13 @@ def test_report_on_a_fresh_quick_run(quick_run, tmp_path):
     assert "prefill" in proc.stdout and "decode" in proc.stdout
 
 
+@pytest.mark.slow
 def test_report_on_a_pytest_benchmark_json(bench_json, tmp_path):
     assert main(["report", str(bench_json), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "roofline.png").stat().st_size > 1000 and (tmp_path / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_runner_and_benchmark_rows_combine(quick_run, bench_json):
     # What holds on any device: the counts come from the files (the suites differ between CPU and GPU).
     runner_rows = len(load(quick_run))

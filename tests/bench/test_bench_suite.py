@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 from phasebench.bench.sweep.runner import impls_for
 from phasebench.bench.sweep.selection import default_dtype, resolve_device
 from phasebench.bench.sweep.suites import suite_cases
 
 from ..conftest import REPO, run_pytest_bench
+
+pytestmark = pytest.mark.slow  # `pytest bench` in subprocesses
 
 
 def test_benchmark_suite_writes_tidy_json(bench_json):

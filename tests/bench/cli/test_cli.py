@@ -74,6 +74,7 @@ def test_unwritable_out_is_refused_before_measuring(tmp_path):
     assert proc.returncode == 2 and "out: cannot write to" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_keeps_what_was_measured(tmp_path):
     first = run_cli("run", "--impl", "naive", "--shape", "q_len=4,kv_len=40,q_heads=2,kv_heads=1,head_dim=16",
                     "--out", str(tmp_path))
@@ -142,6 +143,7 @@ def test_a_run_on_a_busy_host_is_flagged_in_rows_table_and_warning(tmp_path):
     assert len(warning) == 1 and "2 of 2 timed rows were noisy" in warning[0] and "re-run" in warning[0]
 
 
+@pytest.mark.slow
 def test_run_linear_by_hand_and_by_op(tmp_path):
     proc = run_cli("run", "--op", "linear", "--impl", "naive", "torch", "--model", "llama-3-8b",
                    "--shape", "m=3,n=97,k=4095", "--shape", "m=2,projection=o", "--shape", "q_len=4,kv_len=40",

@@ -17,6 +17,8 @@ from phasebench.analysis import compare, load, with_samples
 
 from ...conftest import run_cli, run_pytest_bench
 
+pytestmark = pytest.mark.slow  # real runs compared end to end
+
 # awkward small cases, a few seconds per run on a CPU
 SHAPES = ("batch=1,q_heads=4,kv_heads=2,q_len=1,kv_len=257,head_dim=48",
           "batch=2,q_heads=4,kv_heads=4,q_len=33,kv_len=33,head_dim=40,causal=1",

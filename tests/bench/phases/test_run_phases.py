@@ -7,6 +7,7 @@ import importlib.util
 import json
 
 import pandas as pd
+import pytest
 from phasebench.analysis.phases.check import ReferencePlan
 
 from ...analysis.phase_rows import TINY
@@ -15,6 +16,7 @@ from ...conftest import run_cli
 SMALL = "name=tiny-phases,hidden=128,intermediate=352,layers=3,q_heads=4,kv_heads=2,head_dim=32,vocab=211"
 
 
+@pytest.mark.slow
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):
     references = ["transformers"] if importlib.util.find_spec("transformers") else []
     out = tmp_path / "phases"

@@ -81,6 +81,7 @@ def test_a_draft_of_another_vocabulary_is_refused():
         sl.SpeculativeLoop(target, other, BATCH, CONTEXT)
 
 
+@pytest.mark.slow
 def test_phases_speculate_on_a_tiny_pair_writes_the_tables_and_checks_the_loop(tmp_path):
     import json
 

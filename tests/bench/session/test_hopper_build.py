@@ -24,6 +24,7 @@ def report(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_every_kernel_and_config_builds_within_the_h200(report):
     builds = [hopper_build.Build(**b) for b in report["builds"]]
     assert hopper_build.problems(builds) == [], report["problems"]
@@ -31,6 +32,7 @@ def test_every_kernel_and_config_builds_within_the_h200(report):
     assert all(b.registers and b.shared is not None and b.spill_stores is not None for b in builds)
 
 
+@pytest.mark.slow
 def test_autotune_lists_are_all_compiled(report):
     from phasebench.kernels.attention import triton_decode, triton_prefill
     from phasebench.kernels.linear import triton_linear
@@ -47,6 +49,7 @@ def test_autotune_lists_are_all_compiled(report):
     assert gemv <= labels("splitk_gemv_kernel")
 
 
+@pytest.mark.slow
 def test_paged_kernels_are_built_for_both_ways_of_reading_the_table(report):
     # pages of 16 take one table entry per key, pages of 256 one per key block; 64 at verify rows mixes them by BLOCK_N
     from phasebench.kernels.attention import triton_decode
@@ -61,6 +64,7 @@ def test_paged_kernels_are_built_for_both_ways_of_reading_the_table(report):
         assert built == every
 
 
+@pytest.mark.slow
 def test_16_bit_gemm_and_attention_dots_use_wgmma(report):
     # 64 rows or more per warpgroup: prefill, the tiled GEMM and verify-sized split-KV; decode's 16 rows use mma.sync
     wide = [b for b in report["builds"] if b["dtype"] in ("bf16", "fp16") and b["source"] == "autotune" and
@@ -76,6 +80,7 @@ def test_16_bit_gemm_and_attention_dots_use_wgmma(report):
     assert all(b["mma"] == "fma" for b in dots if b["dtype"] == "fp32")
 
 
+@pytest.mark.slow
 def test_quantized_kernels_build_for_every_scheme(report):
     from phasebench.kernels.qlinear import triton_qlinear
 

@@ -116,6 +116,7 @@ def dry_run(tmp_path_factory):
     return proc, out, work
 
 
+@pytest.mark.slow
 def test_dry_run_writes_at_most_eight_small_files(dry_run):
     proc, out, _ = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -128,6 +129,7 @@ def test_dry_run_writes_at_most_eight_small_files(dry_run):
     assert "<html" in (out / selfcheck.REPORT).read_text()[:500].lower()
 
 
+@pytest.mark.slow
 def test_dry_run_ran_every_step(dry_run):
     proc, out, _ = dry_run
     summary = json.loads((out / selfcheck.SUMMARY).read_text())
@@ -164,6 +166,7 @@ def test_dry_run_ran_every_step(dry_run):
     assert "selfcheck host-dry-run on cpu" in proc.stdout and "suite decode:" in proc.stdout
 
 
+@pytest.mark.slow
 def test_dry_run_archive_holds_every_result_and_loads(dry_run, tmp_path):
     _, out, _ = dry_run
     with tarfile.open(out / selfcheck.ARCHIVE) as tar:
@@ -180,6 +183,7 @@ def test_dry_run_archive_holds_every_result_and_loads(dry_run, tmp_path):
     assert set(df["op"]) == {"attention", "linear"}
 
 
+@pytest.mark.slow
 def test_a_subset_of_steps_and_bad_arguments(tmp_path):
     proc = run_cli("selfcheck", "--dry-run", "--steps", "env", "ceilings", "--out", str(tmp_path / "o"),
                    "--work", str(tmp_path / "w"))

@@ -14,6 +14,7 @@ from phasebench.bench.sweep.results import sample_key
 from phasebench.kernels import OPS, triton_mode
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[cluster]')")
+pytestmark = pytest.mark.slow  # Ray starts a local cluster per test: minutes
 
 SHAPES = ["batch=1,q_heads=4,kv_heads=2,q_len=13,kv_len=13,head_dim=16",
           "batch=2,q_heads=6,kv_heads=3,q_len=1,kv_len=37,head_dim=16",

@@ -93,6 +93,7 @@ def test_a_bad_shard_spec_is_one_line(text):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_merged_shards_equal_the_single_process_run(sweep, capsys):
     s1, s2 = keys(sweep / "s1"), keys(sweep / "s2")
     assert s1 and s2 and not set(s1) & set(s2)
@@ -123,6 +124,7 @@ def merge_error(capsys, *argv) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_merge_refuses_shards_of_different_sweeps_missing_twice_or_unfinished(sweep, tmp_path, capsys):
     other = tmp_path / "other"
     assert main(["run", "--impl", "naive", "--shape", SHAPES[0], "--shard", "2/2", "--out", str(other)]) == 2
@@ -150,6 +152,7 @@ def test_merge_refuses_shards_of_different_sweeps_missing_twice_or_unfinished(sw
     assert sorted(keys(out)) == sorted(keys(sweep / "s1"))
 
 
+@pytest.mark.slow
 def test_a_shard_resumes_only_as_its_own_shard_of_its_own_sweep(sweep, tmp_path, capsys):
     folder = tmp_path / "s1"
     for name in ("shard.json", "run.json", "results.csv"):

@@ -83,6 +83,7 @@ def test_a_broken_kernel_costs_one_failed_row_and_the_sweep_goes_on(tmp_path, ho
     assert run["isolation"]["workers_started"] == (2 if how == "segv" else 1)
 
 
+@pytest.mark.slow
 def test_a_hanging_kernel_is_stopped_at_the_case_timeout_and_resume_retries_it(tmp_path):
     proc, _ = _run(tmp_path, "hang", "--case-timeout", "4")  # a run that waited for the hang fails at its timeout
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -76,6 +76,7 @@ def _row(rows, batch, prompt, mode):
     return found.iloc[0]
 
 
+@pytest.mark.slow
 def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     out, _, _, every = host_run
     assert list(every.columns[:len(INTERFERENCE_COLUMNS)]) == list(INTERFERENCE_COLUMNS)
@@ -116,6 +117,7 @@ def _check_itl_and_whole_model(rows):
     assert rows["tokens_per_s_per_user"].tolist() == pytest.approx((1e3 / rows["itl_mean_ms"]).tolist())
 
 
+@pytest.mark.slow
 def test_every_batch_prompt_and_chunk_gets_one_hybrid_row(host_run):
     _, _, progress, every = host_run
     rows = every[every["mode"] == "hybrid"].set_index(["batch", "prompt", "chunk"])
@@ -145,6 +147,7 @@ def test_every_batch_prompt_and_chunk_gets_one_hybrid_row(host_run):
     assert f"hybrid round 2/2 prompt {LARGE} batch 3: decode-only" in progress
 
 
+@pytest.mark.slow
 def test_what_was_printed_is_what_loads_back(host_run):
     out, printed, progress, rows = host_run
     assert f"round 2/2 prompt {LARGE} batch 3: alone" in progress

@@ -1,0 +1,61 @@
+"""The composed hybrid iteration (a chunk of a prompt beside the decode users) against the one `phasebench
+interference` timed as a real forward pass: the decode users' mean ITL and the prompt's TTFT, per (batch, prompt,
+chunk)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ...bench.spec import steps as step_defs
+from ...bench.spec.models import DecoderConfig
+from .check import goal_pct
+from .model import Measured, model_error, step_time
+
+COLUMNS = ("batch", "prompt", "context", "chunk", "iterations", "measured_itl_mean_ms", "composed_itl_ms",
+           "itl_error_pct", "measured_ttft_ms", "composed_ttft_ms", "ttft_error_pct", "goal_pct", "over_goal",
+           "missing", "measured_run")
+
+
+def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str,
+                layers: int) -> pd.DataFrame:
+    """The ok hybrid rows of this model and dtype, measured on `device` (as result rows name it) with all of the
+    composition's `layers` (a timed stretch of fewer layers is another model)."""
+    if interference is None or not len(interference) or "chunk_tokens" not in interference:
+        return pd.DataFrame()
+    names = interference["device_name"].fillna("").astype(str)
+    counts = pd.to_numeric(interference["layers"], errors="coerce")
+    keep = ((interference["status"] == "ok") & (interference["mode"] == "hybrid")
+            & (interference["model"] == model) & (interference["dtype"] == dtype) & (names == device)
+            & (counts == layers) & interference["chunk_tokens"].notna())
+    return interference[keep]
+
+
+def steps_of(config: DecoderConfig, row, page_size: int = 0) -> list[list[step_defs.OpUse]]:
+    """The iterations of one hybrid row, as the phase model composes them (`whole`: one chunk of the prompt)."""
+    return step_defs.chunked_prefill_steps(config, int(row["prompt"]), int(row["chunk_tokens"]), int(row["batch"]),
+                                           int(row["context"]), page_size)
+
+
+def hybrid_steps(config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) -> list[list[step_defs.OpUse]]:
+    """Every iteration the check composes, so that each op it needs is measured."""
+    return [step for _, row in rows.iterrows() for step in steps_of(config, row, page_size)]
+
+
+def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) -> pd.DataFrame:
+    """Per measured hybrid row: its mean ITL and TTFT against the composition of the same iterations from the
+    op rows, the error in percent and whether it is over the goal of the row's device kind."""
+    out = []
+    for _, row in rows.iterrows():
+        goal = goal_pct(row.get("device_kind", "cpu"))
+        times = [step_time(measured, s) for s in steps_of(config, row, page_size)]
+        composed = np.array([t.total_ms for t in times])
+        itl, ttft = float(row["itl_mean_ms"]), float(row["ttft_ms"])
+        errors = (model_error(float(composed.mean()), itl), model_error(float(composed.sum()), ttft))
+        out.append({"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
+                    "chunk": str(row["chunk"]), "iterations": len(times), "measured_itl_mean_ms": itl,
+                    "composed_itl_ms": float(composed.mean()), "itl_error_pct": errors[0],
+                    "measured_ttft_ms": ttft, "composed_ttft_ms": float(composed.sum()), "ttft_error_pct": errors[1],
+                    "goal_pct": goal, "over_goal": bool(max(abs(e) for e in errors) > goal),
+                    "missing": sum(len(t.missing) for t in times), "measured_run": str(row.get("run_id", ""))})
+    return pd.DataFrame(out, columns=list(COLUMNS))
