@@ -59,10 +59,11 @@ def test_rows_of_another_model_device_layer_count_or_mode_are_not_compared(field
     assert hc.hybrid_rows(None, model="tiny", dtype="float32", device="cpu", layers=3).empty
 
 
-def test_a_missing_op_is_counted_and_the_composition_is_not_a_number():
+def test_a_missing_op_is_counted_the_composition_is_not_a_number_and_not_within_the_goal():
     rows = pd.DataFrame([hybrid(2, 10, "4", 1.0, 3.0)])
     steps = hc.hybrid_steps(TINY, rows)
     uses = [u for u in step_defs.distinct_uses(steps) if u.op != "attention"]
     measured = pm.Measured(op_rows(uses, latency), model="tiny", dtype="float32")
     table = hc.hybrid_check(measured, TINY, rows)
     assert table.loc[0, "missing"] > 0 and pd.isna(table.loc[0, "composed_ttft_ms"])
+    assert table.loc[0, "over_goal"]  # a composition it could not make is not within the goal
