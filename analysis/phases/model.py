@@ -125,7 +125,7 @@ def _sequence_terms(sequences: pd.DataFrame | None) -> dict:
             in zip(ok["key"], ok["sequence_ms"], ok["alone_ms"], noisy, strict=True)}
 
 
-def _sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
+def sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
     """The sequence term's items of a step (one for its layers, one for its head) and how many noisy ones were left
     out; none where no sequence was measured (a folder from before the term, a time budget)."""
     items, noisy = [], 0
@@ -155,7 +155,7 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
             continue
         items.append({"op": use.op, "label": use.label, "part": use.part, "count": use.count,
                       "latency_ms": latency, "ms": use.count * latency})
-    sequence, left_out = _sequence_items(measured, uses)
+    sequence, left_out = sequence_items(measured, uses)
     items, noisy = items + sequence, noisy + left_out
     table = pd.DataFrame(items, columns=["op", "label", "part", "count", "latency_ms", "ms"])
     parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in PARTS}

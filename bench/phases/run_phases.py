@@ -258,7 +258,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),
         "over_goal": phase_check.over_goal_notes(tables["reference"]),
-        "hybrid_checked": len(tables["hybrid_check"]),
+        "hybrid_checked": int(tables["hybrid_check"]["checked"].sum()),
+        "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
