@@ -54,14 +54,14 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
     out = []
     for _, row in rows.iterrows():
         goal = goal_pct(row.get("device_kind", "cpu"))
-        times = [step_time(measured, s) for s in steps_of(config, row, page_size)]
+        steps = steps_of(config, row, page_size)
+        times = [step_time(measured, s) for s in steps]
         composed = np.array([t.total_ms for t in times])
         itl, ttft = float(row["itl_mean_ms"]), float(row["ttft_ms"])
         errors = (model_error(float(composed.mean()), itl), model_error(float(composed.sum()), ttft))
         missing, noisy = sum(len(t.missing) for t in times), sum(t.noisy for t in times)
         # a noisy op row beside a quiet one costs nothing; a sequence term left out makes the sum too low
-        dropped = sum(sequence_items(measured, step_defs.with_weights(s, measured.weights))[1]
-                      for s in steps_of(config, row, page_size))
+        dropped = sum(sequence_items(measured, step_defs.with_weights(s, measured.weights))[1] for s in steps)
         checked = not missing and not dropped and all(np.isfinite(errors))
         out.append({"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
                     "chunk": str(row["chunk"]), "iterations": len(times), "measured_itl_mean_ms": itl,
