@@ -53,8 +53,8 @@ def pytest_configure(config):
 
 def _share_the_cores():
     """Each xdist worker (and the commands it starts) gets its share of the host's CPUs as torch threads: two
-    workers of 2 threads each on 2 cores time-slice their OpenMP teams, and a 0.01 ms GEMM then takes a scheduler
-    quantum (8 ms), which turned minutes of tests into many. Only threads change; no verdict depends on them."""
+    workers of 2 threads each on 2 cores time-slice their OpenMP teams, and a GEMM of ~0.15 ms then takes a
+    scheduler quantum (8 ms, seen in the dry run's log). Only threads change; no verdict depends on them."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
