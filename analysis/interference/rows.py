@@ -22,8 +22,9 @@ from ..phases.model import USER_TARGETS
 
 SHOWN = ("batch", "prompt", "mode", "mechanism", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "stretch",
          "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
-HYBRID_SHOWN = ("batch", "prompt", "chunk", "iterations", "decode_only_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
-                "itl_p99_ms", "itl_max_ms", "ttft_ms", "chunk_cost", "decode_tokens_per_s", "tokens_per_s_per_user")
+HYBRID_SHOWN = ("batch", "prompt", "chunk", "iterations", "samples", "decode_only_ms", "itl_mean_ms", "itl_p50_ms",
+                "itl_p90_ms", "itl_p99_ms", "itl_max_ms", "ttft_ms", "chunk_cost", "decode_tokens_per_s",
+                "tokens_per_s_per_user")
 SHORT = {"itl_mean_ms": "mean", "itl_p50_ms": "p50", "itl_p90_ms": "p90", "itl_p99_ms": "p99", "itl_max_ms": "max",
          "decode_only_ms": "decode_only", "tokens_per_s_per_user": "tok/s/user", "prefill_slowdown": "prefill_x",
          "decode_tokens_per_s": "decode_tok/s"}

@@ -44,7 +44,7 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.to(xf.dtype)).to(x.dtype)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=128)  # a 2048-token prompt in chunks of 64 has 32 shapes: all kept
 def lower_right(t: int, kv_len: int, device: torch.device):
     """Bottom-right causal attention of t queries over kv_len keys, as flash attention does it: on CUDA SDPA's
     causal_lower_right (its flash kernel), on the host one boolean mask per shape, built once, not per call."""

@@ -197,6 +197,7 @@ def designed_hybrid_rows(model_layers=32) -> pd.DataFrame:
                      "context": 300, "prompt": 512, "mode": "hybrid",
                      "mechanism": "whole prompt" if chunk == "whole" else "chunked", "chunk": chunk,
                      "chunk_tokens": 512 if chunk == "whole" else int(chunk), "iterations": iterations,
+                     "samples": 4 * iterations,
                      "itl_mean_ms": mean, "itl_p50_ms": 0.8 * mean, "itl_p90_ms": 0.9 * p99, "itl_p99_ms": p99,
                      "itl_max_ms": p99, "decode_only_ms": 10.0 * (1 + (batch == 8)), "ttft_ms": ttft,
                      "chunk_cost": ttft / HYBRID[(batch, "whole")][2], "prefill_alone_ms": 250.0,
@@ -213,10 +214,12 @@ def test_hybrid_rows_print_per_chunk_with_their_tail_ttft_and_whole_model_basis(
     start = lines.index("Hybrid iteration: one prompt's arrival in the decode users' iterations (ITL in ms over the "
                         "prompt's iterations)")
     table = [line.split() for line in lines[start + 2:start + 8]]
-    # batch prompt chunk iterations decode_only mean p50 p90 p99 max ttft chunk_cost ...
-    assert [(r[0], r[2], r[8], r[10], r[11]) for r in table] == [
-        ("1", "64", "40", "400", "1.33"), ("1", "256", "90", "320", "1.07"), ("1", "whole", "300", "300", "1"),
-        ("8", "64", "60", "500", "1.32"), ("8", "256", "120", "420", "1.11"), ("8", "whole", "380", "380", "1")]
+    # batch prompt chunk iterations samples decode_only mean p50 p90 p99 max ttft chunk_cost ...: the p99's sample
+    # count beside it (a whole prompt's tail is that of its few arrivals)
+    assert [(r[0], r[2], r[4], r[9], r[11], r[12]) for r in table] == [
+        ("1", "64", "32", "40", "400", "1.33"), ("1", "256", "8", "90", "320", "1.07"),
+        ("1", "whole", "4", "300", "300", "1"), ("8", "64", "32", "60", "500", "1.32"),
+        ("8", "256", "8", "120", "420", "1.11"), ("8", "whole", "4", "380", "380", "1")]
     assert "Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)" in lines
     found = verdicts(designed_hybrid_rows()).set_index(["batch", "prompt", "target"])
     # whole model of 32 layers scaled from 2: ITL 1 + (mean - 1) x 16 ms; chunk 64 at batch 1: 209 ms, 4.8 tok/s

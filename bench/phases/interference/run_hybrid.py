@@ -127,8 +127,8 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: li
                         one = found[(batch, prompt, chunk)]
                         steps = arrival_steps(batch, cfg.context, prompt, chunk)
                         try:
-                            if round_ == 0:  # the shapes' first call (allocations, kernel choice) untimed
-                                time_iterations(decoder, steps[:1], x_decode, prompts[prompt])
+                            if round_ == 0:  # every shape's first call (allocations, kernel choice) untimed
+                                time_iterations(decoder, steps, x_decode, prompts[prompt])
                             with watch() if watch else contextlib.nullcontext() as seen:
                                 one.decode_only_ms += time_iterations(
                                     decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
@@ -196,8 +196,9 @@ def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
                              "decode_tokens_per_s": batch * one.iterations * 1e3 / ttft[chunk],
                              "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
                              "prefill_ms": ttft[chunk],
-                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers,
-                                                  only["itl_mean_ms"]),
+                             # the head is not slowed by the prompt's tokens (they are more work, not a
+                             # co-runner): its time alone, once
+                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers),
                              "noisy": one.noisy > 0, "noise_reason": one.noise_reason,
                              "others_cores": max(one.others_cores) if one.others_cores else None,
                              "status": "ok", "reason": "; ".join(reasons + ([one.error] if one.error else []))})
