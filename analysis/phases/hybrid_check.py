@@ -20,8 +20,9 @@ COLUMNS = ("batch", "prompt", "context", "chunk", "iterations", "measured_itl_me
 def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str,
                 layers: int) -> pd.DataFrame:
     """The ok, quiet hybrid rows of this model and dtype, measured on `device` (as result rows name it) with all of
-    the composition's `layers` (a timed stretch of fewer layers is another model); of a (batch, prompt, context,
-    chunk) measured in several folders, the last given."""
+    the composition's `layers` (a timed stretch of fewer layers is another model); each run's rows once (a
+    folder given twice counts once; two runs of one (batch, prompt, context, chunk) are each checked, so that the
+    error is read beside the drift between runs)."""
     if interference is None or not len(interference) or "chunk_tokens" not in interference:
         return pd.DataFrame()
     names = interference["device_name"].fillna("").astype(str)
@@ -31,7 +32,9 @@ def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, de
             & (counts == layers) & interference["chunk_tokens"].notna())
     if "noisy" in interference:
         keep &= ~interference["noisy"].fillna(False).astype(bool)
-    return interference[keep].drop_duplicates(["batch", "prompt", "context", "chunk"], keep="last")
+    rows = interference[keep]
+    run = rows["run_id"].fillna("").astype(str) if "run_id" in rows else pd.Series("", index=rows.index)
+    return rows.assign(run_id=run).drop_duplicates(["batch", "prompt", "context", "chunk", "run_id"], keep="last")
 
 
 def steps_of(config: DecoderConfig, row, page_size: int = 0) -> list[list[step_defs.OpUse]]:

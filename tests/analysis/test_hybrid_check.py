@@ -61,9 +61,10 @@ def test_a_sequence_term_left_out_as_noisy_leaves_the_row_unchecked():
     rows = pd.DataFrame([hybrid(2, 10, "4", 1.0, 3.0)])
     steps = hc.hybrid_steps(TINY, rows)
     ops = op_rows(step_defs.distinct_uses(steps), latency)
-    keys = sorted({pm.sequence_key(part) for s in steps for _, _, part in pm.sequence_parts(s)})
-    sequences = pd.DataFrame([{"key": k, "sequence": "layer", "sequence_ms": 2.0, "alone_ms": 1.0, "term_ms": 1.0,
-                               "status": "ok", "noisy": True} for k in keys])
+    parts = {pm.sequence_key(part): part for s in steps for _, _, part in pm.sequence_parts(s)}
+    alone = {k: sum(u.count * latency(u) for u in part) for k, part in parts.items()}  # as the sweep's rows say
+    sequences = pd.DataFrame([{"key": k, "sequence": "layer", "sequence_ms": a + 1.0, "alone_ms": a, "term_ms": 1.0,
+                               "status": "ok", "noisy": True} for k, a in alone.items()])
     table = hc.hybrid_check(pm.Measured(ops, model="tiny", dtype="float32", sequences=sequences), TINY, rows)
     assert table.loc[0, "missing"] == 0 and not table.loc[0, "checked"] and table.loc[0, "over_goal"]
     quiet = sequences.assign(noisy=False)
@@ -71,11 +72,18 @@ def test_a_sequence_term_left_out_as_noisy_leaves_the_row_unchecked():
     assert table.loc[0, "checked"]
 
 
-def test_noisy_rows_are_not_compared_and_a_row_measured_twice_counts_once():
+def test_noisy_rows_are_not_compared_a_row_given_twice_counts_once_and_each_run_is_checked():
     rows = pd.DataFrame([hybrid(3, 23, "7", 1.0, 4.0, noisy=True), hybrid(3, 23, "whole", 1.0, 4.0, noisy=False),
+                         hybrid(3, 23, "whole", 1.0, 4.0, noisy=False),  # the same folder given twice
                          hybrid(3, 23, "whole", 2.0, 8.0, noisy=False, run_id="r2")])
     chosen = hc.hybrid_rows(rows, model="tiny", dtype="float32", device="cpu", layers=TINY.layers)
-    assert chosen["chunk"].tolist() == ["whole"] and chosen["run_id"].tolist() == ["r2"]
+    assert chosen["chunk"].tolist() == ["whole", "whole"] and chosen["run_id"].tolist() == ["r1", "r2"]
+    measured = pm.Measured(op_rows(step_defs.distinct_uses(hc.hybrid_steps(TINY, chosen)), latency), model="tiny",
+                           dtype="float32")
+    table = hc.hybrid_check(measured, TINY, chosen)
+    # one composition, read against each run's own measurement
+    assert table["measured_run"].tolist() == ["r1", "r2"] and table["composed_ttft_ms"].nunique() == 1
+    assert table["measured_ttft_ms"].tolist() == [4.0, 8.0]
 
 
 @pytest.mark.parametrize("fields", [{"layers": TINY.layers - 1}, {"device_name": "NVIDIA H200"}, {"status": "failed"},
