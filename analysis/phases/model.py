@@ -115,25 +115,42 @@ def sequence_key(uses: list[step_defs.OpUse]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+# the sequence row's ops alone against the sweep's rows of the same ops: further apart than this, one of the two
+# was disturbed (the host's drift between them reads 10-25%), and their difference is no term
+ALONE_AGREEMENT = 1.5
+
+
 def _sequence_terms(sequences: pd.DataFrame | None) -> dict:
-    """key -> (term ms, noisy) of the ok sequence rows (bench.phases.op_sequence): in sequence minus alone."""
+    """key -> (term ms, noisy, the ops' time alone in the row) of the ok sequence rows (bench.phases.op_sequence):
+    in sequence minus alone."""
     if sequences is None or not len(sequences) or "key" not in sequences:
         return {}
     ok = sequences[sequences["status"] == "ok"]
     noisy = _flag(ok, "noisy")
-    return {key: (float(seq) - float(alone), bool(flag)) for key, seq, alone, flag
+    return {key: (float(seq) - float(alone), bool(flag), float(alone)) for key, seq, alone, flag
             in zip(ok["key"], ok["sequence_ms"], ok["alone_ms"], noisy, strict=True)}
+
+
+def _agrees_with_the_sweep(measured: Measured, part: list[step_defs.OpUse], alone_ms: float) -> bool:
+    """Whether a sequence row's ops alone took about what the sweep's rows of the same ops say (the term is the
+    sequence against that alone time, added to the sweep's sum)."""
+    latencies = [measured.latency_ms(u) for u in part]
+    if any(t is None for t in latencies):
+        return True  # the op is missing: step_time names it
+    swept = sum(u.count * t for u, t in zip(part, latencies, strict=True))
+    return swept > 0 and 1 / ALONE_AGREEMENT <= alone_ms / swept <= ALONE_AGREEMENT
 
 
 def sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
     """The sequence term's items of a step (one for its layers, one for its head) and how many noisy ones were left
-    out; none where no sequence was measured (a folder from before the term, a time budget)."""
+    out (as are those whose ops alone disagree with the sweep's rows); none where no sequence was measured (a folder
+    from before the term, a time budget)."""
     items, noisy = [], 0
     for kind, count, part in sequence_parts(uses) if measured.sequences else ():
         term = measured.sequences.get(sequence_key(part))
         if term is None:
             continue
-        if term[1]:
+        if term[1] or not _agrees_with_the_sweep(measured, part, term[2]):
             noisy += 1
             continue
         # the head's term stays in the head's part: what runs once per step, whatever the layer count
@@ -208,6 +225,15 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
     knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None
     table["saturated"] = table["batch"] == knee
     return table
+
+
+def beside_unquantized(decode: pd.DataFrame, unquantized: pd.DataFrame) -> pd.DataFrame:
+    """A batch sweep with quantized projections beside the same run's sweep with float ones: the latter's TPOT per
+    batch (`unquantized_tpot_ms`) and the gain (`weights_speedup`: unquantized TPOT / quantized TPOT)."""
+    base = unquantized[["batch", "tpot_ms"]].rename(columns={"tpot_ms": "unquantized_tpot_ms"})
+    out = decode.merge(base, on="batch", how="left")
+    out["weights_speedup"] = out["unquantized_tpot_ms"] / out["tpot_ms"]
+    return out
 
 
 def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, decode_batch: int,

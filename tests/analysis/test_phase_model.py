@@ -297,11 +297,12 @@ def test_rows_without_a_page_size_column_read_as_contiguous():
     assert pm.tpot(old, TINY, 2, 40).total_ms == hand_tpot(2, 40)
 
 
-def _sequences(step, terms: dict, noisy=()) -> pd.DataFrame:
-    """Sequence rows as bench.phases.op_sequence writes them: per (kind) the term in sequence beyond alone."""
+def _sequences(step, terms: dict, noisy=(), alone_scale: float = 1.0) -> pd.DataFrame:
+    """Sequence rows as bench.phases.op_sequence writes them: per (kind) the term in sequence beyond alone, the ops
+    alone timed as the sweep's rows say (x alone_scale)."""
     rows = []
     for kind, _, uses in pm.sequence_parts(step):
-        alone = 3.0 + len(uses)
+        alone = alone_scale * sum(u.count * power_latency(u) for u in uses)
         rows.append({"key": pm.sequence_key(uses), "sequence": kind, "sequence_ms": alone + terms[kind],
                      "alone_ms": alone, "term_ms": terms[kind], "status": "ok", "noisy": kind in noisy})
     return pd.DataFrame(rows)
@@ -323,6 +324,20 @@ def test_the_sequence_term_adds_once_per_layer_and_once_for_the_head():
     noisy = pm.Measured(rows, model="tiny", dtype="float32", sequences=_sequences(step, terms, noisy=("layer",)))
     left = pm.tpot(noisy, TINY, batch, context)
     assert left.total_ms == hand_tpot(batch, context) - 0.25 and left.noisy == 1
+
+
+@pytest.mark.parametrize("scale", [1.3, 0.7, 1.6, 0.6])
+def test_a_sequence_whose_ops_alone_disagree_with_the_sweep_is_left_out(scale):
+    # the row's ops alone 1.6x (or 0.6x) the sweep's: one of the two runs was disturbed, the difference is no term
+    batch, context = 3, 23
+    step = step_defs.decode_step(TINY, batch, context)
+    rows = op_rows(step_defs.distinct_uses([step]), power_latency)
+    terms = {"layer": 0.5, "head": 0.25}
+    t = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", sequences=_sequences(step, terms, alone_scale=scale)),
+                TINY, batch, context)
+    agrees = 1 / pm.ALONE_AGREEMENT <= scale <= pm.ALONE_AGREEMENT
+    assert t.noisy == (0 if agrees else 2)
+    assert t.total_ms == hand_tpot(batch, context) + (TINY.layers * 0.5 + 0.25 if agrees else 0)
 
 
 def test_sequence_parts_give_one_layer_with_per_layer_counts_and_the_head():
@@ -357,3 +372,26 @@ def test_quantized_weights_compose_from_their_own_rows_never_scaled():
     # another scheme was not measured: named missing, not scaled from the rows that exist
     other = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", weights="int8"), TINY, 2, 40)
     assert not other.complete and all("qlinear" in m and "int8" in m for m in other.missing)
+
+
+def test_a_quantized_sweep_is_set_beside_the_float_sweep_of_the_same_rows():
+    # projections 3x faster packed; the float TPOT and the gain come from the same rows, per batch
+    def latency(use):
+        return power_latency(use) / (3 if use.op == "qlinear" else 1)
+
+    batches, context = (1, 5), 37
+    plain = [step_defs.decode_step(TINY, b, context) for b in batches]
+    rows = op_rows(step_defs.distinct_uses(plain + [step_defs.with_weights(s, "int8") for s in plain]), latency,
+                   impls={**pm.DEFAULT_IMPLS, "qlinear": "torch", "attention": "flash"})
+    quant = pm.batch_sweep(pm.Measured(rows, model="tiny", dtype="float32", weights="int8"), TINY, batches, context)
+    dense = pm.batch_sweep(pm.Measured(rows, model="tiny", dtype="float32"), TINY, batches, context)
+    both = pm.beside_unquantized(quant, dense)
+    assert list(both["batch"]) == list(batches)
+    for batch, row in zip(batches, both.itertuples(), strict=True):
+        assert row.unquantized_tpot_ms == hand_tpot(batch, context)
+        weights = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32"), TINY, batch, context).parts["weights"]
+        assert row.tpot_ms == pytest.approx(hand_tpot(batch, context) - weights * 2 / 3)
+        assert row.weights_speedup == pytest.approx(hand_tpot(batch, context) / row.tpot_ms)
+        assert row.weights_speedup > 1
+    # a batch the float sweep lacks reads empty, not a gain of 1
+    assert np.isnan(pm.beside_unquantized(quant, dense[dense["batch"] == 1])["weights_speedup"].iloc[1])
