@@ -309,8 +309,8 @@ def phases_summary(tables: dict) -> str:
         knee = decode.loc[decode["saturated"].map(as_bool), "batch"]
         state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
-                _text(marked, ("batch", "tpot_ms", "tokens_per_s", "tokens_per_s_per_user", "saturated",
-                               "noisy_left_out"))]
+                _text(marked, ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
+                               "tokens_per_s_per_user", "saturated", "noisy_left_out"))]
         out += [line for line in (check_sentence(reference, "decode"),) if line]
     if not _empty(tables, "chunked"):
         chunked = tables["chunked"].sort_values("chunk")

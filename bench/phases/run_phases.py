@@ -117,7 +117,10 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
         out += [step_defs.verify_step(m, b, cfg.context, g, cfg.page_size) for b in cfg.reference_batches
                 for g in cfg.speculate.gammas]
     out += hybrid_check.hybrid_steps(m, measured_hybrid(cfg), cfg.page_size)
-    return [step_defs.with_weights(step, cfg.weights) for step in out]
+    steps = [step_defs.with_weights(step, cfg.weights) for step in out]
+    if cfg.weights:  # the float decode steps too, for TPOT's gain over float weights in the same run
+        steps += [step_defs.decode_step(m, b, cfg.context, cfg.page_size) for b in cfg.batches]
+    return steps
 
 
 def measured_hybrid(cfg: PhasesConfig) -> pd.DataFrame:
@@ -163,9 +166,14 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
     measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences,
                            weights=cfg.weights)
     page = cfg.page_size
+    decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
+    if cfg.weights:
+        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
+        decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
+                                                              page_size=page))
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
-        "decode": pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page),
+        "decode": decode,
         "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
                                   page),
         "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
