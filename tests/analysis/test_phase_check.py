@@ -4,11 +4,13 @@ per-layer error from references of L and 2L layers (the head removed exactly), t
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import load_phases, phases_summary
+from phasebench.analysis.loading.results import load
 from phasebench.analysis.phases import model as pm
 from phasebench.analysis.phases.check import (
     GOAL_PCT,
@@ -18,6 +20,7 @@ from phasebench.analysis.phases.check import (
     goal_pct,
     normalised,
     over_goal_notes,
+    plan_of,
 )
 from phasebench.analysis.report import headline
 
@@ -182,22 +185,24 @@ def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the
 
     tables = load_phases(SAMPLE)
     reference = tables["reference"].copy()
-    reference.loc[reference["phase"] == "decode", "per_layer_error_pct"] = -21.0  # as the issue measured it
-    tables["reference"] = reference
+    prefill, decode = reference["phase"] == "prefill", reference["phase"] == "decode"
+    reference.loc[prefill, ["published_error_pct", "interleaved_error_pct", "per_layer_error_pct"]] = [14.7, 1.1, 3.0]
+    reference.loc[decode, ["published_error_pct", "interleaved_error_pct", "per_layer_error_pct"]] = [1.5, -3.2, -21.0]
+    tables["reference"] = normalised(reference, "cpu")  # the decode rows' per-layer error as the issue measured it
     summary = phases_summary(tables)
     decode_lines = summary.split("Decode at context")[1].split("Chunked prefill")[0]
     assert "per layer -21.0%" in decode_lines and "OVER GOAL" in decode_lines  # beside the TPOT figures
     prefill_lines = summary.split("Prefill (one prompt):")[1].split("Decode at context")[0]
     assert "OVER GOAL" not in prefill_lines and "published +14.7%" in prefill_lines
     text = headline(None, tables).markdown()
-    assert "decode batch 1 published +1.5% (interleaved -3.2%, per layer -21.0%) OVER GOAL" in text
+    assert "decode batch 1 published +1.5% (interleaved -3.2%, per layer -21.0%)" in text and "OVER GOAL" in text
     tables["sequences"] = pd.DataFrame([{"key": "3f2a", "sequence": "layer", "phase": "decode", "m": 8, "ops": 12,
                                          "sequence_ms": 41.5, "alone_ms": 40.25, "term_ms": 1.25, "status": "ok"}])
     page = write_report(load(SAMPLE / "ops"), tmp_path, phases=tables)["html"].read_text(encoding="utf-8")
     phases = page.split('id="phases"')[1]
     assert '<p class="over-goal">Checked against real passes' in phases and "OVER GOAL" in phases
     assert "The ops in sequence against alone" in phases and "41.5" in phases
-    notes = over_goal_notes(normalised(reference, "cpu"))
+    notes = over_goal_notes(tables["reference"])
     assert len(notes) == 4 and notes[0].startswith("phasebench decode batch 1: per-layer error -21.0%, beyond the 15%")
 
 
@@ -208,21 +213,54 @@ def test_the_goal_is_the_hosts_on_the_host_and_the_gpus_on_any_accelerator():
     assert normalised(row, "cuda:0")["over_goal"].item() and not normalised(row, "cpu")["over_goal"].item()
 
 
-def test_the_committed_sample_still_loads_and_gets_its_published_error_from_its_ops():
-    """Written with the rounds, before the published error: its error_pct is the rounds', and the published one is
-    recomposed from its ops/ against the same reference times (the issue's figures)."""
+def _sample_measured(sequences: bool) -> tuple[pd.DataFrame, pm.Measured, ReferencePlan]:
+    meta = load_phases(SAMPLE)["meta"]
+    plan = plan_of(meta)
+    terms = pd.read_csv(SAMPLE / "sequences.csv") if sequences else None
+    measured = pm.Measured(load(SAMPLE / "ops"), model=plan.model.name, dtype=plan.dtype, impls=meta["impls"],
+                           sequences=terms)
+    return pd.read_csv(SAMPLE / "reference.csv"), measured, plan
+
+
+def test_the_committed_sample_publishes_the_composition_of_its_own_ops_and_sequences():
+    """The published error is that of the figures the sample's tables show: recomposed here from its ops/ rows and
+    sequences.csv against the same reference times, every row; the check sentence quotes the three errors."""
+    raw, measured, plan = _sample_measured(sequences=True)
     tables = load_phases(SAMPLE)
-    raw = pd.read_csv(SAMPLE / "reference.csv")
-    table = tables["reference"].set_index(["reference", "phase", "batch"]).sort_index()
-    raw = raw.set_index(["reference", "phase", "batch"]).sort_index()
-    assert list(table["interleaved_error_pct"]) == list(raw["error_pct"])
-    published = table.loc["phasebench", "published_error_pct"]
-    assert published[("prefill", 1)] == pytest.approx(14.7, abs=0.05)
-    assert published[("decode", 1)] == pytest.approx(1.5, abs=0.05)
-    assert published[("decode", 8)] == pytest.approx(2.2, abs=0.05)
-    assert 53 <= table.loc[("phasebench", "decode", 1), "head_share_pct"] <= 61
-    assert table["per_layer_error_pct"].isna().all() and not table["over_goal"].any()
-    assert "published +14.7% (interleaved +1.1%)" in check_sentence(tables["reference"], "prefill")
+    assert len(raw) == 6 and raw["per_layer_error_pct"].notna().all() and raw["sequence_pct"].notna().all()
+    for row in raw.itertuples(index=False):
+        step = plan.composed(measured, row.phase, int(row.batch), int(row.tokens), int(row.layers))
+        assert step.complete
+        assert step.total_ms == pytest.approx(row.published_composed_ms, rel=1e-9)
+        assert row.published_error_pct == pytest.approx(pm.model_error(step.total_ms, row.reference_ms), rel=1e-9)
+        if row.reference == "phasebench" and row.phase == "prefill":
+            assert (f"published {row.published_error_pct:+.1f}% (interleaved {row.interleaved_error_pct:+.1f}%, "
+                    f"per layer {row.per_layer_error_pct:+.1f}%)") in check_sentence(tables["reference"], "prefill")
+    # the 32-layer decode table is the same composition at the model's depth
+    decode = tables["decode"].set_index("batch")
+    for batch in tables["meta"]["reference_batches"]:
+        full = pm.tpot(measured, plan.model, batch, int(tables["meta"]["context"]))
+        assert decode.loc[batch, "tpot_ms"] == pytest.approx(full.total_ms, rel=1e-9)
+
+
+def test_a_sample_from_before_the_published_error_gets_it_recomposed_from_its_ops(tmp_path):
+    """A folder written with the rounds' error only (no sequences.csv then): load_phases recomposes the published
+    error from its ops/ rows alone, against the same reference times."""
+    raw, measured, plan = _sample_measured(sequences=False)
+    old = tmp_path / "old"
+    shutil.copytree(SAMPLE, old)
+    (old / "sequences.csv").unlink()
+    keep = ["reference", "implementation", "phase", "layers", "batch", "tokens", "reference_ms", "rounds", "noisy",
+            "left_out"]
+    raw[keep].assign(composed_ms=raw["interleaved_composed_ms"], error_pct=raw["interleaved_error_pct"]).to_csv(
+        old / "reference.csv", index=False)
+    table = load_phases(old)["reference"]
+    assert list(table["interleaved_error_pct"]) == list(raw["interleaved_error_pct"])
+    for row in table.itertuples(index=False):
+        step = plan.composed(measured, row.phase, int(row.batch), int(row.tokens), int(row.layers))
+        assert row.published_composed_ms == pytest.approx(step.total_ms, rel=1e-9)
+        assert row.published_error_pct == pytest.approx(pm.model_error(step.total_ms, row.reference_ms), rel=1e-9)
+    assert table["per_layer_error_pct"].isna().all()
 
 
 def test_a_table_from_before_the_rounds_reads_its_error_as_the_published_one():

@@ -135,7 +135,7 @@ def test_the_committed_phases_sample_reads_as_its_numbers():
     for row in prefill.itertuples(index=False):
         assert f"{row.ttft_ms / 1e3:.3g} s at {row.prompt} tokens" in text
     assert "prompt 32: missed" in text  # no prompt meets a 3 s TTFT on the 2-core host
-    # written before the published error: the rounds' error_pct beside the one recomposed from its ops/
+    # the published error (the ops/ rows the tables show) beside the check's rounds' and the per-layer one
     reference = pd.read_csv(REPO / "analysis" / "sample" / "cpu-phases" / "reference.csv")
     published = lead.phases[0]["composition"]
     named = set()  # each reference is named once per sentence, then its rows by batch
@@ -145,8 +145,10 @@ def test_the_committed_phases_sample_reads_as_its_numbers():
             where = where.replace("decode batch", "batch")
         who = "" if (r.reference, r.phase) in named else f"{r.reference} (2 layers) "
         named.add((r.reference, r.phase))
+        assert r.published_error_pct == p.published_error_pct
         assert (f"{who}{where} published {p.published_error_pct:+.1f}% (interleaved "
-                f"{r.error_pct:+.1f}%)" + (" noisy" if r.noisy else "")) in text
+                f"{r.interleaved_error_pct:+.1f}%, per layer {r.per_layer_error_pct:+.1f}%)"
+                + (" noisy" if r.noisy else "")) in text
 
 
 def test_markdown_and_html_say_the_same_and_links_point_at_the_lists(rng, helpers):
