@@ -155,8 +155,9 @@ def test_what_was_printed_is_what_loads_back(host_run):
     split = lines.index("Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)")
     hybrid = [line.split() for line in lines[:split] if line.split()[:1] in (["1"], ["3"])]
     spatial = [line.split() for line in lines[split:] if line.split()[:1] in (["1"], ["3"])]
-    # batch prompt chunk iterations decode_only mean p50 p90 p99 max ttft_ms ..., to 3 significant digits
-    shown = {(int(r[0]), int(r[1]), r[2]): (float(r[8]), float(r[10])) for r in hybrid}
+    # batch prompt chunk iterations samples decode_only mean p50 p90 p99 max ttft_ms ..., to 3 significant digits
+    shown = {(int(r[0]), int(r[1]), r[2]): (float(r[9]), float(r[11])) for r in hybrid}
+    assert all(int(r[4]) == int(r[3]) * 2 for r in hybrid)  # samples: the iterations of the 2 arrivals
     ok = rows[(rows["mode"] == "hybrid") & (rows["status"] == "ok")]
     assert len(shown) == len(ok) == 6
     for row in ok.itertuples():
