@@ -392,6 +392,5 @@ def test_a_quantized_sweep_is_set_beside_the_float_sweep_of_the_same_rows():
         weights = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32"), TINY, batch, context).parts["weights"]
         assert row.tpot_ms == pytest.approx(hand_tpot(batch, context) - weights * 2 / 3)
         assert row.weights_speedup == pytest.approx(hand_tpot(batch, context) / row.tpot_ms)
-        assert row.weights_speedup > 1
     # a batch the float sweep lacks reads empty, not a gain of 1
     assert np.isnan(pm.beside_unquantized(quant, dense[dense["batch"] == 1])["weights_speedup"].iloc[1])
