@@ -29,14 +29,15 @@ def no_impls(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
 
 
-def tiled_by_hand(case, x):
+def tiled_by_hand(case, x, round_probabilities=True):
     """Full-matrix attention with the baseline's rounding points: fp32 scores and softmax, the probabilities rounded
     to the dtype, fp32 P.V, the output rounded once (one chunk, no mask: a decode case)."""
     g = case.q_heads // case.kv_heads
     k, v = (t.float().repeat_interleave(g, 1) for t in (x.k, x.v))
     s = x.q.float() @ k.transpose(-1, -2) * case.head_dim ** -0.5
     p = torch.exp(s - s.amax(-1, keepdim=True))
-    return ((p.to(x.q.dtype).float() @ v) / p.sum(-1, keepdim=True)).to(x.q.dtype)
+    rounded = p.to(x.q.dtype).float() if round_probabilities else p
+    return ((rounded @ v) / p.sum(-1, keepdim=True)).to(x.q.dtype)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -46,8 +47,13 @@ def test_the_baseline_rounds_where_a_tiled_kernel_does_and_calls_no_impl(dtype, 
     out = baseline.attention_in_dtype(case, x, CPU)
     assert out.dtype == x.q.dtype and out.shape == x.q.shape
     by_hand = tiled_by_hand(case, x)
-    assert (out != by_hand).float().mean() < 0.02  # fp32 sums in another order flip a rounding now and then
-    torch.testing.assert_close(out.float(), by_hand.float(), rtol=2 * UNIT[dtype], atol=0)
+    # fp32 sums in another order (another BLAS, another CPU) move a score by an fp32 rounding and flip the rounding of
+    # a probability now and then (0-5% of the outputs, by host): far fewer than leaving out the probabilities'
+    # rounding point flips on the same host (about 40%)
+    unrounded = tiled_by_hand(case, x, round_probabilities=False)
+    assert (out != by_hand).float().mean() < (out != unrounded).float().mean() / 4
+    moved = (out.float() - by_hand.float()).abs().amax(-1) / by_hand.float().abs().amax(-1)
+    assert moved.max() <= 2 * UNIT[dtype]  # per output row, at the row's scale: an element near zero moves more
     err = baseline.baseline_error(case, x, reference.reference(case, x, CPU))
     assert 0.25 * UNIT[dtype] < err < 2 * UNIT[dtype] <= BASELINE_CAP[dtype]
 
