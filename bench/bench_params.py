@@ -94,6 +94,7 @@ class BenchmarkSampler:
         self.benchmark = benchmark
         self.flush = flush_buffer(device) if device.type == "cuda" else None
         self.cold = cold and device.type == "cpu"
+        self.flush_l2 = self.flush is not None
         self.label = "pytest-benchmark+cold" if self.cold else "pytest-benchmark"
 
     def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None) -> Timing:

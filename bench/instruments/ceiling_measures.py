@@ -1,5 +1,6 @@
-"""What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU), and a
-square matmul per dtype sized after a warm-up call; each measurement with when, how long and under what load."""
+"""What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU) and, on
+the host, resident in its L2 and in its last-level cache, and a square matmul per dtype sized after a warm-up call;
+each measurement with when, how long and under what load, and every one kept by the same statistic (`best_ms`)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,28 @@ from datetime import datetime, timezone
 import torch
 
 from .conditions import watch
-from .memory.host_cache import last_level_cache
-from .timing import TimerConfig, time_call
+from .memory.host_cache import host_caches, last_level_cache
+from .timing import TimerConfig, Timing, time_call
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STREAMS = ("read", "write", "copy")
-# What each stream is: a reduction reads every byte once and writes one number (a decode or a GEMV mostly reads); a
-# fill writes every byte once; a copy reads and writes every byte once and counts both.
-STREAM_KERNELS = {"read": ("dot", "sum"), "write": ("fill",), "copy": ("copy",)}
-# The host measures in every run: there the read stream is torch.dot alone (BLAS, as fast as a sum or faster on the
-# hosts we measured); a GPU measures once into its cache and keeps the faster of cuBLAS's dot and torch's sum.
-HOST_KERNELS = {"read": ("dot",)}
+# What each stream is: a read is the fastest of three kernels that read every byte once (a dot of the buffer's two
+# halves, a sum, a GEMV of the buffer as a matrix: BLAS and torch's own loops differ by host); a fill writes every
+# byte once; a copy reads and writes every byte once and counts both.
+STREAM_KERNELS = {"read": ("dot", "sum", "gemv"), "write": ("fill",), "copy": ("copy",)}
+GEMV_COLUMNS = 4096  # the GEMV's matrix is the buffer as rows of this many floats (a projection's width)
 HOST_STREAM_LLCS = 4  # the host's buffers are this many times the last-level cache (as the GPU flush is with L2)
+LEVEL_SHARE = 3  # resident in a cache level: each of the two buffers is this fraction of it (both fit, with room)
 ELEMENT = 4  # the streams run on float32 buffers
+# The one statistic of every ceiling, bandwidth and matmul alike: the best of its repeats (the least time, the highest
+# rate the machine showed), as STREAM reports a bandwidth. A ceiling is what the machine can do; on a shared host a
+# median of a few calls reads the neighbours' load, and rows timed in a quieter moment then stand above it.
+CEILING_STATISTIC = "best of the repeats (the least time: the highest rate the machine showed)"
+
+
+def best_ms(timing: Timing) -> float:
+    """The time a ceiling keeps from its samples (CEILING_STATISTIC)."""
+    return min(timing.samples_ms)
 
 
 def stream_bytes(device: torch.device) -> int:
@@ -33,10 +43,33 @@ def stream_bytes(device: torch.device) -> int:
     return max(256 << 20, HOST_STREAM_LLCS * last_level_cache()[0])  # a 480 MiB L3 would hold a 256 MiB copy
 
 
+def level_bytes(device: torch.device) -> dict[str, int]:
+    """The host's cache levels to measure resident streams in ({"l2": bytes, "llc": bytes}, capacities summed over the
+    instances the process may use); a GPU's L2 is flushed before each call, and a host without an L3 in sysfs has no
+    last level to measure."""
+    if device.type == "cuda":
+        return {}
+    caches = host_caches()
+    found = {"l2": caches.l2_bytes} if caches.l2_bytes else {}
+    if caches.llc_level:
+        found["llc"] = caches.llc_bytes
+    return found
+
+
+def cache_sizes(device: torch.device) -> dict:
+    """The capacities a row's footprint is held against: the host's L2 and last-level cache, a GPU's L2 (its last
+    level)."""
+    if device.type == "cuda":
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
+        return {"l2_bytes": l2, "llc_bytes": l2, "source": "the GPU's L2 (torch device properties)"}
+    caches = host_caches()
+    return {"l2_bytes": caches.l2_bytes, "llc_bytes": caches.llc_bytes, "source": caches.source}
+
+
 def stream_kernels(device: torch.device, stream: str) -> tuple[str, ...]:
     if stream not in STREAM_KERNELS:
         raise ValueError(f"stream: must be one of {', '.join(STREAMS)}, got {stream!r}")
-    return (HOST_KERNELS.get(stream) if device.type != "cuda" else None) or STREAM_KERNELS[stream]
+    return STREAM_KERNELS[stream]
 
 
 class StreamBuffers:
@@ -50,32 +83,37 @@ class StreamBuffers:
         self.half = n // 2
         self.src = torch.full((n,), 0.5, device=device)
         self.dst = torch.zeros_like(self.src)
+        self.columns = min(GEMV_COLUMNS, n)
+        self.vector = torch.full((self.columns,), 0.25, device=device)
 
     @property
     def nbytes(self) -> int:
         return self.src.numel() * ELEMENT
 
     def call(self, kernel: str):
-        src, dst, half = self.src, self.dst, self.half
+        src, dst, half, columns = self.src, self.dst, self.half, self.columns
+        matrix = src[:src.numel() // columns * columns].view(-1, columns)
         calls = {"dot": (lambda: torch.dot(src[:half], src[half:2 * half]), 2 * half * ELEMENT),
                  "sum": (lambda: src.sum(), self.nbytes),
+                 "gemv": (lambda: torch.mv(matrix, self.vector), (matrix.numel() + columns) * ELEMENT),
                  "fill": (lambda: dst.fill_(1.0), self.nbytes),
                  "copy": (lambda: dst.copy_(src), 2 * self.nbytes)}
         return calls[kernel]
 
 
 def measure_stream(device: torch.device, stream: str, cfg: TimerConfig, buffers: StreamBuffers | None = None) -> dict:
-    """GB/s of one stream past the last-level cache: {"gbps": the fastest of its kernels, "kernel": which one,
-    "kernels": {kernel: GB/s}, "buffer_bytes": the size of each buffer}. A copy counts the bytes read plus written.
+    """GB/s of one stream on `buffers` (default: past the last-level cache): {"gbps": the fastest of its kernels,
+    "kernel": which one, "kernels": {kernel: GB/s}, "buffer_bytes": the size of each buffer}. A copy counts the bytes
+    read plus written.
 
-    Each kernel's figure is its best sample (its least time), as STREAM reports a bandwidth: a ceiling is what the
-    memory can do, and on a shared host a median of a few long calls reads the neighbours' load (the read ceiling
-    then sat 6-23% under torch.dot's median beside it, and the rows that stream at that rate read above their roof)."""
+    Each kernel's figure is its best sample (best_ms): on a shared host a median of a few long calls reads the
+    neighbours' load (the read ceiling then sat 6-23% under torch.dot's median beside it, and the rows that stream at
+    that rate read above their roof)."""
     buffers = buffers or StreamBuffers(device)
     found = {}
     for kernel in stream_kernels(device, stream):
         fn, moved = buffers.call(kernel)
-        found[kernel] = moved / (min(time_call(fn, device, cfg).samples_ms) / 1e3) / 1e9
+        found[kernel] = moved / (best_ms(time_call(fn, device, cfg)) / 1e3) / 1e9
     best = max(found, key=found.get)
     return {"gbps": found[best], "kernel": best, "kernels": found, "buffer_bytes": buffers.nbytes}
 
@@ -91,13 +129,25 @@ def with_provenance(device: torch.device, fn) -> tuple:
                    "conditions": conditions}
 
 
-def measure_streams(device: torch.device, cfg: TimerConfig, streams=STREAMS) -> dict[str, dict]:
-    """Each stream's figures (measure_stream) with its own provenance, on one pair of buffers."""
-    buffers = StreamBuffers(device)
+def measure_streams(device: torch.device, cfg: TimerConfig, streams=STREAMS, nbytes: int | None = None) -> dict:
+    """Each stream's figures (measure_stream) with its own provenance, on one pair of buffers of `nbytes` each
+    (default: past the last-level cache)."""
+    buffers = StreamBuffers(device, nbytes)
     found = {}
     for stream in streams:
         figures, provenance = with_provenance(device, lambda s=stream: measure_stream(device, s, cfg, buffers))
         found[stream] = {**figures, **provenance}
+    return found
+
+
+def measure_levels(device: torch.device, cfg: TimerConfig) -> dict[str, dict]:
+    """The streams resident in each host cache level (level_bytes): {level: {"bytes": its capacity, "read_gbps",
+    "write_gbps", "copy_gbps", "bandwidth": each stream's figures and provenance}}, on buffers of 1/LEVEL_SHARE of the
+    level each, warm from the warm-up calls. Like a row's calls, each pays one call's dispatch."""
+    found = {}
+    for level, capacity in level_bytes(device).items():
+        streams = measure_streams(device, cfg, nbytes=max(capacity // LEVEL_SHARE, 64 * ELEMENT))
+        found[level] = {"bytes": capacity, **{f"{s}_gbps": streams[s]["gbps"] for s in STREAMS}, "bandwidth": streams}
     return found
 
 
@@ -139,4 +189,4 @@ def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | 
     a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     timing = time_call(lambda: torch.matmul(a, b), device, cfg)
-    return 2 * n**3 / (timing.median_ms / 1e3) / 1e12
+    return 2 * n**3 / (best_ms(timing) / 1e3) / 1e12

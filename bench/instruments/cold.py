@@ -5,8 +5,9 @@ timed alone, not from the last-level cache that the previous call left full; wha
 Each operator names the fields of its inputs that a forward pass streams (`Operator.streamed`). They are copied
 until a rotation over the copies streams at least COLD_FACTOR x the last-level cache between two reads of one
 copy, and the timer takes the copies in turn; where that would need more than MAX_COPIES copies (small operands)
-or more memory than is free, the timer instead writes an LLC-sized buffer before each call (every operand is
-then cold, the activations too, which are small there). A GPU flushes its L2 instead (bench.instruments.timing).
+or more memory than is free, the timer instead reads a buffer of COLD_FACTOR x the LLC before each call (every
+operand is then cold, the activations too, which are small there). A GPU flushes its L2 instead
+(bench.instruments.timing). The plan says which (`state`, the row's `cache_state`): its roof follows it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..spec.roof import EVICTED, FLUSHED_L2, ROTATED, WARM
 from .memory.device_memory import HEADROOM, free_bytes
 from .memory.host_cache import COLD_FACTOR, cold_bytes, evictor, last_level_cache
 
@@ -25,13 +27,14 @@ MAX_COPIES = 32
 @dataclass(frozen=True)
 class ColdCalls:
     """The calls a timer takes in turn, what it runs before each (outside the clock), how the operands were made
-    cold, and the inputs the calls read (the case's own, then the copies: what an in-place op writes is reset in
-    each before a judged call)."""
+    cold (`how` in words, `state` one of bench.spec.roof's cache states), and the inputs the calls read (the case's
+    own, then the copies: what an in-place op writes is reset in each before a judged call)."""
 
     calls: tuple[Callable[[], object], ...]
     evict: Callable[[], None] | None
     how: str
     inputs: tuple = ()
+    state: str = WARM
 
 
 def nbytes(tensors) -> int:
@@ -50,19 +53,25 @@ def cold_copies(inputs, names: tuple[str, ...], count: int) -> list:
     return [dataclasses.replace(inputs, **{n: getattr(inputs, n).clone() for n in names}) for _ in range(count - 1)]
 
 
-def plan(state, impl: str, call, *, cold: bool, mode: str) -> ColdCalls:
+def plan(state, impl: str, call, *, cold: bool, mode: str, flush_l2: bool = False) -> ColdCalls:
     """The calls of one (case, impl) for the timer: the planned call alone where nothing needs to be cold (a GPU,
-    --warm, an operator that streams nothing, Triton's interpreter), else copies in turn or an eviction."""
+    --warm, an operator that streams nothing, Triton's interpreter), else copies in turn or an eviction. On a GPU
+    the timer's L2 flush (`flush_l2`) makes every operand cold."""
     op, device = state.op, state.device
     names = tuple(op.streamed)
-    if not cold or device.type != "cpu" or not names or mode == "interpreter":
-        return ColdCalls((call.run,), None, "warm", (state.inputs,))
+    if device.type != "cpu":
+        flushed = flush_l2
+        return ColdCalls((call.run,), None, "L2 flushed before each call" if flushed else "warm", (state.inputs,),
+                         FLUSHED_L2 if flushed else WARM)
+    if not cold or not names or mode == "interpreter":
+        return ColdCalls((call.run,), None, "warm", (state.inputs,), WARM)
     count = rotation(nbytes(getattr(state.inputs, n) for n in names), device)
     if count:
         copies = state.cold_copies(names, count)
         calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
-        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies", (state.inputs, *copies))
-    return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC written before each call", (state.inputs,))
+        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies", (state.inputs, *copies),
+                         ROTATED)
+    return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC read before each call", (state.inputs,), EVICTED)
 
 
 def rotation(streamed: int, device) -> int:
@@ -83,5 +92,6 @@ def policy(device, timer) -> dict:
             "max_copies": MAX_COPIES,
             "rule": ("host only: the operands each operator streams (attention k/v, linear w) are copied so that "
                      f"{COLD_FACTOR} x LLC streams between two reads of one copy, or, past {MAX_COPIES} copies, "
-                     f"{COLD_FACTOR} x LLC is written before each call; activations stay warm; elementwise ops "
-                     "read activations only" if cold else "warm: operands stay in cache between calls (--warm)")}
+                     f"{COLD_FACTOR} x LLC is read before each call; activations stay warm; elementwise ops "
+                     "read activations only (warm: judged against the cache level their footprint fits)"
+                     if cold else "warm: operands stay in cache between calls (--warm)")}

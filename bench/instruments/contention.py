@@ -13,6 +13,11 @@ import torch
 
 from .conditions import gpu_state, host_state
 from .gpu_reading import GpuReading, read_gpu
+from .host_reading import HostReading, memory_cpus, process_cpu_s, read_host, running_others
+from .memory.host_cache import allowed_cpus
+
+__all__ = ["ContentionProbe", "HostReading", "Watch", "judge_gpu", "judge_host", "process_cpu_s", "read_host",
+           "snapshot", "summary_warning", "without_companions"]
 
 # Our threads waiting in a run queue (schedstat, ns resolution) is the direct sign that something else had
 # the CPU they were ready to use. Quiet windows on a 2-core host read 0.00-0.02 s per s; one busy process
@@ -36,131 +41,7 @@ THROTTLE_FLAGGED = sum(THROTTLE_NAMES)
 SMI_REUSE_S = 10.0
 
 HOST_CAUSE, GPU_SHARED_CAUSE, GPU_THROTTLE_CAUSE = "busy host", "shared GPU", "GPU throttled"
-
-
-# ---- host readings ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HostReading:
-    """One look at the host: wall clock, busy ticks of our CPUs, our CPU time, our threads' run-queue wait."""
-
-    wall_s: float
-    cpus: int
-    busy_ticks: int | None = None  # summed over the CPUs this process may run on
-    steal_ticks: int | None = None
-    own_cpu_s: float = 0.0
-    wait_s: float | None = None  # run-queue wait of our threads, None where schedstat is unreadable
-    procs_running: int | None = None  # runnable tasks on the whole host, this reader included
-    own_running: int | None = None  # of which our threads
-    torch_threads: int = 1
-    companion_cpu_s: float = 0.0  # CPU time of the co-runner processes we started on purpose (interference)
-    companions: int = 0  # how many there are
-
-
-def _allowed_cpus() -> set[int]:
-    try:
-        return os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))
-
-
-def _proc_stat(cpus: set[int]) -> tuple[int | None, int | None, int | None]:
-    """Busy and steal ticks summed over `cpus`, and procs_running, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None, None, None
-    busy = steal = 0
-    running = None
-    for line in lines:
-        name, _, rest = line.partition(" ")
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            v = [int(x) for x in rest.split()]
-            # user nice system idle iowait irq softirq steal: idle and iowait are not busy
-            busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-            steal += v[7]
-        elif name == "procs_running":
-            running = int(rest)
-    return busy, steal, running
-
-
-def _own_threads() -> tuple[float | None, int | None]:
-    """Our threads' summed run-queue wait (s) and how many of them are runnable now."""
-    wait_ns, running, readable = 0, 0, False
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None, None
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-            running += stat[stat.rindex(")") + 2] == "R"
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                wait_ns += int(f.read().split()[1])
-            readable = True
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile, or a kernel without schedstat
-    return (wait_ns / 1e9 if readable else None), running
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds of every live thread of process `pid` (schedstat, ns), else its utime + stime (ticks); 0 when
-    it is gone."""
-    total, readable = 0, False
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-                readable = True
-            except (OSError, ValueError, IndexError):
-                continue
-    if readable:
-        return total / 1e9
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def read_host(cpus: set[int] | None = None, companions: tuple[int, ...] = ()) -> HostReading:
-    """A look at the host over `cpus` (default: those this thread may run on); the CPU time of `companions` (pids
-    of co-runners started on purpose) is kept apart, so that it never counts as others'."""
-    cpus = _allowed_cpus() if cpus is None else cpus
-    wait_s, own_running = _own_threads()
-    busy, steal, running = _proc_stat(cpus)
-    return HostReading(wall_s=time.perf_counter(), cpus=len(cpus), busy_ticks=busy, steal_ticks=steal,
-                       own_cpu_s=time.process_time(), wait_s=wait_s, procs_running=running,
-                       own_running=own_running, torch_threads=torch.get_num_threads(),
-                       companion_cpu_s=sum(process_cpu_s(pid) for pid in companions), companions=len(companions))
-
-
-def running_others(limit: int = 3, exclude: tuple[int, ...] = ()) -> list[str]:
-    """User processes other than this one (and `exclude`) that are runnable now, as 'name (pid N)'."""
-    found = []
-    me = os.getpid()
-    with contextlib.suppress(OSError):
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            close = stat.rindex(")")
-            fields = stat[close + 2:].split()
-            ours = int(pid) == me or int(pid) in exclude
-            if not ours and fields[0] == "R" and fields[1] != "2":  # ppid 2: kernel threads
-                name = " ".join(stat[stat.index("(") + 1:close].split())  # a name may hold any character
-                found.append(f"{name} (pid {pid})")
-            if len(found) >= limit:
-                break
-    return found
+PROBE_CAUSE = "contention unknown"  # the probe itself failed: the row cannot be called quiet
 
 
 # ---- decisions -------------------------------------------------------------------------------------
@@ -202,8 +83,8 @@ def judge_host(before: HostReading, after: HostReading, hz: int | None = None,
         contended = others_busy
     elif wait is not None:
         contended = wait >= WAIT_LIMIT or (shares_memory and others_busy)
-    elif other_cores is not None:  # no schedstat: others were busy and the CPUs had no room left
-        contended = others_busy and own / wall + other_cores >= after.cpus - SATURATION_SLACK
+    elif other_cores is not None:  # no schedstat: others were busy and the CPUs had no room left (or share memory)
+        contended = others_busy and (shares_memory or own / wall + other_cores >= after.cpus - SATURATION_SLACK)
     else:  # neither source: other runnable tasks at both ends of the window
         contended = len(runnable) == 2 and min(runnable) >= 1
     if not contended:
@@ -275,11 +156,19 @@ class Watch:
 
 
 class ContentionProbe:
-    """Watches each case's sampling window on the host, and on the GPU for a CUDA device. Never raises."""
+    """Watches each case's sampling window on the host, and on the GPU for a CUDA device. Never raises: a probe that
+    fails marks its window noisy, with the error as the reason."""
 
     def __init__(self, device: torch.device | str, cpus: set[int] | None = None):
         self.device = torch.device(device)
-        self.cpus = cpus  # the CPUs to watch (default: those the calling thread may run on at each reading)
+        # the CPUs to watch: given, or for the host as the device every CPU that shares its memory (the whole
+        # machine where that is unknown: a neighbour on another core takes bandwidth from a pinned case), else
+        # those the calling thread may run on at each reading
+        self.whole = False
+        if cpus is None and self.device.type == "cpu":
+            cpus = memory_cpus()
+            self.whole = cpus is None
+        self.cpus = cpus
         self._last_gpu: GpuReading | None = None
         self._gpu_readable = self.device.type == "cuda"  # cleared after the first reading that finds nothing
 
@@ -302,16 +191,20 @@ class ContentionProbe:
         """The verdict on the block; `companions`: pids of co-runners started on purpose, whose use of the CPUs
         and the GPU is not contention."""
         result = Watch()
-        gpu_before = self._gpu(fresh_only=False)
-        before = read_host(self.cpus, companions)
+        try:
+            gpu_before = self._gpu(fresh_only=False)
+            before = read_host(self.cpus, companions, self.whole)
+        except Exception as err:  # a probe failure must not fail the case it watches, nor call it quiet
+            before = _failed(result, err)
         try:
             yield result
         finally:
-            try:
-                after = read_host(self.cpus, companions)  # time_call has synchronised the device
-                self._judge(result, before, after, gpu_before, self._gpu(fresh_only=True), companions)
-            except Exception as err:  # a probe failure must not fail the case it watches
-                result.stats["probe_error"] = str(err).splitlines()[0] if str(err) else type(err).__name__
+            if before is not None:
+                try:
+                    after = read_host(self.cpus, companions, self.whole)  # time_call has synchronised the device
+                    self._judge(result, before, after, gpu_before, self._gpu(fresh_only=True), companions)
+                except Exception as err:
+                    _failed(result, err)
 
     def _judge(self, result: Watch, before: HostReading, after: HostReading,
                gpu_before: GpuReading | None, gpu_after: GpuReading | None, companions: tuple[int, ...] = ()) -> None:
@@ -325,6 +218,13 @@ class ContentionProbe:
         result.noisy, result.reason, result.stats = bool(reasons), "; ".join(reasons), {**stats, **gpu_stats}
 
 
+def _failed(result: Watch, err: Exception) -> None:
+    """A window whose probe raised: noisy, the error its reason (nothing says the device was quiet)."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    result.noisy, result.reason = True, f"{PROBE_CAUSE}: the contention probe failed ({type(err).__name__}: {text})"
+    result.stats["probe_error"] = text
+
+
 # ---- run snapshots and the end-of-run line ---------------------------------------------------------
 
 
@@ -332,7 +232,7 @@ def snapshot(device: torch.device | str) -> dict:
     """Host and device state for run.json, taken before and after a run. Never raises."""
     out: dict = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     def host():
-        return {**host_state(), "cpus_allowed": len(_allowed_cpus()), "torch_threads": torch.get_num_threads(),
+        return {**host_state(), "cpus_allowed": len(allowed_cpus()), "torch_threads": torch.get_num_threads(),
                 "running_others": running_others(limit=5)}
 
     for key, fn in (("host", host), ("gpu", lambda: gpu_state(torch.device(device)))):

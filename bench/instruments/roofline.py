@@ -17,10 +17,13 @@ import torch
 
 from ..spec.roof import copy_floor_s, roof, row_roof
 from .ceiling_measures import (
+    CEILING_STATISTIC,
     STREAMS,
     TORCH_DTYPES,
     StreamBuffers,
+    cache_sizes,
     matmul_size,
+    measure_levels,
     measure_matmul,
     measure_stream,
     measure_streams,
@@ -77,6 +80,8 @@ class Ceilings:
     bandwidths and the dtypes measured with them; `bandwidth` holds each stream's own (its kernels' GB/s, the one
     kept, the buffer size, when, how long, conditions); `added` holds the same for each dtype measured later into
     the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, measured under load).
+    `levels` holds the host's streams resident in its L2 and last-level cache (ceiling_measures.measure_levels), the
+    roof of a warm row whose footprint fits one; `caches` the cache sizes (l2_bytes, llc_bytes, source).
     """
 
     device: str
@@ -96,6 +101,8 @@ class Ceilings:
     read_gbps: float = math.nan  # NaN: not measured (a row's roof then puts its bytes at the copy bandwidth)
     write_gbps: float = math.nan
     bandwidth: dict[str, dict] = field(default_factory=dict)  # stream -> its figures and provenance
+    levels: dict[str, dict] = field(default_factory=dict)  # "l2" / "llc" -> bytes, read/write/copy_gbps, bandwidth
+    caches: dict = field(default_factory=dict)
 
     @property
     def copy_gbps(self) -> float:
@@ -111,7 +118,8 @@ class Ceilings:
                 "duration_s": self.duration_s, "conditions": dict(self.conditions),
                 "bandwidth": {s: dict(p) for s, p in self.bandwidth.items()},
                 "warnings": list(self.warnings), "added": {d: dict(p) for d, p in self.added.items()},
-                "checked": self.checked, "matmul_n": dict(self.matmul_n)}
+                "checked": self.checked, "matmul_n": dict(self.matmul_n), "statistic": CEILING_STATISTIC,
+                "levels": {k: dict(v) for k, v in self.levels.items()}, "caches": dict(self.caches)}
 
     def roof(self, dtype: str, flops: float, read_bytes: float | None, write_bytes: float | None,
              nbytes: float) -> tuple[float, float, str, str]:
@@ -193,7 +201,9 @@ CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_sampl
 # the host measures its ceilings in every run: a shorter timer keeps that near a second per figure
 HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
 # a stream keeps its best sample (ceiling_measures.measure_stream): five of them at least, on the host's long calls
-HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=5, max_samples=100, flush_l2=False)
+HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.3, min_samples=5, max_samples=100, flush_l2=False)
+# streams resident in a cache level take microseconds: many samples in a short budget
+HOST_LEVEL_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.06, min_samples=20, max_samples=5000, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -295,6 +305,8 @@ def _kept(path: Path, current: dict) -> tuple[dict | None, str]:
     entry = _read_entry(path, current)
     if entry is None:
         return None, f"measured: none kept in {path.parent} yet ({HOST_KEEP_ENV})"
+    if "levels" not in entry:
+        return None, f"measured: the entry kept in {path.parent} has no cache-level ceilings (before schema 7)"
     return entry, f"kept in {path.parent} ({HOST_KEEP_ENV}), measured {entry['measured_at']}: not measured again"
 
 
@@ -332,11 +344,12 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
         if entry is None:
             def measure_all():
                 streams = measure_streams(device, timer if gpu else HOST_STREAM_TIMER)
+                levels = measure_levels(device, HOST_LEVEL_TIMER)
                 figures = {d: _measure_dtype(device, d, timer, use_file) for d in wanted}
-                return streams, figures, stream_probe(device) if use_file else {}
+                return streams, levels, figures, stream_probe(device) if use_file else {}
 
-            (streams, figures, probed), provenance = with_provenance(device, measure_all)
-            entry = {"device": name, "kind": device.type, "peak_gbps": streams["copy"]["gbps"],
+            (streams, levels, figures, probed), provenance = with_provenance(device, measure_all)
+            entry = {"device": name, "kind": device.type, "peak_gbps": streams["copy"]["gbps"], "levels": levels,
                      **{f"{s}_gbps": streams[s]["gbps"] for s in STREAMS}, "bandwidth": streams,
                      "peak_tflops": {d: f[0] for d, f in figures.items()},
                      "matmul_n": {d: f[1] for d, f in figures.items()}, **provenance, "added": {},
@@ -360,7 +373,8 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
                       duration_s=float(entry.get("duration_s") or 0.0),
                       conditions=dict(entry.get("conditions") or {}), added=dict(entry["added"]), checked=checked,
                       matmul_n=dict(entry.get("matmul_n") or {}), read_gbps=float(entry["read_gbps"]),
-                      write_gbps=float(entry["write_gbps"]), bandwidth=dict(entry["bandwidth"]))
+                      write_gbps=float(entry["write_gbps"]), bandwidth=dict(entry["bandwidth"]),
+                      levels=dict(entry.get("levels") or {}), caches=cache_sizes(device))
     result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
     for dtype, provenance in result.added.items():
         result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")

@@ -1,5 +1,6 @@
-"""A row's roof from its cost and the measured ceilings (torch-free: the runner, pytest bench, the loader and the
-figures share it): the memory floor of its reads and writes, the compute time, and which one bounds it."""
+"""A row's roof from its cost, its cache state and the measured ceilings (torch-free: the runner, pytest bench, the
+loader and the figures share it): the memory floor of its reads and writes at the ceilings of the level its operands
+are read from, the compute time, and which one bounds it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import numpy as np
 # How a row's roof was found (its `roof_model` column).
 READ_WRITE = "read+write"  # the floor of its read and write bytes at the read, write (and copy) ceilings
 COPY = "copy"  # all its bytes at the copy bandwidth: a file of schema 4 or older, or an operator without the split
+
+# How a row's operands were prepared (its `cache_state` column): on the host the streamed operands rotated over copies
+# past the LLC, or the caches evicted (a buffer read) before each call, or left warm; on a GPU the L2 flushed.
+ROTATED, EVICTED, WARM, FLUSHED_L2 = "rotated", "evicted", "warm", "flushed-l2"
+COLD_STATES = (ROTATED, EVICTED, FLUSHED_L2)
+# Where a row's bytes are read from (its `roof_level`): memory past the caches, or, for a warm row whose footprint
+# fits it, the L2 or the last-level cache, each judged at the read, write and copy ceilings measured there.
+MEMORY, LLC, L2 = "memory", "llc", "l2"
 
 
 def _seconds(nbytes, gbps):
@@ -68,12 +77,30 @@ def row_roof(flops, read_bytes, write_bytes, nbytes, peak_tflops, read_gbps, wri
     return roof_tflops, roof_s, bound, np.where(split, READ_WRITE, COPY)
 
 
+def roof_level(cache_state, nbytes, l2_bytes, llc_bytes):
+    """The level a row's bytes are read from, elementwise: a warm row's footprint (the bytes it reads and writes) that
+    fits the L2 or the last-level cache (their capacities summed over the instances the process may use; 0 or blank:
+    unknown) is read from there; every other row (cold, or too large) from memory."""
+    state = np.asarray(cache_state, dtype=object)
+    nbytes, l2, llc = (np.asarray(v, dtype=float) for v in (nbytes, l2_bytes, llc_bytes))
+    warm = state == WARM
+    with np.errstate(invalid="ignore"):
+        in_l2, in_llc = warm & (nbytes <= l2), warm & (nbytes <= llc)
+    return np.where(in_l2, L2, np.where(in_llc, LLC, MEMORY))
+
+
 def roof_of_row(row) -> tuple:
     """row_roof of a row (a dict) or of rows (a DataFrame) from their columns: flops, read_bytes, write_bytes, bytes,
-    peak_tflops, read_gbps, write_gbps and peak_gbps (the copy); a column or key that is missing counts as unknown."""
+    peak_tflops, and the ceilings of the level the row is read from: level_read_gbps, level_write_gbps and
+    level_copy_gbps where its roof_level is a cache, else read_gbps, write_gbps and peak_gbps (memory's copy); a
+    column or key that is missing counts as unknown."""
     def column(name):
         value = row.get(name, np.nan) if hasattr(row, "get") else np.nan
         return np.asarray(np.nan if value is None else value, dtype=float)
 
+    cached = np.isin(np.asarray(row.get("roof_level", MEMORY) if hasattr(row, "get") else MEMORY, dtype=object),
+                     (L2, LLC))
+    read, write, copy = (np.where(cached, column(f"level_{s}_gbps"), column(memory))
+                         for s, memory in (("read", "read_gbps"), ("write", "write_gbps"), ("copy", "peak_gbps")))
     return row_roof(column("flops"), column("read_bytes"), column("write_bytes"), column("bytes"),
-                    column("peak_tflops"), column("read_gbps"), column("write_gbps"), column("peak_gbps"))
+                    column("peak_tflops"), read, write, copy)

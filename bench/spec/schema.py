@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .roof import COPY
+from .roof import COPY, MEMORY
 
 # 2: op, shape, seqlens, kv_tokens, linear m/n/k/projection, noisy, noise_reason, profiled; timer joined.
 # 3: above_roof (a compiled row above ABOVE_ROOF_PCT of its measured roof, its finding in `reason`).
@@ -18,8 +18,12 @@ from .roof import COPY
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
 # 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
 #    files, whose rows all had unquantized weights).
-SCHEMA_VERSION = 6
-ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
+# 7: cache_state, l2_bytes, llc_bytes, roof_level, level_read_gbps, level_write_gbps, level_copy_gbps,
+#    ceiling_drift_pct: how the operands were prepared (rotated, evicted, warm; flushed-l2 on a GPU), the footprint's
+#    caches, the level the roof reads from and its ceilings (a warm row that fits a cache), and how far the ceilings
+#    moved between their measurements before and after the run (rows are judged against the higher).
+SCHEMA_VERSION = 7
+ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
 CASE_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "dtype")
@@ -52,6 +56,11 @@ RESULT_COLUMNS = (
     "roof_tflops", "pct_roofline", "bound",
     "roof_model",  # "read+write": the floor of read_bytes and write_bytes; "copy": bytes at peak_gbps (bench.spec.roof)
     "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: drawn hollow and counted, the finding in `reason`
+    "cache_state",  # rotated / evicted / warm (host), flushed-l2 (GPU): how the operands were prepared (spec.roof)
+    "l2_bytes", "llc_bytes",  # the caches its footprint (`bytes`) is held against, summed over their instances
+    "roof_level",  # memory, llc or l2: where its bytes are read from (a warm row that fits a cache), its roof's level
+    "level_read_gbps", "level_write_gbps", "level_copy_gbps",  # that cache level's ceilings; blank for memory
+    "ceiling_drift_pct",  # the largest move of its ceilings between before and after the run; blank: not measured
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
@@ -81,7 +90,7 @@ MODES = ("compiled", "interpreter")
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "bound",
-    "roof_model", "status", "reason",
+    "roof_model", "status", "reason", "cache_state", "roof_level",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -93,7 +102,8 @@ BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline",
-    "max_rel_err", "datasheet_tflops", "datasheet_gbps",
+    "max_rel_err", "datasheet_tflops", "datasheet_gbps", "l2_bytes", "llc_bytes", "level_read_gbps",
+    "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct",
 )
 
 # Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which
@@ -155,8 +165,9 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 # What a row that lacks a column (an older schema) or leaves it blank holds; other missing
 # columns are "" (text) or NA. kv_tokens is derived for dense cases, see conform().
 # roof_model: a row without one (schema 4 or older) kept the roof of all its bytes at the copy bandwidth.
+# roof_level: a row without one (schema 6 or older) was judged against memory's ceilings.
 DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0,
-            "roof_model": COPY}
+            "roof_model": COPY, "roof_level": MEMORY}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -77,6 +79,10 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
                      f"{ABOVE_ROOF_PCT:g}% of their measured roof (findings: drawn hollow in the figures, out of the "
                      f"medians), e.g. {example['impl']} {example['shape']}: "
                      f"{str(example['reason']).removeprefix('above roof: ')}")
+    try:  # the ceilings measured again after the run: a drift names the figures that moved
+        lines += [f"warning: {w}" for w in json.loads((Path(out) / "run.json").read_text()).get("ceiling_warnings", [])]
+    except (OSError, ValueError, AttributeError):
+        pass
     copied = df[df["roof_model"] == COPY] if "roof_model" in df.columns and not df.empty else df.iloc[0:0]
     if len(copied):
         ops = ", ".join(sorted(set(copied["op"].astype(str))))

@@ -18,13 +18,12 @@ from ...profiles.nvtx_ranges import nvtx_range
 from ..instruments import cold as cold_operands
 from ..instruments.cold import cold_copies
 from ..instruments.gate import Verdict, judge
-from ..instruments.memory.host_cache import last_level_cache
 from ..instruments.memory.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
-from ..spec.roof import COPY, pct_of_roof, roof_of_row
-from ..spec.schema import ABOVE_ROOF_PCT
+from ..spec.roof import COPY, EVICTED, FLUSHED_L2, L2, LLC, MEMORY, ROTATED, WARM, pct_of_roof, roof_level, roof_of_row
+from ..spec.schema import ABOVE_ROOF_PCT, cell_float
 
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
 
@@ -51,10 +50,12 @@ def one_line(err: BaseException) -> str:
 class Sampler(Protocol):
     """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one and
     `before_last` before the last one, outside the clock; `label` names the clock (it goes in the row's `timer`
-    column), `cold` whether host operands that a forward pass streams are timed cold."""
+    column), `cold` whether host operands that a forward pass streams are timed cold, `flush_l2` whether a GPU's L2
+    is flushed before each call."""
 
     label: str
     cold: bool
+    flush_l2: bool
 
     def __call__(self, calls: Sequence[Callable[[], object]], device: torch.device, *, range_name: str,
                  payload: float, interpreter: bool, evict: Callable[[], None] | None = None,
@@ -71,6 +72,10 @@ class HarnessSampler:
     @property
     def cold(self) -> bool:
         return self.config.cold
+
+    @property
+    def flush_l2(self) -> bool:
+        return self.device_type == "cuda" and self.config.flush_l2
 
     @property
     def label(self) -> str:
@@ -190,7 +195,9 @@ def gate(state: CaseState, call, impl: str) -> Verdict:
 def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
     """A row with the case, its cost and the ceilings filled, no figures yet, status ok. Its roof is the floor of
     the bytes it reads and writes at the measured read and write ceilings (bench.spec.roof); an operator whose cost
-    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy")."""
+    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"). Until `measure` knows how its
+    operands are prepared (with_state) it is judged against memory; "_levels" (not a column) carries the cache
+    levels' ceilings to it."""
     op = operator_of(case)
     flops = op.flops(case)
     if op.moved_bytes is not None:
@@ -207,7 +214,10 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "tflops": math.nan, "gbps": math.nan, "peak_tflops": ceil.peak_tflops[case.dtype],
         "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
         "pct_roofline": math.nan, "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "",
-        "profiled": False,
+        "profiled": False, "cache_state": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
+        "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
+        "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
+        "_levels": ceil.levels,
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
@@ -222,19 +232,72 @@ def speed_figures(row: dict, latency_ms: float) -> dict:
             "pct_roofline": float(pct_of_roof(roof_s, latency_ms))}
 
 
-def roof_finding(row: dict, device: torch.device, warm: bool) -> str:
-    """Why a compiled row may stand above its measured roof: where its figures most likely come from."""
+def with_state(row: dict, state: str, levels: dict) -> dict:
+    """The row with its cache state and the roof that state implies: a warm row whose footprint (its bytes) fits the
+    L2 or the last-level cache is judged at the read, write and copy ceilings measured resident there; every other
+    row (cold, too large, or at a level without measured ceilings) at memory's."""
+    level = str(roof_level(state, row["bytes"], cell_float(row.get("l2_bytes")), cell_float(row.get("llc_bytes"))))
+    found = levels.get(level) if level != MEMORY else None
+    out = {**row, "cache_state": state, "roof_level": level if found else MEMORY,
+           **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")}}
+    roof_tflops, _, bound, model = roof_of_row(out)
+    return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
+
+
+_HOW = {ROTATED: "timed cold: its streamed operands rotated over copies past 2x the LLC, its activations warm",
+        EVICTED: "timed cold: 2x the LLC read before each call",
+        FLUSHED_L2: "timed cold: the L2 flushed before each call"}
+
+
+def roof_finding(row: dict) -> str:
+    """Why a compiled row may stand above the roof its state implies: where its figures most likely come from."""
     pct = f"{row['pct_roofline']:.0f}% of its measured roof"
-    llc = last_level_cache()[0] if device.type == "cpu" else 0
-    if warm and device.type == "cpu" and row["bytes"] <= llc:  # cold operands rotate out of the LLC: not then
-        return (f"above roof: {pct}; timed warm, its {row['bytes'] / 2**20:.1f} MiB fit the {llc >> 20} MiB "
-                "last-level cache, so it reads from cache, not memory")
-    if warm:
-        return f"above roof: {pct}; timed with warm caches (--warm), its operands partly re-read from cache"
+    state, level, mib = row.get("cache_state") or "", row.get("roof_level") or MEMORY, row["bytes"] / 2**20
+    if level in (L2, LLC):
+        size = cell_float(row.get(f"{level}_bytes")) / 2**20
+        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are "
+                f"judged at the ceilings measured resident there: a cache ceiling measured low or a cost model that "
+                "counts too few bytes: a bug to find before it is a result")
+    if state == WARM:
+        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB judged at memory's ceilings (no ceiling of a "
+                "cache level it fits), so it may read from cache, not memory")
     basis = ("its bytes at the copy bandwidth (its cost model gives no read/write split)"
              if row.get("roof_model") == COPY else "its read and write bytes at the read and write ceilings")
-    return (f"above roof: {pct} ({basis}); a ceiling measured low (a busy machine?) or a cost model that counts "
-            "too few bytes or FLOPs: a bug to find before it is a result")
+    return (f"above roof: {pct} ({basis}); {_HOW.get(state, 'cache state unknown')}: a ceiling measured low (a busy "
+            "machine?) or a cost model that counts too few bytes or FLOPs: a bug to find before it is a result")
+
+
+def judged(row: dict) -> dict:
+    """above_roof from a row's % of the roof its state implies (compiled rows only: an interpreter's times are not
+    speed), its finding in `reason`; a finding that no longer holds is cleared."""
+    above = row["mode"] == "compiled" and float(row["pct_roofline"]) > ABOVE_ROOF_PCT
+    reason = roof_finding(row) if above else ("" if str(row.get("above_roof")) == "True" else row["reason"])
+    return {**row, "above_roof": above, "reason": reason}
+
+
+CEILING_COLUMNS = ("peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "level_read_gbps", "level_write_gbps",
+                   "level_copy_gbps")
+
+
+def rejudged(row: dict, substitutions: dict, ceil: Ceilings) -> dict:
+    """A stored row (CSV text) judged anew where its ceilings are among `substitutions` ({value before: (value used,
+    drift)}, bench.instruments.ceiling_drift): its ceilings replaced, its roof, % of roof and finding recomputed, the
+    largest drift of its ceilings in `ceiling_drift_pct`; a row judged against other ceilings (an earlier
+    invocation's) is returned as it was."""
+    values = {c: cell_float(row.get(c)) for c in CEILING_COLUMNS}
+    hits = {c: substitutions[v] for c, v in values.items() if v in substitutions}
+    if not hits:
+        return row
+    drifts = [abs(d) for _, d in hits.values() if math.isfinite(d)]
+    numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms")}
+    out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()},
+           "ceiling_drift_pct": 100 * max(drifts) if drifts else math.nan}
+    roof_tflops, _, bound, model = roof_of_row(out)
+    out.update(roof_tflops=float(roof_tflops), bound=str(bound), roof_model=str(model))
+    if row.get("status") != "ok":
+        return out
+    out["pct_roofline"] = speed_figures(out, out["latency_ms"])["pct_roofline"]
+    return with_ceiling_load(judged(out), ceil)
 
 
 def with_ceiling_load(row: dict, ceil: Ceilings) -> dict:
@@ -259,6 +322,7 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures. Whatever raises
     on the way (the fit check, the kernel, the timer, freeing the cache after an OOM) costs this row only."""
     case, device, op = state.case, state.device, state.op
+    levels = row.pop("_levels", None) or {}
     try:
         key = op.key(case, impl)
         reason = op.does_not_fit(case, impl, device, resident=state.resident)
@@ -273,7 +337,9 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         if not verdict.ok:
             return {**row, "status": verdict.status, "reason": verdict.reason}
         with nvtx_range(stage_name(SETUP, key)):
-            timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"])
+            timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"],
+                                       flush_l2=getattr(sampler, "flush_l2", False))
+        row = with_state(row, timed.state, levels)
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
         with watch as seen:  # the last timed call must rewrite what an in-place op writes: poisoned before it
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
@@ -301,6 +367,4 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     row = {**row, **figures, "latency_p20_ms": timing.percentile_ms(20),
            "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
-    if row["mode"] == "compiled" and row["pct_roofline"] > ABOVE_ROOF_PCT:
-        row.update(above_roof=True, reason=roof_finding(row, device, not sampler.cold))
-    return row
+    return judged(row)

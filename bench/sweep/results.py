@@ -170,6 +170,18 @@ class ResultsStore:
         last = max((i for i, r in enumerate(rows) if row_key(r) == key), default=len(rows) - 1)
         self._rewrite([r for i, r in enumerate(rows) if row_key(r) != key or i == last])
 
+    def rewrite_rows(self, change) -> int:
+        """Every stored row passed through `change` (a CSV row's text in; the same dict back where it keeps it, else
+        a new row) and the CSV rewritten once; returns how many rows changed."""
+        if not self.csv_path.exists():
+            return 0
+        rows = self._read_rows()
+        new = [change(r) for r in rows]
+        count = sum(n is not r for n, r in zip(new, rows, strict=True))  # `change` returns a row it keeps as it was
+        if count:
+            self._rewrite([{k: _csv_value(v) for k, v in n.items() if k in COLUMNS} for n in new])
+        return count
+
     def frame(self) -> pd.DataFrame:
         if not self.csv_path.exists():
             return pd.DataFrame(columns=COLUMNS)

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from ...kernels import OPS, triton_mode
+from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitutions
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import TimerConfig
-from .measure import HarnessSampler, base_row, with_ceiling_load
+from .measure import HarnessSampler, base_row, one_line, rejudged, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
@@ -163,6 +164,24 @@ def retry_noisy(noisy: list, rounds: int, measure_one: Callable[..., dict], stor
     return {"rounds": rounds, "noisy": retried, "quiet_on_retry": quiet}
 
 
+def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore) -> dict:
+    """The ceilings measured again after the sweep, and the rows judged against `before` judged again against the
+    higher of each figure (a ceiling measured in a busy moment reads low, and the rows timed in a quieter one stand
+    above it); returns what run.json keeps of it."""
+    try:
+        after, why = executor.ceilings(dtypes, before=before)
+    except Exception as err:  # a worker that died measuring them: the rows keep the ceilings measured before
+        after, why = None, f"not measured again: {one_line(err)}"
+    used = higher(before, after)
+    found = record(before, after, why)
+    if after is not None:
+        subs = substitutions(before, used, after)
+        found["rows_judged_again"] = store.rewrite_rows(lambda r: rejudged(r, subs, used))
+        found["ceiling_warnings"] = [w for w in used.warnings if w not in before.warnings]
+        found["drift_flag"] = DRIFT_FLAG
+    return found
+
+
 def _snapshot(device: torch.device) -> dict:
     from ..instruments.contention import snapshot
 
@@ -241,6 +260,7 @@ def run(cfg: RunConfig):
             if cfg.between_rounds:
                 cfg.between_rounds(executor, cfg.rounds)
             meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
+            meta.update(hold_ceilings(executor, ceil, dtypes, store))
         except KeyboardInterrupt:
             meta["interrupted"] = True
             raise

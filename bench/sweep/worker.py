@@ -70,9 +70,13 @@ def close_device() -> None:
         stack.close()
 
 
-def device_ceilings(dtypes, refresh: bool):
+def device_ceilings(dtypes, refresh: bool, before=None):
+    """The device's ceilings; with `before`, those measured again after the run (ceiling_drift.measure_again)."""
+    from ..instruments.ceiling_drift import measure_again
     from ..instruments.roofline import ceilings
 
+    if before is not None:
+        return measure_again(_STATE["device"], before)
     return ceilings(_STATE["device"], tuple(dtypes), refresh=refresh)
 
 
@@ -357,8 +361,9 @@ class Executor:
                 "default_timeout": f"{FIRST_ROW_S:g} s for an impl's first row, then {TIMES_EXPECTED:g} x its "
                                    f"longest row, at least {FLOOR_S:g} s"}
 
-    def ceilings(self, dtypes, refresh: bool = False):
-        return self.call(device_ceilings, tuple(dtypes), refresh, timeout=START_S, doing="measuring the ceilings")
+    def ceilings(self, dtypes, refresh: bool = False, before=None):
+        return self.call(device_ceilings, tuple(dtypes), refresh, before, timeout=START_S,
+                         doing="measuring the ceilings")
 
     def metadata(self) -> dict:
         return self.call(device_metadata, timeout=START_S, doing="reading the device")

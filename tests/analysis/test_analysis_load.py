@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import SCHEMA_VERSION, load, load_profile
-from phasebench.bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS
+from phasebench.bench.spec.schema import ABOVE_ROOF_PCT, RESULT_COLUMNS, RUN_COLUMNS
 
 from ..conftest import REPO
 
@@ -230,14 +230,14 @@ def test_schema_2_files_read_as_rows_within_their_roof(tmp_path, rows, helpers, 
 def test_schema_2_rows_above_their_roof_are_flagged_on_reading(tmp_path, rng, helpers, fmt):
     rows = helpers.make_rows(rng, not_ok=False, interpreter_impls=("triton",))
     high = rows.index[rows["impl"] != "naive"][::3]
-    rows.loc[high, "pct_roofline"] = rng.uniform(106, 400, size=len(high))
-    rows.loc[rows.index[rows["impl"] == "naive"][0], "pct_roofline"] = 105.0  # at the limit: not above it
+    rows.loc[high, "pct_roofline"] = rng.uniform(ABOVE_ROOF_PCT + 1, 400, size=len(high))
+    rows.loc[rows.index[rows["impl"] == "naive"][0], "pct_roofline"] = ABOVE_ROOF_PCT  # at the limit: not above it
     folder = helpers.write_run(tmp_path / "v2", rows.drop(columns=["above_roof"]), formats=(fmt,), schema=2)
     frame = load(folder)
-    expected = (frame["mode"] == "compiled") & (frame["pct_roofline"] > 105)
-    assert expected.any() and (frame["mode"][frame["pct_roofline"] > 105] == "interpreter").any()
+    expected = (frame["mode"] == "compiled") & (frame["pct_roofline"] > ABOVE_ROOF_PCT)
+    assert expected.any() and (frame["mode"][frame["pct_roofline"] > ABOVE_ROOF_PCT] == "interpreter").any()
     assert (frame["above_roof"] == expected).all()
-    assert frame.loc[expected, "reason"].str.contains("above 105%: a finding").all()
+    assert frame.loc[expected, "reason"].str.contains(f"above {ABOVE_ROOF_PCT:g}%: a finding").all()
     assert (frame.loc[~expected, "reason"] == "").all()
 
 

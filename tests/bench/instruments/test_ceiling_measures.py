@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 from phasebench.bench.instruments import ceiling_measures
-from phasebench.bench.instruments.timing import TimerConfig
+from phasebench.bench.instruments.memory.host_cache import HostCaches
+from phasebench.bench.instruments.timing import TimerConfig, Timing
 
 CPU = torch.device("cpu")
 QUICK = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False)
@@ -21,8 +22,9 @@ def test_the_host_streams_are_sized_from_the_last_level_cache(monkeypatch):
 
 
 def test_each_stream_moves_what_it_counts():
-    """A reduction reads the whole buffer (dot: two halves, an odd element left), a fill writes it, a copy reads
-    and writes it; each call computes what it should (against float64), so the bytes counted are the bytes moved."""
+    """A reduction reads the whole buffer (dot: two halves, an odd element left; a GEMV: the buffer's whole rows of
+    GEMV_COLUMNS floats and its vector), a fill writes it, a copy reads and writes it; each call computes what it
+    should (against float64), so the bytes counted are the bytes moved."""
     buffers = ceiling_measures.StreamBuffers(CPU, nbytes=4 * 100_003)
     buffers.src.copy_(torch.rand(100_003, generator=torch.Generator().manual_seed(7)) + 0.25)  # drawn values
     src = buffers.src.double()
@@ -31,16 +33,19 @@ def test_each_stream_moves_what_it_counts():
     assert moved == 4 * 2 * half and float(dot()) == pytest.approx(float(src[:half] @ src[half:2 * half]), rel=1e-4)
     total, moved = buffers.call("sum")
     assert moved == 4 * 100_003 and float(total()) == pytest.approx(float(src.sum()), rel=1e-4)
+    gemv, moved = buffers.call("gemv")
+    rows, columns = 100_003 // ceiling_measures.GEMV_COLUMNS, ceiling_measures.GEMV_COLUMNS
+    want = src[:rows * columns].view(rows, columns) @ buffers.vector.double()
+    assert moved == 4 * (rows * columns + columns) and torch.allclose(gemv().double(), want, rtol=1e-4)
     fill, moved = buffers.call("fill")
     assert moved == 4 * 100_003 and bool((fill() == 1.0).all())
     copy, moved = buffers.call("copy")
     assert moved == 2 * 4 * 100_003 and torch.equal(copy(), buffers.src)
 
 
-def test_a_stream_keeps_its_fastest_kernel_and_says_which(monkeypatch):
-    monkeypatch.setattr(ceiling_measures, "HOST_KERNELS", {})  # the GPU's choice of kernels, on the host
+def test_a_stream_keeps_its_fastest_kernel_and_says_which():
     found = ceiling_measures.measure_stream(CPU, "read", QUICK, ceiling_measures.StreamBuffers(CPU, 4 * 4099))
-    assert set(found["kernels"]) == {"dot", "sum"} and found["gbps"] == max(found["kernels"].values()) > 0
+    assert set(found["kernels"]) == {"dot", "sum", "gemv"} and found["gbps"] == max(found["kernels"].values()) > 0
     assert found["kernels"][found["kernel"]] == found["gbps"] and found["buffer_bytes"] == 4 * 4099
     assert ceiling_measures.stream_kernels(CPU, "write") == ("fill",)
     with pytest.raises(ValueError, match="stream: must be one of read, write, copy"):
@@ -56,6 +61,31 @@ def test_each_stream_is_measured_with_its_own_provenance(monkeypatch):
         assert set(figures) >= {"measured_at", "measured_at_epoch", "duration_s", "conditions", "kernel", "kernels"}
     assert found["read"]["measured_at_epoch"] <= found["write"]["measured_at_epoch"] <= found["copy"][
         "measured_at_epoch"]
+
+
+def test_every_ceiling_keeps_the_best_of_its_repeats(monkeypatch):
+    """One statistic for every ceiling, bandwidth and matmul alike: the least time of the samples."""
+    samples = (9.0, 4.0, 7.5, 4.5, 12.0)  # ms; the best is 4.0, the median 7.5
+    monkeypatch.setattr(ceiling_measures, "time_call", lambda fn, device, cfg: Timing(samples, "fake"))
+    assert ceiling_measures.best_ms(Timing(samples, "fake")) == 4.0
+    assert ceiling_measures.measure_matmul(CPU, "float32", QUICK, n=33) == pytest.approx(2 * 33**3 / 4.0e-3 / 1e12)
+    found = ceiling_measures.measure_stream(CPU, "write", QUICK, ceiling_measures.StreamBuffers(CPU, 4 * 1001))
+    assert found["gbps"] == pytest.approx(4 * 1001 / 4.0e-3 / 1e9)
+
+
+def test_the_streams_resident_in_each_cache_level_are_sized_from_it(monkeypatch):
+    """The host's L2 and LLC (summed over their instances) each get buffers of a third of the level; a host without
+    an L3 in sysfs measures its L2 only, and a GPU neither (its L2 is flushed before every call)."""
+    sizes = []
+    monkeypatch.setattr(ceiling_measures, "measure_streams", lambda device, cfg, nbytes=None: sizes.append(nbytes) or {
+        s: {"gbps": 10.0 * len(sizes) + i} for i, s in enumerate(ceiling_measures.STREAMS)})
+    monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 96 << 20, 3, "test"))
+    found = ceiling_measures.measure_levels(CPU, QUICK)
+    assert sizes == [1 << 20, 32 << 20] and list(found) == ["l2", "llc"]
+    assert found["llc"]["bytes"] == 96 << 20 and (found["llc"]["read_gbps"], found["llc"]["copy_gbps"]) == (20, 22)
+    monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 64 << 20, 0, "no L3"))
+    assert list(ceiling_measures.measure_levels(CPU, QUICK)) == ["l2"]
+    assert ceiling_measures.level_bytes(torch.device("cuda")) == {}
 
 
 class FakeClock:

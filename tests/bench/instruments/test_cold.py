@@ -1,4 +1,4 @@
-"""Cold host operands: the last-level cache read from sysfs, and the copies or eviction a case is timed with."""
+"""Cold host operands: the copies or eviction a case is timed with, and the cache state each plan records."""
 
 from __future__ import annotations
 
@@ -7,43 +7,11 @@ import dataclasses
 import pytest
 import torch
 from phasebench.bench.instruments import cold
-from phasebench.bench.instruments.memory import host_cache
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.linear.cases import LinearCase
 from phasebench.bench.sweep.measure import CaseState
 
 CPU = torch.device("cpu")
-
-
-def fake_sysfs(root, levels):
-    for i, (level, kind, size) in enumerate(levels):
-        index = root / f"index{i}"
-        index.mkdir(parents=True)
-        (index / "level").write_text(f"{level}\n")
-        (index / "type").write_text(f"{kind}\n")
-        (index / "size").write_text(f"{size}\n")
-
-
-@pytest.mark.parametrize("levels,expected", [
-    ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"), (3, "Unified", "491520K")], 480 << 20),
-    ([(1, "Data", "48K"), (2, "Unified", "1M")], 1 << 20),
-    ([(1, "Instruction", "64K")], host_cache.ASSUMED_LLC),
-])
-def test_the_last_level_cache_is_the_largest_data_level(tmp_path, monkeypatch, levels, expected):
-    fake_sysfs(tmp_path / "cache", levels)
-    monkeypatch.setattr(host_cache, "SYSFS", tmp_path / "cache")
-    host_cache.last_level_cache.cache_clear()
-    try:
-        size, source = host_cache.last_level_cache()
-        assert size == expected and ("assumed" in source) == (expected == host_cache.ASSUMED_LLC)
-        assert host_cache.cold_bytes() == host_cache.COLD_FACTOR * expected
-    finally:
-        host_cache.last_level_cache.cache_clear()
-
-
-def test_this_host_reports_a_cache():
-    size, source = host_cache.last_level_cache()
-    assert size >= 1 << 20 and source
 
 
 @pytest.fixture
@@ -67,7 +35,7 @@ def test_a_linear_case_rotates_over_copies_of_its_weights_and_shares_its_activat
     assert (len(timed.calls) - 1) * weight >= 2 << 20  # what streams between two reads of one copy
     outs = [fn() for fn in timed.calls]
     assert all(torch.equal(o, outs[0]) for o in outs)
-    assert "w rotated over" in timed.how
+    assert "w rotated over" in timed.how and timed.state == "rotated"
 
 
 def test_small_streamed_operands_are_evicted_instead(small_llc):
@@ -75,7 +43,8 @@ def test_small_streamed_operands_are_evicted_instead(small_llc):
     state = CaseState(case, CPU)
     call = state.op.prepare(case, state.inputs, "naive")
     timed = cold.plan(state, "naive", call, cold=True, mode="compiled")
-    assert len(timed.calls) == 1 and timed.evict is not None and "written before each call" in timed.how
+    assert len(timed.calls) == 1 and timed.evict is not None and "read before each call" in timed.how
+    assert timed.state == "evicted"
     timed.evict()
 
 
@@ -88,7 +57,17 @@ def test_nothing_is_copied_where_nothing_needs_to_be_cold(small_llc, why):
     call = state.op.prepare(case, state.inputs, "torch")
     timed = cold.plan(state, "torch", call, cold=why != "warm", mode="interpreter" if why == "interpreter" else
                       "compiled")
-    assert timed.calls == (call.run,) and timed.evict is None and timed.how == "warm"
+    assert timed.calls == (call.run,) and timed.evict is None and timed.how == "warm" and timed.state == "warm"
+
+
+def test_a_gpu_plan_records_its_l2_flush():
+    """What a GPU timer does to the caches is the plan's state too (a CPU case stands in for the device here)."""
+    case = LinearCase(m=3, n=251, k=1025, dtype="float32", phase="decode")
+    state = CaseState(case, CPU)
+    state.device = torch.device("cuda")  # the plan reads only the device's type
+    call = state.op.prepare(case, state.inputs, "torch")
+    assert cold.plan(state, "torch", call, cold=False, mode="compiled", flush_l2=True).state == "flushed-l2"
+    assert cold.plan(state, "torch", call, cold=True, mode="compiled", flush_l2=False).state == "warm"
 
 
 def test_the_policy_names_what_is_cold():

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench.instruments import gpu_reading
+from phasebench.bench.instruments import contention, gpu_reading, host_reading
 from phasebench.bench.instruments.contention import (
     ContentionProbe,
     HostReading,
@@ -187,6 +187,75 @@ def test_watch_keeps_its_verdict_when_the_block_raises():
         raise RuntimeError("inside the window")
     assert watch.stats["window_s"] >= 0 and isinstance(watch.noisy, bool)
     assert (watch.reason == "") == (not watch.noisy)
+
+
+# ---- which CPUs are watched, and a probe that fails ------------------------------------------------
+
+
+def proc_stat(busy_per_cpu: list[int]) -> str:
+    """A /proc/stat with one busy figure per CPU (user ticks; 1000 idle each) and its aggregate line."""
+    lines = [f"cpu  {sum(busy_per_cpu)} 0 0 {1000 * len(busy_per_cpu)} 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {b} 0 0 1000 0 0 0 0 0 0" for i, b in enumerate(busy_per_cpu)]
+    return "\n".join([*lines, "intr 1 2 3", "procs_running 2", "procs_blocked 0"]) + "\n"
+
+
+def test_busy_time_is_read_on_the_cpus_watched_or_the_whole_machine(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text(proc_stat([11, 200, 3000, 40000]))
+    monkeypatch.setattr(host_reading, "PROC_STAT", stat)
+    pinned = host_reading.read_host({0})
+    whole = host_reading.read_host(whole=True)
+    assert (pinned.busy_ticks, pinned.cpus) == (11, 1) and (whole.busy_ticks, whole.cpus) == (43211, 4)
+    assert whole.procs_running == 2
+
+
+def test_the_cpus_that_share_the_memory_are_those_of_our_numa_nodes_else_all(tmp_path):
+    for node, cpus in (("node0", "0-1,4"), ("node1", "2-3,5-7")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "cpulist").write_text(cpus + "\n")
+    assert host_reading.memory_cpus({0}, tmp_path) == {0, 1, 4}
+    assert host_reading.memory_cpus({1, 6}, tmp_path) == set(range(8))
+    assert host_reading.memory_cpus({0}, tmp_path / "none") is None  # unknown: the whole machine
+    assert host_reading.memory_cpus({9}, tmp_path) is None  # a CPU no node lists: unsure, the whole machine
+    assert host_reading.parse_cpu_list("0-2,8,10-11") == {0, 1, 2, 8, 10, 11}
+
+
+def test_a_pinned_case_sees_a_neighbour_on_another_core(tmp_path, monkeypatch):
+    """Pinned to CPU 0, a case timed on the host shares the memory with a process busy on CPU 1: counted on every CPU
+    (here the whole machine: no NUMA nodes listed), the window is noisy; counted on CPU 0 alone, it was unseen."""
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(host_reading, "PROC_STAT", stat)
+    monkeypatch.setattr(contention, "memory_cpus", lambda: None)
+    hz = os.sysconf("SC_CLK_TCK")
+    verdicts = {}
+    for name, probe in (("all", ContentionProbe(CPU)), ("pinned", ContentionProbe(CPU, cpus={0}))):
+        stat.write_text(proc_stat([500, 500]))
+        with probe.watch() as watch:
+            time.sleep(0.2)
+            stat.write_text(proc_stat([500, 500 + hz]))  # the neighbour: a whole second of CPU 1 in the window
+        verdicts[name] = watch
+    assert verdicts["all"].noisy and "other processes used" in verdicts["all"].reason
+    assert verdicts["all"].stats["cpus"] == 2 and not verdicts["pinned"].noisy
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_probe_that_raises_marks_the_window_noisy_with_its_reason(monkeypatch, when):
+    real, calls = contention.read_host, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if (when == "before") == (len(calls) == 1):
+            raise OSError("no /proc here")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(contention, "read_host", failing)
+    with ContentionProbe(CPU).watch() as watch:
+        pass
+    assert watch.noisy and watch.reason == ("contention unknown: the contention probe failed (OSError: no /proc "
+                                            "here)") and watch.stats["probe_error"] == "no /proc here"
+    from phasebench.bench.instruments.contention import summary_warning
+
+    assert "contention unknown" in summary_warning([{"noisy": True, "noise_reason": watch.reason}])
 
 
 # ---- real windows on this host ---------------------------------------------------------------------

@@ -68,6 +68,7 @@ def fake_measure(monkeypatch, tmp_path):
         monkeypatch.setattr(module, "measure_stream", fake.stream)
         monkeypatch.setattr(module, "StreamBuffers", NoBuffers)
     monkeypatch.setattr(roofline, "measure_matmul", fake.matmul)
+    monkeypatch.setattr(roofline, "measure_levels", lambda device, cfg: {})  # measure_levels has tests of its own
     monkeypatch.setattr(roofline, "matmul_size", lambda device, dtype: 2048)
     # instant measurements make windows of a few /proc/stat ticks, where one tick of another process reads as load:
     # the machine counts as quiet unless a test says otherwise
@@ -104,7 +105,14 @@ def test_cpu_ceilings_are_sane(cpu_ceilings):
         assert found["gbps"] == getattr(cpu_ceilings, f"{stream}_gbps") and found["kernel"] in found["kernels"]
         assert found["buffer_bytes"] >= 256 << 20 and found["duration_s"] > 0 and "cpu_count" in found["conditions"]
         assert cpu_ceilings.measured_at <= found["measured_at"]
-    assert cpu_ceilings.bandwidth["read"]["kernel"] == "dot"  # a reduction reads; the host's is BLAS dot
+    read = cpu_ceilings.bandwidth["read"]  # the fastest of three read kernels
+    assert set(read["kernels"]) == {"dot", "sum", "gemv"} and read["gbps"] == max(read["kernels"].values())
+    caches = cpu_ceilings.caches
+    assert caches["llc_bytes"] >= 1 << 20 and caches["source"] and "statistic" in cpu_ceilings.to_json()
+    for level, found in cpu_ceilings.levels.items():  # the streams resident in the L2 and the LLC, where listed
+        assert found["bytes"] == caches[f"{level}_bytes"] and found["bandwidth"]["read"]["buffer_bytes"] < found[
+            "bytes"]
+        assert all(math.isfinite(found[f"{s}_gbps"]) and found[f"{s}_gbps"] > 0 for s in ("read", "write", "copy"))
 
 
 def test_a_rows_roof_is_its_read_and_write_floor(fake_measure):
@@ -158,6 +166,10 @@ def test_a_host_keep_folder_measures_once_and_serves_every_run_after(fake_measur
     assert fresh.source == "measured" and fresh.checked == "measured: --refresh"
     roofline._this_process.clear()
     assert roofline.ceilings(CPU, ("float32",)).read_gbps == pytest.approx(0.5 * first.read_gbps)  # kept anew
+    (path,) = kept.glob("ceilings-*.json")  # kept before schema 7: no cache-level ceilings, so measured again
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "levels"}))
+    older = roofline.ceilings(CPU, ("float32",))
+    assert older.source == "measured" and "no cache-level ceilings" in older.checked
 
 
 def test_two_host_runs_each_measure_their_ceilings():

@@ -69,3 +69,30 @@ def test_a_frame_and_its_rows_give_the_same_roofs():
 def test_the_roof_needs_no_torch():
     code = "import sys, phasebench.bench.spec.roof; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_warm_row_reads_from_the_smallest_cache_its_footprint_fits_and_a_cold_one_from_memory():
+    l2, llc = 2 << 20, 32 << 20
+    states = np.array(["warm", "warm", "warm", "rotated", "evicted", "flushed-l2", "warm", ""], dtype=object)
+    nbytes = np.array([l2 - 1, l2 + 1, llc + 1, 1000, 1000, 1000, 1000, 1000], dtype=float)
+    levels = roof.roof_level(states, nbytes, l2, llc)
+    assert list(levels) == ["l2", "llc", "memory", "memory", "memory", "memory", "l2", "memory"]
+    assert roof.roof_level("warm", 1000.0, 0, np.nan) == "memory"  # sizes unknown: memory, never a guess
+
+
+def test_the_roof_follows_the_level_its_bytes_are_read_from():
+    """A warm residual_add of 1.5 MiB in a 2 MiB L2 is held to the L2's read, write and copy ceilings; the same row
+    cold (or an older row without a level) to memory's; at 100% of either roof it takes exactly the roof's time."""
+    r, w = 1_048_576.0, 524_288.0
+    memory = dict(read_gbps=30.2, write_gbps=14.9, peak_gbps=22.1)
+    l2 = dict(level_read_gbps=151.0, level_write_gbps=97.0, level_copy_gbps=183.0)
+    row = {"flops": 131072.0, "read_bytes": r, "write_bytes": w, "bytes": r + w, "peak_tflops": 0.26, **memory,
+           **l2, "roof_level": "l2"}
+    _, warm_s, bound, _ = roof.roof_of_row(row)
+    assert float(warm_s) == pytest.approx(roof.memory_floor_s(r, w, 151.0, 97.0, 183.0)) and bound == "memory"
+    _, cold_s, _, _ = roof.roof_of_row({**row, "roof_level": "memory"})
+    assert float(cold_s) == pytest.approx(roof.memory_floor_s(r, w, 30.2, 14.9, 22.1))
+    _, old_s, _, _ = roof.roof_of_row({k: v for k, v in row.items() if k != "roof_level"})
+    assert float(old_s) == float(cold_s) and float(warm_s) < float(cold_s) / 4
+    frame = pd.DataFrame([row, {**row, "roof_level": "memory"}])
+    np.testing.assert_allclose(roof.roof_of_row(frame)[1], [float(warm_s), float(cold_s)])
