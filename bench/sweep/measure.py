@@ -217,7 +217,8 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "profiled": False, "cache_state": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
         "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
         "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
-        "_levels": ceil.levels,
+        "_levels": {level: {f"{s}_gbps": found[f"{s}_gbps"] for s in ("read", "write", "copy")}
+                    for level, found in ceil.levels.items()},
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
