@@ -13,8 +13,8 @@ from phasebench.bench.sweep.measure import CaseState, base_row, measure
 EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "read_bytes", "write_bytes", "tflops", "gbps", "peak_tflops",
                 "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound", "roof_model",
-                "above_roof", "cache_state", "roof_level", "max_rel_err", "timer", "noisy", "noise_reason", "status",
-                "reason")
+                "above_roof", "cache_state", "roof_level", "level_read_gbps", "level_write_gbps", "level_copy_gbps",
+                "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason")
 _states: dict = {}
 
 

@@ -92,14 +92,14 @@ def roof_level(cache_state, nbytes, l2_bytes, llc_bytes):
 def roof_of_row(row) -> tuple:
     """row_roof of a row (a dict) or of rows (a DataFrame) from their columns: flops, read_bytes, write_bytes, bytes,
     peak_tflops, and the ceilings of the level the row is read from: level_read_gbps, level_write_gbps and
-    level_copy_gbps where its roof_level is a cache, else read_gbps, write_gbps and peak_gbps (memory's copy); a
-    column or key that is missing counts as unknown."""
+    level_copy_gbps where its roof_level is a cache (and they are there), else read_gbps, write_gbps and peak_gbps
+    (memory's copy); a column or key that is missing counts as unknown."""
     def column(name):
         value = row.get(name, np.nan) if hasattr(row, "get") else np.nan
         return np.asarray(np.nan if value is None else value, dtype=float)
 
     cached = np.isin(np.asarray(row.get("roof_level", MEMORY) if hasattr(row, "get") else MEMORY, dtype=object),
-                     (L2, LLC))
+                     (L2, LLC)) & np.isfinite(column("level_read_gbps"))  # a level without its figures: memory's
     read, write, copy = (np.where(cached, column(f"level_{s}_gbps"), column(memory))
                          for s, memory in (("read", "read_gbps"), ("write", "write_gbps"), ("copy", "peak_gbps")))
     return row_roof(column("flops"), column("read_bytes"), column("write_bytes"), column("bytes"),
