@@ -123,12 +123,13 @@ def cmd_run(args) -> int:
     return 0
 
 
-STREAM_WORDS = {"read": "read-only: a reduction (dot), the roof of decode and GEMV",
+STREAM_WORDS = {"read": "read-only: the fastest of dot, sum and a GEMV, the roof of decode and GEMV",
                 "write": "write-only: a fill",
                 "copy": "copy: bytes read + written (peak_gbps, the one figure before schema 5)"}
 
 
 def cmd_ceilings(args) -> int:
+    from ..instruments.ceiling_measures import CEILING_STATISTIC
     from ..instruments.conditions import describe
     from ..instruments.roofline import ceilings
     from ..ops.attention.cases import DTYPES
@@ -163,6 +164,10 @@ def cmd_ceilings(args) -> int:
         ds = f"   {sheet.peak_tflops[d]:10.1f} TFLOP/s datasheet" if sheet and d in sheet.peak_tflops else ""
         size = f" at {ceil.matmul_n[d]}^3" if d in ceil.matmul_n else ""
         print(f"  matmul {d:<9} {tf:10.4g} TFLOP/s measured{size}{ds}   ridge {ceil.ridge(d):.3g} FLOP/B (read)")
+    for level, found in ceil.levels.items():
+        print(f"  resident in the {level.upper()} ({found['bytes'] / 2**20:g} MiB): read {found['read_gbps']:.1f}, "
+              f"write {found['write_gbps']:.1f}, copy {found['copy_gbps']:.1f} GB/s (the roof of a warm row that fits)")
+    print(f"  caches: {ceil.caches.get('source', '')}; every ceiling the {CEILING_STATISTIC}")
     print("  a row's roof: min(matmul peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s))")
     for warning in ceil.warnings:
         print(f"  warning: {warning}")

@@ -140,13 +140,32 @@ def measure_streams(device: torch.device, cfg: TimerConfig, streams=STREAMS, nby
     return found
 
 
+def _one_thread(fn):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure_levels(device: torch.device, cfg: TimerConfig) -> dict[str, dict]:
     """The streams resident in each host cache level (level_bytes): {level: {"bytes": its capacity, "read_gbps",
     "write_gbps", "copy_gbps", "bandwidth": each stream's figures and provenance}}, on buffers of 1/LEVEL_SHARE of the
-    level each, warm from the warm-up calls. Like a row's calls, each pays one call's dispatch."""
+    level each, warm from the warm-up calls. Like a row's calls, each pays one call's dispatch. Each stream runs with
+    torch's threads and with one, and keeps the faster ("threads" says both): on a busy host a call of microseconds
+    whose second thread waits for a core takes a scheduler quantum, and a kernel's threads are one more of its
+    variants, as dot, sum and GEMV are."""
     found = {}
     for level, capacity in level_bytes(device).items():
-        streams = measure_streams(device, cfg, nbytes=max(capacity // LEVEL_SHARE, 64 * ELEMENT))
+        nbytes = max(capacity // LEVEL_SHARE, 64 * ELEMENT)
+        runs = {torch.get_num_threads(): measure_streams(device, cfg, nbytes=nbytes)}
+        if torch.get_num_threads() > 1:
+            runs[1] = _one_thread(lambda n=nbytes: measure_streams(device, cfg, nbytes=n))
+        streams = {}
+        for s in STREAMS:
+            threads = max(runs, key=lambda n, s=s: runs[n][s]["gbps"])
+            streams[s] = {**runs[threads][s], "threads": {n: run[s]["gbps"] for n, run in runs.items()}}
         found[level] = {"bytes": capacity, **{f"{s}_gbps": streams[s]["gbps"] for s in STREAMS}, "bandwidth": streams}
     return found
 

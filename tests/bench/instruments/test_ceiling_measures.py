@@ -80,9 +80,13 @@ def test_the_streams_resident_in_each_cache_level_are_sized_from_it(monkeypatch)
     monkeypatch.setattr(ceiling_measures, "measure_streams", lambda device, cfg, nbytes=None: sizes.append(nbytes) or {
         s: {"gbps": 10.0 * len(sizes) + i} for i, s in enumerate(ceiling_measures.STREAMS)})
     monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 96 << 20, 3, "test"))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # torch's threads, then one: the faster kept
+    monkeypatch.setattr(ceiling_measures, "_one_thread", lambda fn: fn())
     found = ceiling_measures.measure_levels(CPU, QUICK)
-    assert sizes == [1 << 20, 32 << 20] and list(found) == ["l2", "llc"]
-    assert found["llc"]["bytes"] == 96 << 20 and (found["llc"]["read_gbps"], found["llc"]["copy_gbps"]) == (20, 22)
+    assert sizes == [1 << 20, 1 << 20, 32 << 20, 32 << 20] and list(found) == ["l2", "llc"]
+    assert found["llc"]["bytes"] == 96 << 20 and (found["llc"]["read_gbps"], found["llc"]["copy_gbps"]) == (40, 42)
+    assert found["llc"]["bandwidth"]["read"]["threads"] == {2: 30, 1: 40}
+    sizes.clear()
     monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 64 << 20, 0, "no L3"))
     assert list(ceiling_measures.measure_levels(CPU, QUICK)) == ["l2"]
     assert ceiling_measures.level_bytes(torch.device("cuda")) == {}
