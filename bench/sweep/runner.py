@@ -240,6 +240,7 @@ def run(cfg: RunConfig):
             return {**row, "time": now(), "profiled": cfg.profiled}
 
         noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
+        fresh = 0  # rows measured by this invocation (a resume may have none left)
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
             for round_index in range(cfg.rounds):
@@ -253,6 +254,7 @@ def run(cfg: RunConfig):
                             continue
                         row = with_ceiling_load(measure_one(case, impl, base), ceil)
                         store.append(row)
+                        fresh += 1
                         if row["status"] == "ok" and row.get("noisy"):
                             noisy.append((case, impl, base))
                         if cfg.on_row:
@@ -260,7 +262,11 @@ def run(cfg: RunConfig):
             if cfg.between_rounds:
                 cfg.between_rounds(executor, cfg.rounds)
             meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
-            meta.update(hold_ceilings(executor, ceil, dtypes, store))
+            if fresh and cfg.capture is None:  # a profiler would record the second measurement
+                meta.update(hold_ceilings(executor, ceil, dtypes, store))
+            else:
+                meta["ceilings_after_note"] = ("not measured again: " + ("a profiled run" if fresh else
+                                                                          "no row measured by this invocation"))
         except KeyboardInterrupt:
             meta["interrupted"] = True
             raise
