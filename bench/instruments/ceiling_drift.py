@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ..spec.roof import level_ceilings
 from .ceiling_measures import STREAMS, TORCH_DTYPES, measure_levels, measure_matmul, measure_streams, with_provenance
 from .conditions import load_warnings
 from .roofline import (
@@ -84,12 +85,22 @@ def higher(before: Ceilings, after: Ceilings | None) -> Ceilings:
         warnings=warnings, checked=f"{before.checked}; the higher of each figure measured before and after the run")
 
 
-def substitutions(before: Ceilings, used: Ceilings, after: Ceilings | None) -> dict[float, tuple[float, float]]:
-    """{a figure's value before: (its value used, its drift)}: what a row judged against `before` is judged against
-    now, found by value (a row carries the figures, not their names)."""
+def _level_ceilings(ceil: Ceilings) -> dict:
+    memory = {"read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps, "copy_gbps": ceil.copy_gbps}
+    return level_ceilings(ceil.levels, memory)
+
+
+def substitutions(before: Ceilings, used: Ceilings, after: Ceilings | None) -> dict:
+    """What a row judged against `before` is judged against now, with each figure's drift: "values", {a figure's
+    value before: (its value used, its drift)}, found by value (a row carries the figures, not their names); and
+    "levels", {level: {figure: (value used, drift)}} of the ceilings a warm row at that level is judged at."""
     then, now = figures(before), figures(used)
     moved = drift(before, after) if after is not None else {}
-    return {value: (now[name], moved.get(name, math.nan)) for name, value in then.items() if name in now}
+    values = {value: (now[name], moved.get(name, math.nan)) for name, value in then.items() if name in now}
+    was, new, later = _level_ceilings(before), _level_ceilings(used), _level_ceilings(after) if after else {}
+    levels = {level: {k: (new[level][k], later[level][k] / v - 1 if level in later and v else math.nan)
+                      for k, v in figures.items()} for level, figures in was.items() if level in new}
+    return {"values": values, "levels": levels}
 
 
 def record(before: Ceilings, after: Ceilings | None, why: str) -> dict:

@@ -89,6 +89,19 @@ def roof_level(cache_state, nbytes, l2_bytes, llc_bytes):
     return np.where(in_l2, L2, np.where(in_llc, LLC, MEMORY))
 
 
+def level_ceilings(levels: dict, memory: dict) -> dict:
+    """{level: {"read_gbps", "write_gbps", "copy_gbps"}} that a warm row read from each cache level in `levels` (its
+    measured figures by level) is judged at: the highest measured at that level or any farther one, `memory`'s
+    included. A nearer cache is never slower than a farther one, and the small buffer of a small level pays more of
+    one call's dispatch, so its own figure can read lower than the next level's."""
+    found, farther = {}, {k: float(memory.get(k, np.nan)) for k in ("read_gbps", "write_gbps", "copy_gbps")}
+    for level in (LLC, L2):
+        if level in levels:
+            farther = {k: float(np.fmax(float(levels[level][k]), v)) for k, v in farther.items()}
+            found[level] = farther
+    return found
+
+
 def roof_of_row(row) -> tuple:
     """row_roof of a row (a dict) or of rows (a DataFrame) from their columns: flops, read_bytes, write_bytes, bytes,
     peak_tflops, and the ceilings of the level the row is read from: level_read_gbps, level_write_gbps and

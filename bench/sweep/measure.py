@@ -22,7 +22,8 @@ from ..instruments.memory.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
-from ..spec.roof import COPY, EVICTED, FLUSHED_L2, L2, LLC, MEMORY, ROTATED, WARM, pct_of_roof, roof_level, roof_of_row
+from ..spec import roof as states
+from ..spec.roof import COPY, L2, LLC, MEMORY, WARM, level_ceilings, pct_of_roof, roof_level, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT, cell_float
 
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
@@ -196,8 +197,8 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
     """A row with the case, its cost and the ceilings filled, no figures yet, status ok. Its roof is the floor of
     the bytes it reads and writes at the measured read and write ceilings (bench.spec.roof); an operator whose cost
     model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"). Until `measure` knows how its
-    operands are prepared (with_state) it is judged against memory; "_levels" (not a column) carries the cache
-    levels' ceilings to it."""
+    operands are prepared (with_state) it is judged against memory; "_levels" (not a column) carries the ceilings of
+    a warm row at each cache level (bench.spec.roof.level_ceilings) to it."""
     op = operator_of(case)
     flops = op.flops(case)
     if op.moved_bytes is not None:
@@ -217,8 +218,8 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "profiled": False, "cache_state": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
         "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
         "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
-        "_levels": {level: {f"{s}_gbps": found[f"{s}_gbps"] for s in ("read", "write", "copy")}
-                    for level, found in ceil.levels.items()},
+        "_levels": level_ceilings(ceil.levels, {"read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
+                                                "copy_gbps": ceil.copy_gbps}),
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
@@ -245,9 +246,9 @@ def with_state(row: dict, state: str, levels: dict) -> dict:
     return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
 
 
-_HOW = {ROTATED: "timed cold: its streamed operands rotated over copies past 2x the LLC, its activations warm",
-        EVICTED: "timed cold: 2x the LLC read before each call",
-        FLUSHED_L2: "timed cold: the L2 flushed before each call"}
+_HOW = {states.ROTATED: "timed cold: its streamed operands rotated over copies past 2x the LLC, its activations warm",
+        states.EVICTED: "timed cold: 2x the LLC read before each call",
+        states.FLUSHED_L2: "timed cold: the L2 flushed before each call"}
 
 
 def roof_finding(row: dict) -> str:
@@ -276,21 +277,25 @@ def judged(row: dict) -> dict:
     return {**row, "above_roof": above, "reason": reason}
 
 
-CEILING_COLUMNS = ("peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "level_read_gbps", "level_write_gbps",
-                   "level_copy_gbps")
+MEMORY_COLUMNS = ("peak_gbps", "read_gbps", "write_gbps")  # a row judged against the ceilings before has these
+LEVEL_COLUMNS = {"level_read_gbps": "read_gbps", "level_write_gbps": "write_gbps", "level_copy_gbps": "copy_gbps"}
 
 
 def rejudged(row: dict, substitutions: dict, ceil: Ceilings) -> dict:
-    """A stored row (CSV text) judged anew where its ceilings are among `substitutions` ({value before: (value used,
-    drift)}, bench.instruments.ceiling_drift): its ceilings replaced, its roof, % of roof and finding recomputed, the
-    largest drift of its ceilings in `ceiling_drift_pct`; a row judged against other ceilings (an earlier
-    invocation's) is returned as it was."""
-    values = {c: cell_float(row.get(c)) for c in CEILING_COLUMNS}
-    hits = {c: substitutions[v] for c, v in values.items() if v in substitutions}
-    if not hits:
+    """A stored row (CSV text) judged anew where its memory ceilings are among `substitutions` (bench.instruments.
+    ceiling_drift: "values", {value before: (value used, drift)} of the streams and matmuls, found by value; "levels",
+    {level: {figure: (value used, drift)}} of a warm row's level ceilings): its ceilings replaced, its roof, % of roof
+    and finding recomputed, the largest drift of its ceilings in `ceiling_drift_pct`; a row judged against other
+    ceilings (an earlier invocation's) is returned as it was."""
+    values, subs = {c: cell_float(row.get(c)) for c in (*MEMORY_COLUMNS, "peak_tflops")}, substitutions["values"]
+    if not any(values[c] in subs for c in MEMORY_COLUMNS):
         return row
+    hits = {c: subs[v] for c, v in values.items() if v in subs}
+    level = substitutions["levels"].get(row.get("roof_level"), {})
+    hits.update({c: level[figure] for c, figure in LEVEL_COLUMNS.items() if figure in level})
     drifts = [abs(d) for _, d in hits.values() if math.isfinite(d)]
-    numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms")}
+    numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms",
+                                                   *LEVEL_COLUMNS)}
     out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()},
            "ceiling_drift_pct": 100 * max(drifts) if drifts else math.nan}
     roof_tflops, _, bound, model = roof_of_row(out)

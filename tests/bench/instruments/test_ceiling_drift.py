@@ -46,12 +46,18 @@ def test_the_higher_of_each_figure_is_kept_and_a_drift_is_named():
 
 
 def test_a_rows_ceilings_are_found_by_value_with_their_drift():
-    after = after_with(read=1.1)
+    after = after_with(read=1.1, levels=1.25)
     used = ceiling_drift.higher(before(), after)
     subs = ceiling_drift.substitutions(before(), used, after)
-    assert subs[30.2] == (pytest.approx(33.22), pytest.approx(0.1)) and subs[14.9] == (14.9, pytest.approx(-0.03))
-    assert subs[151.0] == (151.0, 0.0) and subs[0.039] == (0.039, 0.0)
-    assert all(math.isnan(d) for _, d in ceiling_drift.substitutions(before(), before(), None).values())
+    values = subs["values"]
+    assert values[30.2] == (pytest.approx(33.22), pytest.approx(0.1)) and values[14.9] == (14.9, pytest.approx(-0.03))
+    assert values[0.039] == (0.039, 0.0)
+    # a warm row's level ceilings: the L2's read rose 25% (151 -> 188.75); the LLC's read (118 -> 147.5) is its own
+    assert subs["levels"]["l2"]["read_gbps"] == (pytest.approx(188.75), pytest.approx(0.25))
+    assert subs["levels"]["llc"]["read_gbps"] == (pytest.approx(147.5), pytest.approx(0.25))
+    assert subs["levels"]["l2"]["write_gbps"] == (97.0, 0.0)
+    unmoved = ceiling_drift.substitutions(before(), before(), None)
+    assert all(math.isnan(d) for _, d in unmoved["values"].values())
 
 
 def test_kept_host_ceilings_are_not_measured_again(monkeypatch, tmp_path):

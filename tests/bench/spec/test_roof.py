@@ -96,3 +96,16 @@ def test_the_roof_follows_the_level_its_bytes_are_read_from():
     assert float(old_s) == float(cold_s) and float(warm_s) < float(cold_s) / 4
     frame = pd.DataFrame([row, {**row, "roof_level": "memory"}])
     np.testing.assert_allclose(roof.roof_of_row(frame)[1], [float(warm_s), float(cold_s)])
+
+
+def test_a_warm_rows_level_is_never_held_slower_than_a_farther_one():
+    """The L2's own read (82, on a buffer small enough that a call's dispatch weighs) under the LLC's (160): a row in
+    the L2 is judged at the LLC's; every level at least at memory's; without an L3, the L2 against memory alone."""
+    memory = {"read_gbps": 30.2, "write_gbps": 14.9, "copy_gbps": 22.1}
+    levels = {"l2": {"read_gbps": 82.4, "write_gbps": 92.0, "copy_gbps": 126.8},
+              "llc": {"read_gbps": 159.5, "write_gbps": 11.0, "copy_gbps": 98.0}}
+    found = roof.level_ceilings(levels, memory)
+    assert found["llc"] == {"read_gbps": 159.5, "write_gbps": 14.9, "copy_gbps": 98.0}
+    assert found["l2"] == {"read_gbps": 159.5, "write_gbps": 92.0, "copy_gbps": 126.8}
+    assert roof.level_ceilings({"l2": levels["l2"]}, memory) == {"l2": levels["l2"]}
+    assert roof.level_ceilings({}, memory) == {}

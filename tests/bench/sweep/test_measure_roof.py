@@ -198,3 +198,28 @@ def test_an_elementwise_row_is_timed_warm_and_judged_at_the_level_it_fits():
     assert row["status"] == "ok" and (row["cache_state"], row["roof_level"]) == ("warm", "l2")
     assert "_levels" not in row and row["level_read_gbps"] == 151.0
     assert row["above_roof"] == (row["pct_roofline"] > 100.0)
+
+
+def test_a_stored_warm_row_is_judged_again_at_its_levels_higher_ceilings():
+    """A row as results.csv holds it (text), warm in the L2 and above the roof of the ceilings measured before the
+    run; measured again after it, the L2 read 50% higher: the row takes the higher figures, falls under its roof,
+    loses its finding and carries the drift. A row of an earlier invocation (other ceilings) is left as it was."""
+    from phasebench.bench.instruments import ceiling_drift
+
+    before = host()
+    after = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 226.5}})
+    used = ceiling_drift.higher(before, after)
+    subs = ceiling_drift.substitutions(before, used, after)
+    case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")
+    base = base_row(case, "torch", "run", "suite", before, "clock")
+    row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "warm", base["_levels"])
+    roof_ms = 1e3 * float(measure_mod.roof_of_row(row)[1])
+    stored = measure_mod.judged({**row, **speed_figures(row, roof_ms / 1.1), "mode": "compiled"})
+    assert stored["above_roof"] and stored["pct_roofline"] == pytest.approx(110.0)
+    text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
+    again = measure_mod.rejudged(text, subs, used)
+    assert again["level_read_gbps"] == pytest.approx(226.5) and again["level_write_gbps"] == 97.0
+    assert again["ceiling_drift_pct"] == pytest.approx(50.0) and not again["above_roof"]
+    assert again["pct_roofline"] < 100 and again["reason"] == "" and again["read_gbps"] == before.read_gbps
+    other = {**text, "read_gbps": "29.9", "write_gbps": "13.0", "peak_gbps": "21.0"}
+    assert measure_mod.rejudged(other, subs, used) is other
