@@ -131,10 +131,10 @@ class InterferenceConfig:
 
     def check(self) -> None:
         """One-line ValueErrors for sizes that cannot run."""
-        for name in ("prompts", "batches"):
+        for name, option in (("prompts", "prompt"), ("batches", "batch")):
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name[:-1]}: must be positive ints, got {list(values)}")
+                raise ValueError(f"{option}: must be positive ints, got {list(values)}")
         for name in ("context", "rounds", "arrivals"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
