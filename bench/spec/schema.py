@@ -18,7 +18,10 @@ from .roof import COPY
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
 # 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
 #    files, whose rows all had unquantized weights).
-SCHEMA_VERSION = 6
+# 7: latency_ci_low_ms, latency_ci_high_ms, latency_ci_rel, converged, outliers (the 95% interval of the median from
+#    its order statistics, its relative half-width, whether sampling stopped on its target, and the samples beyond
+#    Tukey's 1.5 IQR fences, counted and kept: bench.spec.interval); blank in older files.
+SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -44,7 +47,12 @@ RESULT_COLUMNS = (
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
-    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
+    "latency_ms", "latency_p20_ms", "latency_p80_ms",
+    "latency_ci_low_ms", "latency_ci_high_ms",  # the 95% interval of the median (order statistics; blank: too few)
+    "latency_ci_rel",  # its half-width over the median
+    "converged",  # sampling stopped with latency_ci_rel under its target, not at the time or sample limit
+    "outliers",  # samples beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR: counted, never removed
+    "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops",
     "peak_gbps",  # the copy bandwidth (read + write bytes), as before schema 5
@@ -88,12 +96,12 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "phasebench_version", "git_commit", "datasheet_name",
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
-               "m", "n", "k", "cache_len")
-BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
+               "m", "n", "k", "cache_len", "outliers")
+BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
-    "tflops", "gbps", "peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline",
-    "max_rel_err", "datasheet_tflops", "datasheet_gbps",
+    "latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "tflops", "gbps", "peak_tflops", "peak_gbps",
+    "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "max_rel_err", "datasheet_tflops", "datasheet_gbps",
 )
 
 # Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which

@@ -161,6 +161,8 @@ def test_seconds_options_are_checked_before_anything_runs():
     for args, message in ((("run", "--time-budget", "0"), "time-budget: must be a positive number of seconds"),
                           (("run", "--sample-time", "-1"), "sample-time: must be a positive number of seconds"),
                           (("phases", "--sample-time", "0"), "sample-time: must be a positive number of seconds"),
+                          (("run", "--ci-target", "0"), "ci-target: must be above 0 and below 100%, got '0'"),
+                          (("phases", "--ci-target", "half"), "ci-target: expected a fraction (0.02) or a percentage"),
                           (("run", "--ray", "--time-budget", "5"), "not with --ray")):
         proc = run_cli(*args)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
