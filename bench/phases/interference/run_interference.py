@@ -115,6 +115,8 @@ class InterferenceConfig:
     forms: tuple[str, ...] = FORMS
     seed: int = 0
     on_line: object = None  # called with each progress line
+    on_written: object = None  # called with the rows once written, before the co-runners close (figures: a stop's
+    # grace may end during the close, which takes seconds)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> InterferenceConfig:
@@ -362,6 +364,8 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
         table.to_csv(cfg.out_dir / CSV_NAME, index=False)
         meta.update(interrupted=interrupted, state_after=snapshot(cfg.device))
         (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
+        if cfg.on_written is not None:
+            cfg.on_written(table)
     finally:
         if session is not None:
             session.close()
