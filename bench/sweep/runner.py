@@ -17,7 +17,7 @@ import torch
 from ...kernels import OPS, triton_mode
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
-from .measure import HarnessSampler, base_row, with_ceiling_load
+from .measure import INTERPRETER_SAMPLES, HarnessSampler, base_row, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
@@ -53,7 +53,7 @@ def sampling_rule(timer: TimerConfig) -> dict:
             "target_rel_half_width": timer.target, "min_samples": timer.min_samples, "min_time_s": timer.min_time_s,
             "time_limit_s": timer.budget_s, "max_samples": timer.max_samples,
             "outliers": "beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR, counted, never removed",
-            "interpreter_samples": 1}
+            "interpreter_samples": INTERPRETER_SAMPLES}
 
 
 def now() -> str:

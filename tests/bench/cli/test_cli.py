@@ -161,12 +161,21 @@ def test_seconds_options_are_checked_before_anything_runs():
     for args, message in ((("run", "--time-budget", "0"), "time-budget: must be a positive number of seconds"),
                           (("run", "--sample-time", "-1"), "sample-time: must be a positive number of seconds"),
                           (("phases", "--sample-time", "0"), "sample-time: must be a positive number of seconds"),
-                          (("run", "--ci-target", "0"), "ci-target: must be above 0 and below 100%, got '0'"),
-                          (("phases", "--ci-target", "half"), "ci-target: expected a fraction (0.02) or a percentage"),
                           (("run", "--ray", "--time-budget", "5"), "not with --ray")):
         proc = run_cli(*args)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
             (args, proc.stderr)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--ci-target", "0"], "ci-target: must be above 0 and below 100%, got '0'"),
+    (["phases", "--ci-target", "half"], "ci-target: expected a fraction (0.02) or a percentage (2%), got 'half'"),
+])
+def test_a_bad_ci_target_gets_one_line_before_anything_runs(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize("args,message", [
