@@ -9,8 +9,8 @@ import tarfile
 import pytest
 import torch
 from phasebench.bench.session import selfcheck
-from phasebench.bench.session.selfcheck_plan import GPU, HOST, STEPS
 from phasebench.bench.session.child_process import ChildResult
+from phasebench.bench.session.selfcheck_plan import GPU, HOST, STEPS
 from phasebench.bench.session.selfcheck_steps import StepContext, _junit_counts, merge_junit, step_suites
 
 from ...conftest import run_cli
@@ -236,10 +236,12 @@ def test_dry_run_archive_holds_every_result_and_loads(dry_run, tmp_path):
         assert f"selfcheck/{name}" in names, name
     import phasebench.analysis as pa
 
-    df = pa.load(*(tmp_path / "selfcheck" / "suites" / s for s in measured))
-    assert set(df["suite"]) == set(measured) and "prefill" in measured and set(df["device_kind"]) == {"cpu"}
-    linear = {"decode-linear", "prefill-linear"} & set(measured)
-    assert set(df["op"]) == ({"attention", "linear"} if linear else {"attention"})
+    assert "prefill" in measured or suites["prefill"]["run"] == "overran"  # the first suite has the most time
+    if measured:
+        df = pa.load(*(tmp_path / "selfcheck" / "suites" / s for s in measured))
+        assert set(df["suite"]) == set(measured) and set(df["device_kind"]) == {"cpu"}
+        linear = {"decode-linear", "prefill-linear"} & set(measured)
+        assert set(df["op"]) == {"attention", "linear"} - (set() if linear else {"linear"})
 
 
 @pytest.mark.slow
