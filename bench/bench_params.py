@@ -10,7 +10,7 @@ import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import TimerConfig, Timing, l2_flush_buffer
+from .instruments.timing import CI_TARGETS, TimerConfig, Timing, l2_flush_buffer
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 from .sweep.worker import Executor, Isolation
@@ -19,6 +19,7 @@ from .sweep.worker import Executor, Isolation
 PREFLIGHT_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False, cold=False)
 
 BUDGET_S = 0.5
+MIN_ROUNDS = 6  # the fewest samples whose extremes hold the median with 95%
 
 
 def _env_list(name: str) -> list[str]:
@@ -118,14 +119,15 @@ class BenchmarkSampler:
             return (fn,), {}
         from .sweep.measure import INTERPRETER_SAMPLES
 
-        rounds = INTERPRETER_SAMPLES
-        if not interpreter:  # as many rounds as fit the budget, from one warm call
+        rounds, warmup = INTERPRETER_SAMPLES, 0  # an interpreter row: one call after the gate's
+        if not interpreter:  # as many rounds as fit the budget, from one warm call; 6 at least, for an interval
             t0 = time.perf_counter()
             timed(*setup()[0])
-            rounds = max(5, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6))))
-        # pedantic calls setup once per round, its warm-up round included (once in all when disabled)
-        kept.update(setups=0, total=1 if self.benchmark.disabled else rounds + 1)
+            rounds, warmup = max(MIN_ROUNDS, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6)))), 1
+        # pedantic calls setup once per round, its warm-up rounds included (once in all when disabled)
+        kept.update(setups=0, total=1 if self.benchmark.disabled else rounds + warmup)
         with nvtx_range(range_name, payload=payload):
-            self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=1, iterations=1)
+            self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warmup, iterations=1)
         data = self.benchmark.stats.stats.data
-        return Timing(tuple(s * 1e3 for s in data), self.label, kept["last"])
+        target = 0.0 if interpreter else CI_TARGETS[device.type]  # fixed rounds: converged says whether they sufficed
+        return Timing(tuple(s * 1e3 for s in data), self.label, kept["last"], target)

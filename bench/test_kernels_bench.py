@@ -8,13 +8,15 @@ import torch
 from phasebench.bench.bench_params import BenchmarkSampler, preflight, suite_ceilings
 from phasebench.bench.instruments.contention import ContentionProbe
 from phasebench.bench.instruments.roofline import on_device
+from phasebench.bench.spec.interval import INTERVAL_COLUMNS
 from phasebench.bench.sweep.measure import CaseState, base_row, measure
 
 EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "read_bytes", "write_bytes", "tflops", "gbps", "peak_tflops",
                 "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound", "roof_model",
                 "above_roof", "cache_state", "roof_level", "level_read_gbps", "level_write_gbps", "level_copy_gbps",
-                "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason")
+                "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason",
+                *INTERVAL_COLUMNS)
 _states: dict = {}
 
 

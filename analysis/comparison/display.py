@@ -45,7 +45,7 @@ def comparison_figure(frame: pd.DataFrame, *, figsize=None) -> Figure:
     pairs = pairs.assign(label=pair_labels(pairs)).sort_values("ratio", kind="stable").reset_index(drop=True)
     fig, axes = new_figure(figsize=figsize or (8.5, 1.6 + 0.3 * len(pairs)))
     ax = axes[0, 0]
-    colors = {"faster": "#2ca02c", "slower": "#d62728", "within noise": "0.45"}
+    colors = {"faster": "#2ca02c", "slower": "#d62728", "within threshold": "0.45", "unresolved": "#ff7f0e"}
     y = np.arange(len(pairs))
     ratio = pairs["ratio"].to_numpy(dtype=float)
     low = pairs["ratio_lo"].to_numpy(dtype=float)
@@ -140,7 +140,8 @@ def format_comparison(frame: pd.DataFrame) -> str:
     counts = {verdict: int((pairs["verdict"] == verdict).sum()) for verdict in VERDICTS}
     noisy = int(pairs["noisy"].astype(bool).sum())
     lines += ["", f"{len(pairs)} pairs by {by}: {counts['slower']} slower, {counts['faster']} faster, "
-                  f"{counts['within noise']} within noise (threshold {threshold:.0%}, {confidence:.0%} intervals"
+                  f"{counts['within threshold']} within {threshold:.0%}, {counts['unresolved']} unresolved "
+                  f"({confidence:.0%} intervals"
                   f"{', ' + str(noisy) + ' noisy' if noisy else ''}); "
                   f"{int((frame['pairing'] == 'status change').sum())} status changes, "
                   f"{int((frame['pairing'] == 'base only').sum())} only in base, "
@@ -173,11 +174,13 @@ def comparison_note(frame: pd.DataFrame) -> str:
     methods = ", ".join(f"{count} {method}" for method, count in pairs["method"].value_counts().items())
     return (f"New: {_sides_label(frame, 'new')}; base: {_sides_label(frame, 'base')}. Ratio = new / base median "
             f"latency with a {confidence:.0%} interval: a percentile bootstrap of the raw samples where both sides "
-            "kept them, else a normal approximation from the p20/p80 (q1/q3 for pytest-benchmark) spread "
+            "kept them, else from the two rows' 95% intervals of their medians (row intervals), else a normal "
+            "approximation from the p20/p80 (q1/q3 for pytest-benchmark) spread "
             f"({methods or 'no pairs'}). Slower: the interval's lower end above {1 + threshold:.3g}; faster: its "
-            f"upper end below 1/{1 + threshold:.3g} = {1 / (1 + threshold):.3g}; else within noise. Intervals "
-            "cover the spread within each run, not the drift between runs. Noisy pairs were timed while the "
-            "device was contended.")
+            f"upper end below 1/{1 + threshold:.3g} = {1 / (1 + threshold):.3g}; within threshold: the whole "
+            "interval between the two; unresolved: it straddles one of them, so the medians are not told apart. "
+            "Intervals cover the spread within each run, not the drift between runs. Noisy pairs were timed while "
+            "the device was contended.")
 
 
 def comparison_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:

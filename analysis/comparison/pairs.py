@@ -11,6 +11,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import (
     CASE_FIELDS,
     SAMPLES_COLUMN,
@@ -28,15 +29,18 @@ __all__ = ["BY", "KINDS", "VERDICTS", "compare", "parse_threshold", "regression_
 
 # What may differ between the two sides of a pair, and the column that holds it.
 BY = {"run": "run_id", "impl": "impl", "device": "device", "timer": "timer"}
-VERDICTS = ("faster", "slower", "within noise")
+# slower / faster: the ratio's interval lies past the threshold; within threshold: it lies inside the band, so any
+# change is smaller than the threshold; unresolved: it straddles an edge of the band (or there is none): no verdict.
+VERDICTS = ("faster", "slower", "within threshold", "unresolved")
 KINDS = ("pair", "status change", "base only", "new only")  # a comparison row's `pairing`
 RESAMPLES = 2000
 MIN_BOOTSTRAP = 3  # fewer samples on a side: the interval comes from the spread columns
 # Two rows are the same measurement when they agree on all of these (less the compared dimension).
 KEY_FIELDS = tuple(dict.fromkeys(("op", "model", *CASE_FIELDS, "dtype", "impl", *GROUP_FIELDS)))
 # Per side, in the output as base_X and new_X.
-SIDE_FIELDS = ("run_id", "impl", "device", "timer", "backend", "status", "reason", "latency_ms", "samples",
-               "tflops", "gbps", "pct_roofline", "noisy", "noise_reason", "source")
+SIDE_FIELDS = ("run_id", "impl", "device", "timer", "backend", "status", "reason", "latency_ms", "latency_ci_low_ms",
+               "latency_ci_high_ms", "converged", "samples", "tflops", "gbps", "pct_roofline", "noisy", "noise_reason",
+               "source")
 # z of the half-width of the 20-80 and 25-75 percentile ranges of a normal distribution.
 _SPREAD_Z = {"p20/p80": NormalDist().inv_cdf(0.8), "q1/q3": NormalDist().inv_cdf(0.75)}
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median: sqrt(pi/2) * sigma / sqrt(n)
@@ -157,13 +161,16 @@ def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_imp
     ratio = new median / base median (above 1: slower). Its interval (`confidence`, two-sided) is a
     percentile bootstrap: both sides' raw samples resampled with replacement, independently,
     `resamples` times, the ratio of the two medians each time (seeded per pair by `seed` and its
-    key). Without raw samples on both sides (at least 3 each), it is a normal approximation in log
-    space from each side's spread (p20/p80 of runner rows, q1/q3 of pytest-benchmark rows: sigma =
-    half the range / z of that range, standard error of a median sqrt(pi/2) sigma / sqrt(n)); the
-    `method` column says which. Verdict (symmetric in log space, so swapping sides swaps it):
-    slower when the interval's lower end exceeds 1 + threshold, faster when its upper end is below
-    1 / (1 + threshold), within noise otherwise (also when no interval can be made). The interval
-    covers the spread within each run only; the threshold is the allowance for run-to-run drift.
+    key). Without raw samples on both sides (at least 3 each), it comes from the rows' own 95%
+    intervals of their medians (schema 7: bench.spec.interval.ratio_interval, their log arms in
+    quadrature); for older rows, a normal approximation in log space from each side's spread
+    (p20/p80 of runner rows, q1/q3 of pytest-benchmark rows: sigma = half the range / z of that
+    range, standard error of a median sqrt(pi/2) sigma / sqrt(n)); the `method` column says which.
+    Verdict (symmetric in log space, so swapping sides swaps it): slower when the interval's lower
+    end exceeds 1 + threshold, faster when its upper end is below 1 / (1 + threshold), within
+    threshold when it lies between the two, unresolved when it straddles either (or none can be
+    made): the two medians are not told apart at that threshold. The interval covers the spread
+    within each run only; the threshold is the allowance for run-to-run drift.
 
     Returns one tidy frame, one row per key: `pairing` is "pair" (both ok), "status change" (both
     sides have the key, not both ok: "ok -> incorrect", "failed -> failed"...), "base only" or
@@ -242,6 +249,13 @@ def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int) -
         ratios = medians[1] / medians[0]
         tail = (1 - confidence) / 2
         return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail)), "bootstrap"
+    sides = [tuple(cell_float(row.get(f"{side}_{name}")) for name in ("latency_ms", "latency_ci_low_ms",
+                                                                      "latency_ci_high_ms"))
+             for side in ("new", "base")]
+    if confidence == 0.95 and all(math.isfinite(x) for side in sides for x in side):
+        _, low, high = ratio_interval(*sides)
+        if math.isfinite(low):
+            return low, high, "row intervals"
     errors, kinds = [], []
     for side in ("base", "new"):
         kind = "q1/q3" if str(row.get(f"{side}_source") or "").endswith(".json") else "p20/p80"
@@ -262,13 +276,16 @@ def _verdict(low: float, high: float, threshold: float) -> str:
         return "slower"
     if high < 1 / (1 + threshold):
         return "faster"
-    return "within noise"
+    if 1 / (1 + threshold) <= low and high <= 1 + threshold:
+        return "within threshold"
+    return "unresolved"
 
 
 def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
-    """Pairs first (slower, faster, within noise; larger ratio first), then status changes, base only, new only."""
+    """Pairs first (slower, faster, unresolved, within threshold; larger ratio first), then status changes, base
+    only, new only."""
     rank = {kind: index for index, kind in enumerate(KINDS)}
-    verdict = {name: index for index, name in enumerate(("slower", "faster", "within noise"))}
+    verdict = {name: index for index, name in enumerate(("slower", "faster", "unresolved", "within threshold"))}
     keys = pd.DataFrame({"pairing": frame["pairing"].map(rank), "verdict": frame["verdict"].map(verdict).fillna(9),
                          "ratio": -pd.to_numeric(frame["ratio"], errors="coerce").fillna(0), "case": frame["case"]})
     order = keys.sort_values(["pairing", "verdict", "ratio", "case"], kind="stable").index

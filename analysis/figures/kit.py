@@ -7,6 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import ABOVE_ROOF_PCT, PHASES, cell_true
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
@@ -24,6 +25,7 @@ GROUP_FIELDS = ("device", "mode", "timer", "profiled")
 SERIES_GID = "series"  # gid of lines that carry data (tests and callers can find them)
 CEILING_GID = "ceiling"
 FINDING_GID = "above_roof"  # rows above their roof, drawn hollow with their share of the roof
+INTERVAL_GID = "interval"  # a row's 95% interval of its median latency, carried into the figure drawn
 
 _PALETTE = (
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
@@ -224,6 +226,11 @@ def floats(series: pd.Series) -> np.ndarray:
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
+def optional(rows: pd.DataFrame, column: str) -> np.ndarray:
+    """A column as floats, all NaN where the frame lacks it (a file of an older schema)."""
+    return floats(rows[column]) if column in rows.columns else np.full(len(rows), np.nan)
+
+
 def varying(df: pd.DataFrame, columns) -> list[str]:
     """The columns (of those given and present) that hold more than one value in df."""
     return [name for name in columns if name in df.columns and df[name].nunique(dropna=False) > 1]
@@ -269,3 +276,40 @@ def spread(count: int, width: float = 0.5) -> np.ndarray:
     if count <= 1:
         return np.zeros(count)
     return np.linspace(-width / 2, width / 2, count)
+
+
+
+def interval_ends(rows: pd.DataFrame, values, *, inverse: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The low and high ends of the values a figure derives from each row's latency: proportional to it (latency)
+    or, with `inverse`, to its inverse (TFLOP/s, GB/s, % of roof, tokens/s), at the ends of the row's 95% interval
+    of its median (schema 7); NaN where a row has none (older files, interpreter rows)."""
+    values = np.asarray(values, dtype=float)
+    if "latency_ci_low_ms" not in rows.columns:
+        return np.full(len(values), np.nan), np.full(len(values), np.nan)
+    latency, low, high = (floats(rows[name]) for name in ("latency_ms", "latency_ci_low_ms", "latency_ci_high_ms"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if inverse:
+            return values * latency / high, values * latency / low
+        return values * low / latency, values * high / latency
+
+
+def ratio_ends(num: tuple, den: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The 95% interval of num / den per row, each side given as (median, low, high) arrays of latencies
+    (bench.spec.interval.ratio_interval); NaN where a side has no interval."""
+    ends = [ratio_interval(a, b)[1:] for a, b in zip(zip(*num, strict=True), zip(*den, strict=True), strict=True)]
+    return np.array([e[0] for e in ends], dtype=float), np.array([e[1] for e in ends], dtype=float)
+
+
+def draw_bars(ax, xs, ys, low, high, color="0.3") -> None:
+    """A vertical bar from low to high at each point (gid "interval"); points without both ends draw none."""
+    xs, ys, low, high = (np.asarray(v, dtype=float) for v in (xs, ys, low, high))
+    known = np.isfinite(xs) & np.isfinite(ys) & np.isfinite(low) & np.isfinite(high)
+    if known.any():
+        arms = np.clip(np.vstack([ys[known] - low[known], high[known] - ys[known]]), 0.0, None)
+        ax.errorbar(xs[known], ys[known], yerr=arms, fmt="none", ecolor=color, elinewidth=0.9, capsize=2, alpha=0.75,
+                    zorder=2.8, gid=INTERVAL_GID)
+
+
+def draw_intervals(ax, xs, ys, rows: pd.DataFrame, *, inverse: bool, color="0.3") -> None:
+    """Each row's interval carried into the value drawn (interval_ends) as a bar at its point."""
+    draw_bars(ax, xs, ys, *interval_ends(rows, ys, inverse=inverse), color=color)

@@ -13,6 +13,7 @@ from .kit import (
     SERIES_GID,
     describe,
     draw_findings,
+    draw_intervals,
     flag,
     floats,
     group_fields,
@@ -175,7 +176,8 @@ def linear_sweep(df: pd.DataFrame, *, model: str | None = None, projections=None
     this N, K is compute-bound.
 
     Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are
-    hollow points, out of the lines. Data lines carry gid "series", roofs gid "ceiling".
+    hollow points, out of the lines; each row's 95% interval is a bar at its own value (gid
+    "interval"). Data lines carry gid "series", roofs gid "ceiling".
     """
     title = "Linear layers against batch size M"
     if model is not None:
@@ -212,6 +214,8 @@ def _sweep_row(axes, rows: pd.DataFrame) -> None:
                     gid=SERIES_GID)
             above = rows[mine & found]
             draw_findings(ax, floats(above["m"]), floats(above[metric]), above, color=colors[impl], size=24)
+            draw_intervals(ax, floats(rows.loc[mine, "m"]), floats(rows.loc[mine, metric]), rows[mine],
+                           inverse=metric != "latency_ms", color=colors[impl])
     ms = _m_grid(measured.index.to_numpy(dtype=float), roof["crossing"])
     roof_s = linear_roof(ms, roof["n"], roof["k"], roof["elem"], roof)[1]
     moved = roof["elem"] * (ms * roof["k"] + roof["n"] * roof["k"] + ms * roof["n"])

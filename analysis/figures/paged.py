@@ -11,6 +11,7 @@ from .kit import (
     GROUP_FIELDS,
     SERIES_GID,
     draw_findings,
+    draw_intervals,
     flag,
     floats,
     groups,
@@ -94,7 +95,8 @@ def paged_figure(df: pd.DataFrame, *, figsize=None) -> Figure:
     """GB/s (top row) and % of the measured roof (bottom row) against page size (log 2), a column per impl and a
     pair of rows per (device, mode, timer) group; each case's contiguous figure as a dashed line of its colour.
     Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are hollow points,
-    out of the medians. Data lines carry gid "series", the contiguous lines gid "contiguous"."""
+    out of the medians; each paged row's bar is its 95% interval. Data lines carry gid "series", the contiguous lines
+    gid "contiguous"."""
     attention = op_rows(df, "attention")
     rows = paged_rows(df)
     if rows.empty:
@@ -118,6 +120,9 @@ def paged_figure(df: pd.DataFrame, *, figsize=None) -> Figure:
                 for ax, metric in ((gbps_ax, "gbps"), (pct_ax, "pct_roofline")):
                     draw_findings(ax, floats(of_case.loc[above, "page_size"]).clip(min=1),
                                   floats(of_case.loc[above, metric]), of_case[above], color=colors[case], size=24)
+                    shown = of_case[floats(of_case["page_size"]) > 0]
+                    draw_intervals(ax, floats(shown["page_size"]), floats(shown[metric]), shown, inverse=True,
+                                   color=colors[case])
                     paged = medians[medians.index > 0]
                     if len(paged):
                         ax.plot(paged.index.to_numpy(dtype=float), floats(paged[metric]), marker="o", markersize=4,

@@ -12,6 +12,7 @@ from matplotlib.patches import Patch
 from .kit import (
     categories,
     draw_findings,
+    draw_intervals,
     flag,
     floats,
     impl_colors,
@@ -34,7 +35,8 @@ _METRICS = (("latency_ms", "latency (ms)", "log"), ("pct_roofline", "% of measur
 def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
     """Per phase (columns): latency and pct_roofline (rows) as strips of the ok rows per impl.
 
-    Each row is one point; the short bar is the median. Device, mode, timer and dtype join
+    Each row is one point with the 95% interval of its median latency (carried into % of roof); the
+    short bar is the median. Device, mode, timer and dtype join
     the impl label when the frame holds several, so no strip pools unlike rows.
     Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof
     are drawn hollow and labelled, out of the median. Attention rows only: other operators' rows
@@ -60,6 +62,7 @@ def phase_comparison(df: pd.DataFrame, *, figsize=None) -> Figure:
                 values, xs = floats(strip[metric]), position + spread(len(strip))
                 ax.scatter(xs[~found], values[~found], color=colors[impl], s=22, alpha=0.8, zorder=3)
                 draw_findings(ax, xs[found], values[found], strip[found], color=colors[impl], size=22)
+                draw_intervals(ax, xs, values, strip, inverse=metric != "latency_ms", color=colors[impl])
                 if np.isfinite(values[~found]).any():
                     ax.hlines(np.nanmedian(values[~found]), position - 0.32, position + 0.32, color=colors[impl],
                               linewidth=2.2)
@@ -134,6 +137,7 @@ def _tokens_panel(ax, rows: pd.DataFrame, colors: dict) -> None:
             found = flag(dots, "above_roof").to_numpy()
             values, xs = floats(dots["tokens_per_s"]), position + offset + spread(len(dots), 0.25)
             draw_findings(ax, xs[found], values[found], dots[found], size=9)
+            draw_intervals(ax, xs, values, dots, inverse=True, color="0.15")
             if not (~found).any():
                 continue
             medians[phase] = np.nanmedian(values[~found])

@@ -11,6 +11,7 @@ from matplotlib.ticker import FuncFormatter
 
 from .kit import (
     SERIES_GID,
+    draw_bars,
     floats,
     group_fields,
     groups,
@@ -20,13 +21,16 @@ from .kit import (
     no_data,
     one_group_note,
     op_rows,
+    optional,
     ordered_impls,
     performance_rows,
+    ratio_ends,
 )
 
 IDEAL_GID = "ideal"  # the bytes ratio: the speedup a kernel that only streams the weights faster would reach
 SHAPE_FIELDS = ("model", "projection", "n", "k", "dtype", "m")
-QUANT_COLUMNS = ("scheme", "impl", "latency_ms", "baseline_latency_ms", "speedup", "ideal", "pct_of_ideal")
+QUANT_COLUMNS = ("scheme", "impl", "latency_ms", "baseline_latency_ms", "speedup", "speedup_lo", "speedup_hi", "ideal",
+                 "pct_of_ideal")
 CAPTION = ("Speedup of each weight-only quantized implementation over the unquantized projection served by the vendor "
            "GEMM (torch, the activation dtype) at the same M, one point per projection and a line through their "
            "median; the dashed line is the ideal, unquantized bytes / quantized bytes (weights, scales and zeros, x "
@@ -38,8 +42,8 @@ def quant_speedup_table(df: pd.DataFrame, baseline: str = "torch") -> pd.DataFra
     """One row per (device, mode, timer, profiled, run, model, projection, N, K, dtype, M, scheme, impl) of the
     qlinear rows whose projection also ran unquantized with `baseline` in the same run and group: the median
     latencies of both, speedup = baseline latency / latency, ideal = baseline bytes / bytes (read plus written) and
-    pct_of_ideal = 100 · speedup / ideal. Only performance rows take part (not interpreter-mode, noisy or above
-    their roof)."""
+    pct_of_ideal = 100 · speedup / ideal, with the speedup's 95% interval (speedup_lo, speedup_hi, from both sides'
+    intervals of their medians). Only performance rows take part (not interpreter-mode, noisy or above their roof)."""
     # paired within one run (decode-quant measures both), never against another run's medians
     keys = group_fields(df) + [name for name in ("run_id", *SHAPE_FIELDS) if name in df.columns]
     columns = keys + list(QUANT_COLUMNS)
@@ -48,12 +52,19 @@ def quant_speedup_table(df: pd.DataFrame, baseline: str = "torch") -> pd.DataFra
     dense = dense[dense["impl"] == baseline]
     if quant.empty or dense.empty:
         return pd.DataFrame(columns=columns)
-    base = dense.groupby(keys, dropna=False, observed=True).agg(baseline_latency_ms=("latency_ms", "median"),
-                                                                baseline_bytes=("bytes", "median")).reset_index()
+    dense, quant = (part.assign(_lo=optional(part, "latency_ci_low_ms"), _hi=optional(part, "latency_ci_high_ms"))
+                    for part in (dense, quant))  # over several runs of a key, the envelope of their intervals
+    base = dense.groupby(keys, dropna=False, observed=True).agg(
+        baseline_latency_ms=("latency_ms", "median"), baseline_bytes=("bytes", "median"), _base_lo=("_lo", "min"),
+        _base_hi=("_hi", "max")).reset_index()
     per_impl = quant.groupby(keys + ["scheme", "impl"], dropna=False, observed=True).agg(
-        latency_ms=("latency_ms", "median"), bytes=("bytes", "median")).reset_index()
+        latency_ms=("latency_ms", "median"), bytes=("bytes", "median"), _lo=("_lo", "min"),
+        _hi=("_hi", "max")).reset_index()
     matched = per_impl.merge(base, on=keys, how="inner")
     matched["speedup"] = matched["baseline_latency_ms"] / matched["latency_ms"]
+    matched["speedup_lo"], matched["speedup_hi"] = ratio_ends(
+        tuple(floats(matched[c]) for c in ("baseline_latency_ms", "_base_lo", "_base_hi")),
+        tuple(floats(matched[c]) for c in ("latency_ms", "_lo", "_hi")))
     matched["ideal"] = matched["baseline_bytes"] / matched["bytes"]
     matched["pct_of_ideal"] = 100 * matched["speedup"] / matched["ideal"]
     matched = matched[np.isfinite(matched["speedup"].to_numpy(dtype=float))]
@@ -62,7 +73,8 @@ def quant_speedup_table(df: pd.DataFrame, baseline: str = "torch") -> pd.DataFra
 
 def quant_speedup(df: pd.DataFrame, baseline: str = "torch", *, figsize=None) -> Figure:
     """Per group (rows of panels) and scheme (columns): speedup over the unquantized `baseline` against M (log-log),
-    one point per projection, a line through the medians per impl, and the ideal bytes ratio dashed (gid "ideal")."""
+    one point per projection with its speedup's 95% interval, a line through the medians per impl, and the ideal
+    bytes ratio dashed (gid "ideal")."""
     title = f"Weight-only quantized linear layers: speedup over the unquantized {baseline} GEMM against M"
     table = quant_speedup_table(df, baseline)
     if table.empty:
@@ -91,6 +103,8 @@ def _panel(ax, rows: pd.DataFrame, colors: dict) -> None:
     for impl in ordered_impls(rows["impl"].unique()):
         mine = rows[rows["impl"] == impl]
         ax.scatter(floats(mine["m"]), floats(mine["speedup"]), color=colors[impl], s=14, alpha=0.45)
+        draw_bars(ax, floats(mine["m"]), floats(mine["speedup"]), floats(mine["speedup_lo"]),
+                  floats(mine["speedup_hi"]), colors[impl])
         medians = mine.assign(_m=floats(mine["m"])).groupby("_m")["speedup"].median()
         ax.plot(medians.index, medians.to_numpy(dtype=float), color=colors[impl], marker="o", gid=SERIES_GID)
     ideal = rows.assign(_m=floats(rows["m"])).groupby("_m")["ideal"].median()

@@ -11,6 +11,7 @@ from .kit import (
     CEILING_GID,
     SERIES_GID,
     draw_findings,
+    draw_intervals,
     finding_handle,
     flag,
     floats,
@@ -47,7 +48,8 @@ def roofline(
     panel per (device, mode, timer) group (titled with it).
 
     Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are
-    drawn hollow, labelled with their share of it (gid "above_roof"). For each (device, dtype) in a
+    drawn hollow, labelled with their share of it (gid "above_roof"). Each point's bar is its TFLOP/s at
+    the ends of the 95% interval of its median latency (gid "interval"). For each (device, dtype) in a
     panel the measured ceilings (medians of the rows' read_gbps, write_gbps, peak_gbps (the copy) and
     peak_tflops) are drawn as three roofs: read solid with its ridge point marked (the roof of decode and
     GEMV), write dotted and copy dash-dotted, lighter (files before schema 5 have the copy alone, solid);
@@ -94,6 +96,8 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
             )
         draw_findings(ax, floats(group.loc[found, "intensity"]), floats(group.loc[found, "tflops"]), group[found],
                       color=colors[impl], marker=op_phase_marker(op, phase))
+        draw_intervals(ax, floats(group["intensity"]), floats(group["tflops"]), group, inverse=True,
+                       color=colors[impl])
     if "roof_tflops" in rows.columns:
         ax.scatter(floats(rows["intensity"]), floats(rows["roof_tflops"]), marker="_", s=90, color="0.35",
                    linewidths=1.2, zorder=2.5, gid=ROW_ROOF_GID)

@@ -12,6 +12,7 @@ from .kit import (
     SERIES_GID,
     describe,
     draw_findings,
+    draw_intervals,
     flag,
     floats,
     groups,
@@ -36,7 +37,8 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
     per (device, mode, timer) group. Interpreter-mode and noisy rows are left out (the
     title counts them); rows above their roof are hollow points, out of the lines. Attention rows only.
 
-    Lines carry gid "series"; a point is the median of the rows at that length.
+    Lines carry gid "series"; a point is the median of the rows at that length; each row's 95% interval
+    is a bar at its own value (gid "interval").
     """
     title = "Prefill scaling with sequence length"
     df = op_rows(df, "attention")
@@ -54,6 +56,8 @@ def prefill_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
             tflops_ax.plot(series["x"], series["tflops"], **style)
         _findings(latency_ax, group[found], "q_len", "latency_ms")
         _findings(tflops_ax, group[found], "q_len", "tflops")
+        _intervals(latency_ax, group, "q_len", "latency_ms")
+        _intervals(tflops_ax, group, "q_len", "tflops")
         for ax in (latency_ax, tflops_ax):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequence length (q_len = kv_len)")
@@ -89,6 +93,7 @@ def decode_scaling(df: pd.DataFrame, *, figsize=None) -> Figure:
             ax.plot(series["x"], series["gbps"], color=series["color"], linestyle=series["style"], marker="o",
                     markersize=4, label=series["label"], gid=SERIES_GID)
         _findings(ax, in_group[found], "kv_len", "gbps")
+        _intervals(ax, in_group, "kv_len", "gbps")
         for column, what, shade in (("read_gbps", "read", "0.3"), ("peak_gbps", "copy", "0.65")):
             peaks = floats(in_group[column]) if column in in_group.columns else np.array([np.nan])
             if np.isfinite(peaks).any():
@@ -111,6 +116,15 @@ def _findings(ax, rows: pd.DataFrame, x: str, metric: str) -> None:
     colors = impl_colors(rows["impl"].unique())
     for impl, part in rows.groupby("impl", sort=False):
         draw_findings(ax, floats(part[x]), floats(part[metric]), part, color=colors[impl], size=24)
+
+
+def _intervals(ax, rows: pd.DataFrame, x: str, metric: str) -> None:
+    """Each row's 95% interval of its median latency, carried into `metric`, at its own point (a line is the median
+    of the rows at a length)."""
+    colors = impl_colors(rows["impl"].unique())
+    for impl, part in rows.groupby("impl", sort=False):
+        draw_intervals(ax, floats(part[x]), floats(part[metric]), part, inverse=metric != "latency_ms",
+                       color=colors[impl])
 
 
 def _series(rows: pd.DataFrame, x: str, metrics: tuple[str, ...], always: tuple[str, ...]) -> list[dict]:

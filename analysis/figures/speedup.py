@@ -11,6 +11,7 @@ from ...bench.spec.schema import CASE_FIELDS
 from .kit import (
     GROUP_FIELDS,
     categories,
+    draw_bars,
     draw_findings,
     flag,
     floats,
@@ -19,9 +20,11 @@ from .kit import (
     new_figure,
     no_data,
     one_group_note,
+    optional,
     ordered_impls,
     ordered_ops,
     ordered_phases,
+    ratio_ends,
     shown_rows,
     spread,
 )
@@ -34,22 +37,31 @@ MATCH_FIELDS = CASE_FIELDS + ("dtype",) + GROUP_FIELDS
 def speedup_table(df: pd.DataFrame, baseline: str = "naive") -> pd.DataFrame:
     """One row per (case, dtype, device, mode, timer, profiled, impl) that the baseline also
     ran ok in the same group: the median latencies of both (over runs) and speedup =
-    baseline latency / impl latency; `above_roof` where a row of either side stood above its
-    roof (a finding: the figure draws it hollow, out of the median). Interpreter-mode and noisy
-    rows take no part."""
+    baseline latency / impl latency with its 95% interval (speedup_lo, speedup_hi: the two sides'
+    intervals of their medians, bench.spec.interval.ratio_interval; over several runs of a key, the
+    envelope of their intervals; NaN where a side has none); `above_roof` where a row of either side
+    stood above its roof (a finding: the figure draws it hollow, out of the median). Interpreter-mode
+    and noisy rows take no part."""
     keys = [name for name in MATCH_FIELDS if name in df.columns]
-    columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup", "above_roof"]
+    columns = keys + ["impl", "latency_ms", "baseline_latency_ms", "speedup", "speedup_lo", "speedup_hi",
+                      "above_roof"]
     rows = shown_rows(df)
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    rows = rows.assign(above_roof=flag(rows, "above_roof"))
+    rows = rows.assign(above_roof=flag(rows, "above_roof"), _lo=optional(rows, "latency_ci_low_ms"),
+                       _hi=optional(rows, "latency_ci_high_ms"))
     per_impl = rows.groupby(keys + ["impl"], dropna=False, observed=True).agg(
-        latency_ms=("latency_ms", "median"), above_roof=("above_roof", "any")).reset_index()
+        latency_ms=("latency_ms", "median"), _lo=("_lo", "min"), _hi=("_hi", "max"),
+        above_roof=("above_roof", "any")).reset_index()
     base = per_impl[per_impl["impl"] == baseline].drop(columns="impl")
-    base = base.rename(columns={"latency_ms": "baseline_latency_ms", "above_roof": "_base_above"})
+    base = base.rename(columns={"latency_ms": "baseline_latency_ms", "above_roof": "_base_above", "_lo": "_base_lo",
+                                "_hi": "_base_hi"})
     others = per_impl[per_impl["impl"] != baseline]
     matched = others.merge(base, on=keys, how="inner")
     matched["speedup"] = matched["baseline_latency_ms"] / matched["latency_ms"]
+    matched["speedup_lo"], matched["speedup_hi"] = ratio_ends(
+        tuple(floats(matched[c]) for c in ("baseline_latency_ms", "_base_lo", "_base_hi")),
+        tuple(floats(matched[c]) for c in ("latency_ms", "_lo", "_hi")))
     matched["above_roof"] = matched["above_roof"].astype(bool) | matched["_base_above"].astype(bool)
     matched = matched[np.isfinite(matched["speedup"].to_numpy(dtype=float))]
     return matched[columns].reset_index(drop=True)
@@ -61,7 +73,8 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
 
     Cases match on the operator, the case fields (linear: m, n, k, projection), dtype,
     device, mode and timer; one point per matched case, the bar is the median (also written
-    as text); a pair with a row above its roof is hollow and out of the median. Labels name the
+    as text), a point's bar the 95% interval of its speedup; a pair with a row above its roof is
+    hollow and out of the median. Labels name the
     group where the frame holds several; panel titles name the operator where the frame holds
     several.
     """
@@ -91,6 +104,7 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
             values, xs = floats(strip["speedup"]), position + spread(len(strip))
             ax.scatter(xs[~found], values[~found], color=colors[impl], s=22, alpha=0.8, zorder=3)
             draw_findings(ax, xs[found], values[found], None, color=colors[impl], size=22)  # a ratio of two rows
+            draw_bars(ax, xs, values, floats(strip["speedup_lo"]), floats(strip["speedup_hi"]), colors[impl])
             if (~found).any():
                 median = np.nanmedian(values[~found])
                 ax.hlines(median, position - 0.32, position + 0.32, color=colors[impl], linewidth=2.2)
@@ -108,3 +122,4 @@ def speedup(df: pd.DataFrame, baseline: str = "naive", *, figsize=None) -> Figur
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title + one_group_note(table) + left_out_note(df))
     return fig
+

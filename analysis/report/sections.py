@@ -251,7 +251,9 @@ def summary_section(ctx: Context) -> Section:
     ctx.paths["summary"] = ctx.out / "summary.csv"
     summary.to_csv(ctx.paths["summary"], index=False)
     note = ("Per group of ok rows (interpreter-mode rows are in the correctness table): how many, how many were "
-            "noisy and how many stood above their roof, over the ones neither noisy nor above their roof best and "
+            "noisy, how many stood above their roof and how many stopped at their time limit with the 95% interval "
+            "of their median wider than its target (unconverged), the median half-width of those intervals in % of "
+            "the median, over the ones neither noisy nor above their roof best and "
             "median % of the measured roofline, median TFLOP/s and GB/s, and the highest % of roof of those above "
             "it (findings, marked here, in no median).")
     return Section("summary", "Summary: by device, mode, timer, operator, phase and implementation",

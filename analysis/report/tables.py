@@ -11,6 +11,7 @@ from ..figures.kit import (
     flag,
     interpreter,
     ok_rows,
+    optional,
     ordered_impls,
     ordered_ops,
     ordered_phases,
@@ -18,8 +19,8 @@ from ..figures.kit import (
 )
 
 SUMMARY_COLUMNS = (
-    "ok", "noisy", "above_roof", "best_pct_roofline", "median_pct_roofline", "median_tflops", "median_gbps",
-    "max_pct_above_roof",
+    "ok", "noisy", "above_roof", "unconverged", "median_ci_pct", "best_pct_roofline", "median_pct_roofline",
+    "median_tflops", "median_gbps", "max_pct_above_roof",
 )
 SUMMARY_BY = GROUP_FIELDS + ("op", "phase", "impl")
 STATUS_BY = ("device", "mode", "op", "phase", "impl")
@@ -43,10 +44,12 @@ def sort_rows(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
     """Per group of ok rows (device, mode, timer, profiled, op, phase and impl by default): the
-    ok count, how many of them are noisy and how many quiet ones stand above their roof, best and
-    median pct_roofline, median TFLOP/s and GB/s over the ok rows that are neither noisy nor above
-    their roof, and the highest % of roof among those above it (findings: marked here, never in a
-    median). Interpreter-mode rows are not performance and never enter it (see correctness_table)."""
+    ok count, how many of them are noisy, how many quiet ones stand above their roof and how many
+    stopped sampling short of their interval's target (unconverged), the median half-width of their
+    95% intervals in % of their medians, best and median pct_roofline, median TFLOP/s and GB/s over
+    the ok rows that are neither noisy nor above their roof, and the highest % of roof among those
+    above it (findings: marked here, never in a median). Interpreter-mode rows are not performance and
+    never enter it (see correctness_table)."""
     by = [name for name in by if name in df.columns]
     ok = ok_rows(df)
     ok = ok[~interpreter(ok)]
@@ -58,6 +61,10 @@ def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
     table["noisy"] = flag(ok, "noisy").groupby(keys, dropna=False, observed=True).sum()
     above = (flag(ok, "above_roof") & ~flag(ok, "noisy"))
     table["above_roof"] = above.groupby(keys, dropna=False, observed=True).sum()
+    unconverged = ~ok["converged"].astype("boolean").fillna(True) if "converged" in ok else flag(ok, "_none")
+    table["unconverged"] = unconverged.groupby(keys, dropna=False, observed=True).sum()
+    table["median_ci_pct"] = 100 * pd.Series(optional(ok, "latency_ci_rel"), index=ok.index).groupby(
+        keys, dropna=False, observed=True).median()
     table["best_pct_roofline"] = clean["pct_roofline"].max()
     table["median_pct_roofline"] = clean["pct_roofline"].median()
     table["median_tflops"] = clean["tflops"].median()
@@ -65,6 +72,7 @@ def summary_table(df: pd.DataFrame, by=SUMMARY_BY) -> pd.DataFrame:
     table["max_pct_above_roof"] = finding_rows(ok).groupby(by, dropna=False, observed=True)["pct_roofline"].max()
     table["noisy"] = table["noisy"].fillna(0).astype(int)
     table["above_roof"] = table["above_roof"].fillna(0).astype(int)
+    table["unconverged"] = table["unconverged"].fillna(0).astype(int)
     return sort_rows(table.reset_index(), by)
 
 

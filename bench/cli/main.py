@@ -25,9 +25,11 @@ from .options import (
     WARM_HELP,
     add_case_arguments,
     add_isolation_arguments,
+    add_sampling_arguments,
     check_counts,
     check_seconds,
     check_writable,
+    ci_target_of,
     isolation_of,
     out_dir_for,
     selection_of,
@@ -73,10 +75,11 @@ def cmd_list(args) -> int:
 def cmd_run(args) -> int:
     check_seconds(args, "time_budget", "sample_time", "case_timeout")
     check_counts(args, "retry_noisy", minimum=0)
+    ci_target = ci_target_of(args)
     if args.ray is not None or args.workers is not None:
         load_plugins(args.plugin)
-        if args.time_budget is not None or args.sample_time is not None:
-            raise UsageError("time-budget, sample-time: not with --ray (each shard has its own clock)")
+        if args.time_budget is not None or args.sample_time is not None or args.ci_target is not None:
+            raise UsageError("time-budget, sample-time, ci-target: not with --ray (each shard times by its own rule)")
         return cmd_run_ray(args)
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
@@ -104,7 +107,8 @@ def cmd_run(args) -> int:
         raise UsageError("cuda-graph: needs a CUDA device")
     from ..sweep.runner import default_timer
 
-    timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time, warm=args.warm)
+    timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time, warm=args.warm,
+                          ci_target=ci_target)
     cases, shard = shard_of_run(args, cases, impls, device, timer, out, suite)
     try:
         df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
@@ -222,8 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--refresh-ceilings", action="store_true", help="re-measure the roofline ceilings")
     run.add_argument("--cuda-graph", action="store_true",
                      help="time CUDA-graph replays of each call (no host launch cost inside the events)")
-    run.add_argument("--sample-time", type=float, metavar="S",
-                     help="seconds of timed samples per case and impl (default 0.5 on CUDA, 0.3 on the host)")
+    add_sampling_arguments(run, "default 0.5 s on CUDA, 0.3 s on the host")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
     add_isolation_arguments(run)
     run.add_argument("--retry-noisy", type=int, default=0, metavar="N",

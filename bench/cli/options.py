@@ -43,6 +43,32 @@ def add_isolation_arguments(verb) -> None:
                            "0: no limit; env PHASEBENCH_CASE_TIMEOUT)")
 
 
+def add_sampling_arguments(verb, time_limits: str) -> None:
+    """--sample-time and --ci-target: when the samples of a (case, impl) stop (`time_limits`: the defaults' text)."""
+    verb.add_argument("--sample-time", type=float, metavar="S",
+                      help=f"the time limit of the timed samples per case and impl ({time_limits}); sampling stops "
+                           "earlier once the interval of the median is narrow enough (--ci-target)")
+    verb.add_argument("--ci-target", metavar="F",
+                      help="the relative half-width of the median's 95%% interval that stops sampling, a fraction "
+                           "(0.02) or a percentage (2%%); default 1%% on CUDA, 2%% on the host")
+
+
+def ci_target_of(args) -> float | None:
+    """--ci-target as a fraction in (0, 1): '2%' or '0.02' -> 0.02 (None when not given); a one-line UsageError
+    otherwise, before anything runs."""
+    text = getattr(args, "ci_target", None)
+    if text is None:
+        return None
+    word = str(text).strip()
+    try:
+        value = float(word[:-1]) / 100 if word.endswith("%") else float(word)
+    except ValueError:
+        raise UsageError(f"ci-target: expected a fraction (0.02) or a percentage (2%), got {text!r}") from None
+    if not 0 < value < 1:
+        raise UsageError(f"ci-target: must be above 0 and below 100%, got {text!r}")
+    return value
+
+
 def selection_of(args) -> Selection:
     """The case selection a verb's options give (a verb without one of them selects its default)."""
     return Selection(**{name: getattr(args, name, None) for name in ("op", "impl", "model", "device", "dtype",

@@ -9,7 +9,16 @@ from pathlib import Path
 
 from ..sweep.selection import UsageError, load_plugins, resolve_device
 from . import STARTED
-from .options import WARM_HELP, add_isolation_arguments, check_counts, check_seconds, check_writable, isolation_of
+from .options import (
+    WARM_HELP,
+    add_isolation_arguments,
+    add_sampling_arguments,
+    check_counts,
+    check_seconds,
+    check_writable,
+    ci_target_of,
+    isolation_of,
+)
 
 
 def parse_op_impls(items) -> dict[str, str]:
@@ -65,6 +74,7 @@ def speculate_of(args, model, device):
 
 def cmd_phases(args) -> int:
     check_seconds(args, "sample_time", "case_timeout", "time_budget")
+    ci_target = ci_target_of(args)
     check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
                  "reference_rounds")
     check_counts(args, "retry_noisy", minimum=0)
@@ -109,7 +119,7 @@ def cmd_phases(args) -> int:
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
     cfg.weights, cfg.speculate = weights, speculate
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
-    cfg.timer = ops_timer(device, args.sample_time, warm=args.warm)
+    cfg.timer = ops_timer(device, args.sample_time, warm=args.warm, ci_target=ci_target)
     reuse = None
     try:
         if args.reuse:
@@ -180,8 +190,7 @@ def add_phases_verb(verbs) -> None:
     phases.add_argument("--page-size", type=int, metavar="P",
                         help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
                              "contiguous); the prompt's own attention stays contiguous")
-    phases.add_argument("--sample-time", type=float, metavar="S",
-                        help="seconds of timed samples per op (default 0.5 on CUDA, 0.25 on the host)")
+    add_sampling_arguments(phases, "default 0.5 s on CUDA, 0.25 s on the host")
     phases.add_argument("--warm", action="store_true", help=WARM_HELP)
     phases.add_argument("--time-budget", type=float, metavar="S",
                         help="wall seconds for the whole command: the ops that would overrun are recorded skipped "

@@ -95,7 +95,7 @@ def add_report_verb(verbs) -> None:
 def add_compare_verb(verbs) -> None:
     """The `compare` verb and its options."""
     comp = verbs.add_parser("compare", help="pair the same measurements of two result sets: ratio of medians with "
-                                            "a confidence interval, faster / slower / within noise")
+                                            "a confidence interval, faster / slower / within threshold / unresolved")
     comp.add_argument("base", help="base results: a run folder, results file or pytest-benchmark JSON")
     comp.add_argument("new", nargs="?", help="new results (with --by impl, default: BASE again)")
     comp.add_argument("--by", choices=("run", "impl", "device", "timer"), default="run",

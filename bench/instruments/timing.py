@@ -1,30 +1,42 @@
-"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time.
+"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time; samples taken
+in batches until the median's confidence interval is narrow enough or a time limit passes.
 
 A timer takes one call or several equivalent ones (the same op on copies of its streamed operands, taken in
 turn so that none is still cached when it is read again), an optional `evict` run before each call and an optional
-`before_last` run before the last one, outside the clock. It keeps the last timed call's output, so the gate can
-check what was timed as well as the first call (`before_last` poisons what an in-place op must rewrite, so that the
-check sees that call's writes and not an earlier one's).
+`before_last` run before the last call of each batch, outside the clock. It keeps the output of the last timed call,
+so the gate can check what was timed as well as the first call (`before_last` poisons what an in-place op must
+rewrite, so that the check sees that call's writes and not an earlier one's; sampling may stop after any batch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from ...profiles.names import L2FLUSH
 from ...profiles.nvtx_ranges import nvtx_range
+from ..spec.interval import MedianInterval, median_interval, outlier_count, percentile
+
+# The relative half-width of the 95% interval of the median at which the runner stops sampling, per device kind: a
+# GPU's events resolve a microsecond and repeat closely; the host's clock sees the scheduler and its neighbours.
+CI_TARGETS = {"cuda": 0.01, "cpu": 0.02}
 
 
 @dataclass(frozen=True)
 class TimerConfig:
-    """How long to warm up and measure one (case, impl), and the bounds on the sample count."""
+    """How long to warm up and measure one (case, impl), and the bounds on the sample count.
+
+    With a `target`, samples come in batches until the relative half-width of the median's 95% interval is at most
+    `target` (after `min_samples` and `min_time_s`), or until `budget_s` of sampling (the time limit) or
+    `max_samples`; without one, the count is set once from the warm-up to fill `budget_s`."""
 
     warmup_s: float = 0.1
     budget_s: float = 1.0
@@ -33,35 +45,93 @@ class TimerConfig:
     flush_l2: bool = True
     cuda_graph: bool = False
     cold: bool = False  # host: the operands a forward pass streams are timed cold (bench.instruments.cold)
+    target: float = 0.0  # relative half-width of the median's 95% interval that stops sampling (0: no target)
+    min_time_s: float = 0.0  # seconds of sampling before the target may stop it
+    warmup_calls: int = 1  # calls the warm-up makes at least (0 with warmup_s 0: none, the gate's call warmed it)
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Latency samples of one call, in milliseconds, summarised by median and the 20th/80th percentiles."""
+    """Latency samples of one call, in milliseconds: the median, its confidence interval, percentiles, outliers."""
 
     samples_ms: tuple[float, ...]
     method: str
     last: object = field(default=None, compare=False, repr=False)  # the last timed call's output
+    target: float = 0.0  # the relative half-width the sampling aimed at (0: none)
 
     @property
     def median_ms(self) -> float:
         return statistics.median(self.samples_ms)
 
     def percentile_ms(self, pct: float) -> float:
-        ordered = sorted(self.samples_ms)
-        pos = (len(ordered) - 1) * pct / 100
-        lo = int(pos)
-        hi = min(lo + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+        return percentile(sorted(self.samples_ms), pct)
 
     @property
     def count(self) -> int:
         return len(self.samples_ms)
 
+    @cached_property
+    def interval(self) -> MedianInterval:
+        return median_interval(self.samples_ms)
 
-def _sample_count(per_call_s: float, cfg: TimerConfig) -> int:
-    wanted = int(cfg.budget_s / max(per_call_s, 1e-7))
+    @property
+    def converged(self) -> bool:
+        return self.interval.converged(self.target)
+
+    @property
+    def outliers(self) -> int:
+        return outlier_count(self.samples_ms)
+
+
+def _first_batch(per_call_s: float, cfg: TimerConfig) -> int:
+    """The first batch: without a target, enough to fill the budget (the whole sampling); with one, enough for the
+    minimum time. At least min_samples, at most max_samples."""
+    if per_call_s <= 0:
+        wanted = 0
+    else:
+        wanted = int(cfg.budget_s / per_call_s) if cfg.target <= 0 else math.ceil(cfg.min_time_s / per_call_s)
     return max(cfg.min_samples, min(cfg.max_samples, wanted))
+
+
+def _stop(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig) -> bool:
+    """The stopping rule after a batch: the sample limit; else, past min_samples, the time limit or (past min_time_s)
+    a positive target met by the interval of the median. Without a target the first batch was the whole sampling."""
+    n = len(samples)
+    if cfg.target <= 0 or n >= cfg.max_samples:
+        return True
+    if n < cfg.min_samples:
+        return False
+    return elapsed_s >= cfg.budget_s or (elapsed_s >= cfg.min_time_s and median_interval(samples).converged(cfg.target))
+
+
+def _next_batch(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig) -> int:
+    """How many more samples before the next look: the count the target needs if the half-width shrinks as
+    1/sqrt(n), at least a quarter more and at most as many again (a look costs a sort), within the time left
+    and max_samples, and enough to reach min_time_s."""
+    n = len(samples)
+    per_call = elapsed_s / n if n else 0.0
+    rel = median_interval(samples).rel_half_width
+    need = math.ceil(n * (rel / cfg.target) ** 2) - n if math.isfinite(rel) and rel > 0 else n
+    k = min(max(need, n // 4, 1), max(n, 1))
+    if per_call > 0:
+        k = max(k, math.ceil((cfg.min_time_s - elapsed_s) / per_call))
+        k = min(k, max(1, int((cfg.budget_s - elapsed_s) / per_call)))
+    return max(1, min(k, cfg.max_samples - n))
+
+
+def adaptive_samples(take: Callable[[int], Sequence[float]], cfg: TimerConfig, per_call_s: float,
+                     clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Samples from `take(k)` (k timed calls, their latencies in ms) in batches until the stopping rule holds;
+    `per_call_s` is the warm-up's wall seconds per call (0: unknown), `clock` the wall clock of the time limits."""
+    samples: list[float] = []
+    start = clock()
+    k = _first_batch(per_call_s, cfg)
+    while True:
+        samples += take(k)
+        elapsed = clock() - start
+        if _stop(samples, elapsed, cfg):
+            return samples
+        k = _next_batch(samples, elapsed, cfg)
 
 
 def _calls(fn: Callable[[], object] | Sequence[Callable[[], object]]) -> list[Callable[[], object]]:
@@ -73,19 +143,20 @@ def _calls(fn: Callable[[], object] | Sequence[Callable[[], object]]) -> list[Ca
 
 def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None],
              evict: Callable[[], None] | None = None) -> tuple[float, int]:
-    """Run the calls in turn until warm-up time has passed (at least once); return the mean wall seconds per call,
-    its eviction included (so that the sample count keeps the sampling near its budget), and how many calls ran
-    (the samples go on from the next one in turn, so the first sample never rereads what warm-up just read)."""
+    """Run the calls in turn until warm-up time has passed and at least `warmup_calls` ran; return the mean wall
+    seconds per call, its eviction included (so that the sample count keeps the sampling near its budget; 0 when
+    nothing ran), and how many calls ran (the samples go on from the next one in turn, so the first sample never
+    rereads what warm-up just read)."""
     n, start = 0, time.perf_counter()
     while True:
+        elapsed = time.perf_counter() - start
+        if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s:
+            return (elapsed / n if n else 0.0), n
         if evict is not None:
             evict()
         calls[n % len(calls)]()
         sync()
         n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= cfg.warmup_s:
-            return elapsed / n, n
 
 
 def _samples_range(range_name: str | None, payload):
@@ -97,33 +168,41 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
              range_name: str | None = None, payload=None, evict: Callable[[], None] | None = None,
              before_last: Callable[[], None] | None = None) -> Timing:
     """perf_counter_ns around each call after warm-up, the calls taken in turn, `evict` run before each one and
-    `before_last` before the last (outside the clock); range_name: NVTX range around the samples only."""
+    `before_last` before the last of each batch (outside the clock); range_name: NVTX range around the samples
+    only."""
     calls = _calls(fn)
     per_call, offset = _warm_up(calls, cfg, lambda: None, evict)
-    n = _sample_count(per_call, cfg)
-    samples, last = [], None
+    kept = {"next": offset, "last": None}
+
+    def take(k: int) -> list[float]:
+        samples = []
+        for j in range(k):
+            call = calls[kept["next"] % len(calls)]
+            kept["next"] += 1
+            if before_last is not None and j == k - 1:
+                before_last()
+            if evict is not None:
+                evict()
+            if j < k - 1:
+                t0 = time.perf_counter_ns()
+                call()
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
+            else:  # the batch's last output is kept for the gate (the earlier batch's is let go)
+                kept["last"] = None
+                t0 = time.perf_counter_ns()
+                kept["last"] = call()
+                samples.append((time.perf_counter_ns() - t0) / 1e6)
+        return samples
+
     gc_was_on = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land inside a random sample
     try:
         with _samples_range(range_name, payload):
-            for i in range(n):
-                call = calls[(offset + i) % len(calls)]
-                if before_last is not None and i == n - 1:
-                    before_last()
-                if evict is not None:
-                    evict()
-                if i < n - 1:
-                    t0 = time.perf_counter_ns()
-                    call()
-                    samples.append((time.perf_counter_ns() - t0) / 1e6)
-                else:  # the last call's output is kept for the gate
-                    t0 = time.perf_counter_ns()
-                    last = call()
-                    samples.append((time.perf_counter_ns() - t0) / 1e6)
+            samples = adaptive_samples(take, cfg, per_call)
     finally:
         if gc_was_on:
             gc.enable()
-    return Timing(tuple(samples), "perf_counter_ns", last)
+    return Timing(tuple(samples), "perf_counter_ns", kept["last"], cfg.target)
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
@@ -143,12 +222,43 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
     output kept is the last call's, or the graph's output after its last replay.
     stream: run, record and wait on that stream only (a call timed beside work on other streams); by default the
     current stream, and waits synchronise the whole device.
-    before_last: run before the last sample's flush and start event (enqueued work outside the events).
+    before_last: run before the flush and start event of each batch's last sample (enqueued, outside the events).
     """
     if stream is not None:
         with torch.cuda.stream(stream):
             return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize, before_last)
     return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize, before_last)
+
+
+class EventBatches:
+    """Timed calls on a GPU, a batch at a time: the L2 flush (outside the events) and events around each call,
+    `before_last` before the batch's last flush, then one wait for the batch; keeps the last call's output (the
+    graph's static output after its replay). `event` makes a timing event (a fake one in the host's tests)."""
+
+    def __init__(self, runs, static, flush, sync: Callable[[], None], before_last=None, graph: bool = False,
+                 event: Callable[[], object] = lambda: torch.cuda.Event(enable_timing=True)):
+        self.runs, self.static, self.flush, self.sync = runs, static, flush, sync
+        self.before_last, self.graph, self.event = before_last, graph, event
+        self.next, self.last = 0, None
+
+    def __call__(self, k: int) -> list[float]:
+        starts, ends = [self.event() for _ in range(k)], [self.event() for _ in range(k)]
+        for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            if self.before_last is not None and j == k - 1:
+                self.before_last()
+            if self.flush is not None:
+                with nvtx_range(L2FLUSH):
+                    self.flush.zero_()
+            at = self.next % len(self.runs)
+            self.next += 1
+            start.record()
+            out = self.runs[at]()
+            end.record()
+            if j == k - 1:
+                self.last = self.static[at] if self.graph else out
+            del out
+        self.sync()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
 def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | None, payload,
@@ -169,27 +279,11 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
                 runs.append(graph.replay)
         torch.cuda.current_stream(device).wait_stream(stream)
     flush = l2_flush_buffer(device) if cfg.flush_l2 else None
-    n = _sample_count(per_call, cfg)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    last = None
+    take = EventBatches(runs, static, flush, sync, before_last, cfg.cuda_graph)
     sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
     with _samples_range(range_name, payload):
-        for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
-            if before_last is not None and i == n - 1:
-                before_last()
-            if flush is not None:
-                with nvtx_range(L2FLUSH):
-                    flush.zero_()
-            start.record()
-            out = runs[i % len(runs)]()
-            end.record()
-            if i == n - 1:
-                last = static[i % len(runs)] if cfg.cuda_graph else out
-            del out
-        sync()
-    samples = tuple(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
-    return Timing(samples, "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last)
+        samples = adaptive_samples(take, cfg, per_call)
+    return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", take.last, cfg.target)
 
 
 def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
@@ -198,7 +292,7 @@ def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
               before_last: Callable[[], None] | None = None) -> Timing:
     """Time `fn` (or several equivalent calls in turn) on the device its tensors live on; range_name (if given) is
     the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2);
-    `before_last` before the last call, outside the clock; `stream`: a CUDA stream to time on alone (see
+    `before_last` before the last call of each batch, outside the clock; `stream`: a CUDA stream to time on alone (see
     time_cuda)."""
     if device.type == "cuda":
         return time_cuda(fn, device, cfg, range_name, payload, stream, before_last)

@@ -18,7 +18,7 @@ from ...analysis.phases import hybrid_check
 from ...analysis.phases import model as pm
 from ...analysis.phases import speculative as sp
 from ..instruments.roofline import device_name
-from ..instruments.timing import TimerConfig
+from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
@@ -32,19 +32,25 @@ from .op_sequence import case_of
 HOST = dict(prompts=(32, 128), batches=(1, 2, 4, 8, 16), context=128, chunks=(32, 64), chunk_batch=4,
             reference_layers=2, reference_batches=(1, 8))
 # per-op sampling on the host: one call's time varies by about 15% here, so every op gets a warm-up call and at least
-# 5 samples (with 3, the median of a 25 ms GEMV read 32 ms in one run and threw a decode step's composition 15% off)
-HOST_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.25, min_samples=5, max_samples=200, flush_l2=False, cold=True)
+# 5 samples (with 3, the median of a 25 ms GEMV read 32 ms in one run and threw a decode step's composition 15% off);
+# 6, so that each op has a 95% interval of its median, and fewer calls where that interval is narrow early
+HOST_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.25, min_samples=6, max_samples=200, flush_l2=False, cold=True,
+                         target=CI_TARGETS["cpu"], min_time_s=0.05)
 GPU = dict(prompts=(512, 2048, 8192), batches=(1, 4, 16, 64, 128, 256), context=4096, chunks=(256, 512, 1024, 2048),
            chunk_batch=32, reference_layers=4, reference_batches=(1, 16))
 
 
-def ops_timer(device: torch.device, sample_time: float | None = None, warm: bool = False) -> TimerConfig:
+def ops_timer(device: torch.device, sample_time: float | None = None, warm: bool = False,
+              ci_target: float | None = None) -> TimerConfig:
     """How each op of the composition is timed: the runner's CUDA timer, or short host sampling with the weights
-    and the KV cache cold (warm caches with `warm`); `sample_time` replaces the seconds of samples per op."""
+    and the KV cache cold (warm caches with `warm`); `sample_time` replaces the time limit of the samples per op,
+    `ci_target` the relative half-width of the median's interval that stops them."""
     timer = CUDA_TIMER if device.type == "cuda" else HOST_TIMER
     if warm:
         timer = dataclasses.replace(timer, cold=False)
-    return timer if sample_time is None else dataclasses.replace(timer, budget_s=sample_time)
+    if sample_time is not None:
+        timer = dataclasses.replace(timer, budget_s=sample_time, min_time_s=min(timer.min_time_s, sample_time))
+    return timer if ci_target is None else dataclasses.replace(timer, target=ci_target)
 
 
 @dataclass(frozen=True)

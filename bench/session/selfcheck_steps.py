@@ -220,10 +220,12 @@ def step_suites(ctx: StepContext, allowance_s: float) -> StepOutcome:
                          "allowance_s": round(mine, 1)}
         if (out / "results.csv").is_file():
             digest[suite].update(_suite_digest(out))
-    failed = [s for s, d in digest.items() if d.get("run") != "ok"]
-    if not failed:
+    short = [s for s, d in digest.items() if d.get("run") != "ok"]  # failed, stopped at its allowance, or not run
+    if not short:
         return StepOutcome("ok", "", digest)
-    return StepOutcome("failed" if len(failed) == len(suites) else "partial", f"not ok: {', '.join(failed)}", digest)
+    failed = [s for s in short if digest[s].get("run") == "failed"]
+    return StepOutcome("failed" if len(failed) == len(suites) else "partial",
+                       "not ok: " + ", ".join(f"{s} ({digest[s].get('run', 'not run')})" for s in short), digest)
 
 
 def _csv_records(folder: Path, names) -> dict:

@@ -18,7 +18,10 @@ from .roof import COPY, MEMORY
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
 # 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
 #    files, whose rows all had unquantized weights).
-# 7: cache_state, l2_bytes, llc_bytes, roof_level, level_read_gbps, level_write_gbps, level_copy_gbps,
+# 7: latency_ci_low_ms, latency_ci_high_ms, latency_ci_rel, converged, outliers (the 95% interval of the median from
+#    its order statistics, its relative half-width, whether sampling stopped on its target, and the samples beyond
+#    Tukey's 1.5 IQR fences, counted and kept: bench.spec.interval); blank in older files.
+#    cache_state, l2_bytes, llc_bytes, roof_level, level_read_gbps, level_write_gbps, level_copy_gbps,
 #    ceiling_drift_pct: how the operands were prepared (rotated, evicted, warm; flushed-l2 on a GPU), the footprint's
 #    caches, the level the roof reads from and its ceilings (a warm row that fits a cache), and how far the ceilings
 #    moved between their measurements before and after the run (rows are judged against the higher).
@@ -48,7 +51,12 @@ RESULT_COLUMNS = (
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
-    "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
+    "latency_ms", "latency_p20_ms", "latency_p80_ms",
+    "latency_ci_low_ms", "latency_ci_high_ms",  # the 95% interval of the median (order statistics; blank: too few)
+    "latency_ci_rel",  # its half-width over the median
+    "converged",  # sampling stopped with latency_ci_rel under its target, not at the time or sample limit
+    "outliers",  # samples beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR: counted, never removed
+    "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops",
     "peak_gbps",  # the copy bandwidth (read + write bytes), as before schema 5
@@ -97,10 +105,11 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "phasebench_version", "git_commit", "datasheet_name",
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
-               "m", "n", "k", "cache_len")
-BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
+               "m", "n", "k", "cache_len", "outliers")
+BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
+    "latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline",
     "max_rel_err", "datasheet_tflops", "datasheet_gbps", "l2_bytes", "llc_bytes", "level_read_gbps",
     "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct",

@@ -24,7 +24,7 @@ class Progress:
     def __call__(self, row: dict, index: int, total: int) -> None:
         filled = self.width * index // max(total, 1)
         bar = "#" * filled + "-" * (self.width - filled)
-        status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms"
+        status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms{_half_width(row)}"
         if row.get("noisy"):
             status += " NOISY"
         text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
@@ -40,9 +40,18 @@ def _num(value, fmt: str) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
 
+def _half_width(row) -> str:
+    """' ±1.2%' (the 95% interval's relative half-width), '*' after it where sampling stopped short of its target."""
+    rel = row.get("latency_ci_rel") if hasattr(row, "get") else getattr(row, "latency_ci_rel", None)
+    converged = row.get("converged") if hasattr(row, "get") else getattr(row, "converged", None)
+    if rel is None or pd.isna(rel):
+        return ""
+    return f" ±{100 * rel:.1f}%" + ("" if converged is not None and not pd.isna(converged) and converged else "*")
+
+
 def format_table(df: pd.DataFrame) -> str:
-    """Per row: impl, phase, shape, latency with its p20-p80 spread and sample count, TFLOP/s, GB/s,
-    % of roofline, bound, status."""
+    """Per row: impl, phase, shape, latency with the 95% interval of its median (its half-width, '*' where sampling
+    stopped at its time limit short of the target) and sample count, TFLOP/s, GB/s, % of roofline, bound, status."""
     if df.empty:
         return "(no rows)"
     lines = []
@@ -53,10 +62,12 @@ def format_table(df: pd.DataFrame) -> str:
             status = ("NOISY " + status).strip()
         if getattr(r, "above_roof", False) is True:
             status = ("ABOVE ROOF " + status).strip()
-        spread = "" if r.status != "ok" else f"{_num(r.latency_p20_ms, '.3f')}-{_num(r.latency_p80_ms, '.3f')}"
+        low, high = getattr(r, "latency_ci_low_ms", math.nan), getattr(r, "latency_ci_high_ms", math.nan)
+        interval = "" if r.status != "ok" or pd.isna(low) else f"{_num(low, '.3f')}-{_num(high, '.3f')}"
         lines.append({"op": r.op, "impl": r.impl, "phase": r.phase, "shape": shape,
-                      "latency ms": _num(r.latency_ms, ".3f"),
-                      "p20-p80 ms": spread, "n": r.samples if r.status == "ok" else "",
+                      "latency ms": _num(r.latency_ms, ".3f"), "95% CI ms": interval,
+                      "±": _half_width(r).strip() if r.status == "ok" else "",
+                      "n": r.samples if r.status == "ok" else "",
                       "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
                       "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
     return pd.DataFrame(lines).to_string(index=False)
@@ -72,6 +83,7 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
     warning = summary_warning(df) if not df.empty else None
     if warning:
         lines.append(f"warning: {warning}")
+    lines += _unconverged(df)
     above = df[df["above_roof"].astype(bool)] if "above_roof" in df.columns and not df.empty else df.iloc[0:0]
     if len(above):
         example = above.iloc[0]
@@ -89,3 +101,17 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
         lines.append(f"note: {len(copied)} rows ({ops}) have the copy roof (all their bytes at the copy bandwidth): "
                      "their cost model gives no read/write split")
     return lines
+
+
+def _unconverged(df: pd.DataFrame) -> list[str]:
+    """A note on the compiled ok rows whose interval stayed wider than the target at the time limit (the '*')."""
+    if df.empty or "converged" not in df.columns:
+        return []
+    timed = df[(df["status"] == "ok") & (df["mode"] == "compiled")]
+    short = timed[~timed["converged"].astype("boolean").fillna(True)]
+    if short.empty:
+        return []
+    widest = short.loc[short["latency_ci_rel"].astype(float).fillna(float("inf")).idxmax()]
+    return [f"note: {len(short)} of {len(timed)} timed rows stopped at their time limit with the 95% interval of "
+            f"their median wider than its target ('*'; the widest ±{100 * float(widest['latency_ci_rel']):.1f}%, "
+            f"{widest['impl']} {widest['shape']}): --sample-time S gives them longer"]

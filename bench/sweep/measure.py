@@ -23,10 +23,11 @@ from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
 from ..spec import roof as states
+from ..spec.interval import interval_columns
 from ..spec.roof import COPY, L2, LLC, MEMORY, WARM, level_ceilings, pct_of_roof, roof_level, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT, cell_float
 
-INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
+INTERPRETER_SAMPLES = 1  # interpreter timings prove nothing about speed: one call, after the gate's, no warm-up
 
 
 def impl_mode(impl: str) -> str:
@@ -86,8 +87,9 @@ class HarnessSampler:
 
     def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None):
         cfg = self.config
-        if interpreter:
-            cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES)
+        if interpreter:  # the gate's call warmed it; no interval to aim at
+            cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES,
+                                      warmup_s=0.0, warmup_calls=0, target=0.0, min_time_s=0.0)
         return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict,
                          before_last=before_last)
 
@@ -210,7 +212,9 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "run_id": run_id, "device": ceil.device, "device_kind": ceil.kind, "suite": suite,
         "impl": impl, "backend": "", "mode": impl_mode(impl), "shape": case.shape_label, **case.row_fields(),
         "flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "read_bytes": read, "write_bytes": written,
-        "latency_ms": math.nan, "latency_p20_ms": math.nan, "latency_p80_ms": math.nan, "samples": 0,
+        "latency_ms": math.nan, "latency_p20_ms": math.nan, "latency_p80_ms": math.nan,
+        "latency_ci_low_ms": math.nan, "latency_ci_high_ms": math.nan, "latency_ci_rel": math.nan,
+        "converged": None, "outliers": None, "samples": 0,
         "timer": timer, "noisy": False, "noise_reason": "",
         "tflops": math.nan, "gbps": math.nan, "peak_tflops": ceil.peak_tflops[case.dtype],
         "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
@@ -371,6 +375,7 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     except (ArithmeticError, ValueError) as err:  # a timer that read zero
         return {**row, "status": "failed", "reason": f"figures: {one_line(err)}"}
     row = {**row, **figures, "latency_p20_ms": timing.percentile_ms(20),
-           "latency_p80_ms": timing.percentile_ms(80), "samples": timing.count,
+           "latency_p80_ms": timing.percentile_ms(80), **interval_columns(timing.samples_ms, timing.target),
+           "samples": timing.count,
            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
     return judged(row)

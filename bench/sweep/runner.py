@@ -17,28 +17,44 @@ import torch
 from ...kernels import OPS, triton_mode
 from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitutions
 from ..instruments.cold import policy as cold_policy
-from ..instruments.timing import TimerConfig
-from .measure import HarnessSampler, base_row, one_line, rejudged, with_ceiling_load
+from ..instruments.timing import CI_TARGETS, TimerConfig
+from .measure import INTERPRETER_SAMPLES, HarnessSampler, base_row, one_line, rejudged, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
-CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=5, max_samples=500, flush_l2=False, cold=True)
-CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=1000)
+# Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
+# at the time limit (budget_s). Six samples are the fewest whose extremes hold the median with 95%: fewer, no interval.
+CPU_TIMER = TimerConfig(warmup_s=0.05, budget_s=0.3, min_samples=6, max_samples=500, flush_l2=False, cold=True,
+                        target=CI_TARGETS["cpu"], min_time_s=0.05)
+CUDA_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=10, max_samples=2000, target=CI_TARGETS["cuda"],
+                         min_time_s=0.05)
 PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
 
 
 def default_timer(device: torch.device, *, cuda_graph: bool = False, sample_time: float | None = None,
-                  warm: bool = False) -> TimerConfig:
+                  warm: bool = False, ci_target: float | None = None) -> TimerConfig:
     """The runner's timer for a device: CUDA events (graph replays on request) or the host clock with cold streamed
-    operands (warm caches with `warm`); `sample_time` replaces the seconds of timed samples per (case, impl)."""
+    operands (warm caches with `warm`); `sample_time` replaces the time limit of the samples per (case, impl) (and
+    caps the minimum time), `ci_target` the relative half-width of the median's interval that stops sampling."""
     timer = CUDA_TIMER if device.type == "cuda" else CPU_TIMER
     if cuda_graph:
         timer = dataclasses.replace(timer, cuda_graph=True)
     if warm:
         timer = dataclasses.replace(timer, cold=False)
     if sample_time is not None:
-        timer = dataclasses.replace(timer, budget_s=sample_time)
+        timer = dataclasses.replace(timer, budget_s=sample_time, min_time_s=min(timer.min_time_s, sample_time))
+    if ci_target is not None:
+        timer = dataclasses.replace(timer, target=ci_target)
     return timer
+
+
+def sampling_rule(timer: TimerConfig) -> dict:
+    """How a row's samples were taken and summarised, for run.json."""
+    return {"statistic": "median", "interval": "95% of the median, from the binomial ranks of its order statistics",
+            "target_rel_half_width": timer.target, "min_samples": timer.min_samples, "min_time_s": timer.min_time_s,
+            "time_limit_s": timer.budget_s, "max_samples": timer.max_samples,
+            "outliers": "beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR, counted, never removed",
+            "interpreter_samples": INTERPRETER_SAMPLES}
 
 
 def now() -> str:
@@ -215,7 +231,7 @@ def run(cfg: RunConfig):
         run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
         meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
                 "interrupted": False, "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options,
-                **executor.metadata(), "cold_operands": cold_policy(device, timer),
+                "sampling": sampling_rule(timer), **executor.metadata(), "cold_operands": cold_policy(device, timer),
                 "selection": _joined(sweep, previous), "isolation": executor.describe(),
                 "ceilings": ceil.to_json(), "rounds": cfg.rounds, "state_before": state_before, "state_after": None}
         store.write_run(meta)

@@ -1,4 +1,5 @@
-"""compare(): pairs of the same measurement, bootstrap and spread intervals, verdicts, unpaired rows, figure, report."""
+"""compare(): pairs of the same measurement, bootstrap, row-interval and spread intervals, verdicts, unpaired rows,
+figure, report."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from phasebench.analysis import compare, comparison_figure, load, regressions, with_samples, write_report
 from phasebench.analysis.comparison.display import format_comparison
 from phasebench.analysis.comparison.pairs import parse_threshold
+from phasebench.bench.spec.interval import median_interval, ratio_interval
 from phasebench.bench.spec.schema import conform
 from phasebench.bench.sweep.results import ResultsStore
 
@@ -27,6 +29,8 @@ def timed(rows: pd.DataFrame, rng, *, sigma: float, count: int, factors=None) ->
         median = float(np.median(values))
         out.loc[index, ["latency_ms", "latency_p20_ms", "latency_p80_ms"]] = (
             median, float(np.percentile(values, 20)), float(np.percentile(values, 80)))
+        found = median_interval(values)
+        out.loc[index, ["latency_ci_low_ms", "latency_ci_high_ms"]] = (found.low, found.high)
         out.loc[index, "samples"] = count
         out.loc[index, "tflops"] = row["flops"] / (median / 1e3) / 1e12
         out.loc[index, "gbps"] = row["bytes"] / (median / 1e3) / 1e9
@@ -46,7 +50,7 @@ def sets(rng, helpers):
 
 def expected(row) -> str:
     factor = FACTORS[row["kv_len"] if row["phase"] == "decode" else row["q_len"]]
-    return "slower" if factor > 1.05 else "faster" if factor < 1 / 1.05 else "within noise"
+    return "slower" if factor > 1.05 else "faster" if factor < 1 / 1.05 else "within threshold"
 
 
 def test_known_ratios_and_tight_spreads_give_the_stated_verdicts(sets):
@@ -65,15 +69,15 @@ def test_known_ratios_and_tight_spreads_give_the_stated_verdicts(sets):
     assert frame.attrs == {"by": "run", "threshold": 0.05, "confidence": 0.95}
 
 
-def test_a_wide_spread_or_a_higher_threshold_turns_a_verdict_into_noise(rng, sets, helpers):
+def test_a_wide_spread_leaves_a_verdict_unresolved_and_a_higher_threshold_takes_it_in(rng, sets, helpers):
     base, new = sets
     wide = conform(timed(new.drop(columns="samples_ms"), rng, sigma=0.6, count=7))
     frame = compare(base, wide)
     slow = frame[(frame["pairing"] == "pair") & (frame["kv_len"] == 256)]
-    assert (slow["verdict"] == "within noise").all()
+    assert (slow["verdict"] == "unresolved").all()
     assert ((slow["ratio_hi"] - slow["ratio_lo"]) > 0.3).all()
     lenient = compare(base, new, threshold=0.50)  # 1.30 < 1.5 and 0.70 > 1 / 1.5
-    assert set(lenient["verdict"]) == {"within noise"}
+    assert set(lenient["verdict"]) == {"within threshold"}
 
 
 def test_the_interval_is_seeded_and_swapping_sides_swaps_the_verdict(sets):
@@ -82,21 +86,52 @@ def test_the_interval_is_seeded_and_swapping_sides_swaps_the_verdict(sets):
     pd.testing.assert_frame_equal(first, again)
     swapped = compare(new, base).set_index(["impl", "phase", "kv_len", "q_len"])
     first = first.set_index(["impl", "phase", "kv_len", "q_len"]).loc[swapped.index]
-    flip = {"slower": "faster", "faster": "slower", "within noise": "within noise"}
+    flip = {"slower": "faster", "faster": "slower", "within threshold": "within threshold", "unresolved": "unresolved"}
     assert swapped["verdict"].tolist() == first["verdict"].map(flip).tolist()
     assert np.allclose(swapped["ratio"], 1 / first["ratio"])
 
 
-def test_without_raw_samples_the_interval_comes_from_the_spread(sets):
+def test_without_raw_samples_the_interval_comes_from_the_rows_intervals(sets):
     base, new = sets
     frame = compare(base.drop(columns="samples_ms"), new.drop(columns="samples_ms"))
+    pairs = frame[frame["pairing"] == "pair"]
+    assert (pairs["method"] == "row intervals").all()
+    for _, row in pairs.iterrows():
+        sides = [(row[f"{side}_latency_ms"], row[f"{side}_latency_ci_low_ms"], row[f"{side}_latency_ci_high_ms"])
+                 for side in ("new", "base")]
+        assert (row["ratio"], row["ratio_lo"], row["ratio_hi"]) == pytest.approx(ratio_interval(*sides))
+        if FACTORS[row["kv_len"] if row["phase"] == "decode" else row["q_len"]] in (1.30, 0.70, 1.00):
+            assert row["verdict"] == expected(row)
+
+
+@pytest.mark.parametrize("new_ms, verdict", [((10.9, 10.6, 11.2), "slower"), ((9.1, 8.8, 9.4), "faster"),
+                                             ((10.3, 9.9, 10.6), "unresolved"), ((10.0, 9.97, 10.03), "same")])
+def test_row_intervals_that_overlap_leave_the_verdict_unresolved(sets, new_ms, verdict):
+    """Synthetic intervals: separated ones give a verdict at threshold 0, overlapping ones none; a tight pair inside a
+    5% band is within it."""
+    base, _ = sets
+    one = base.drop(columns="samples_ms").iloc[[0]].assign(latency_ms=10.0, latency_ci_low_ms=9.9,
+                                                           latency_ci_high_ms=10.1)
+    other = one.assign(run_id="run-b", latency_ms=new_ms[0], latency_ci_low_ms=new_ms[1],
+                       latency_ci_high_ms=new_ms[2])
+    apart = (new_ms[1] > 10.1) or (new_ms[2] < 9.9)
+    row = compare(one, other, threshold=0.0 if verdict != "same" else 0.05).iloc[0]
+    assert row["method"] == "row intervals"
+    assert row["verdict"] == (verdict if verdict != "same" else "within threshold")
+    assert apart == (verdict in ("slower", "faster"))
+
+
+def test_rows_without_intervals_fall_back_to_the_spread(sets):
+    base, new = sets
+    columns = ["samples_ms", "latency_ci_low_ms", "latency_ci_high_ms"]
+    frame = compare(base.drop(columns=columns), new.drop(columns=columns))
     pairs = frame[frame["pairing"] == "pair"]
     assert (pairs["method"] == "spread p20/p80").all()
     assert (pairs["ratio_lo"] < pairs["ratio"]).all() and (pairs["ratio"] < pairs["ratio_hi"]).all()
     for _, row in pairs.iterrows():
         if FACTORS[row["kv_len"] if row["phase"] == "decode" else row["q_len"]] in (1.30, 0.70, 1.00):
             assert row["verdict"] == expected(row)
-    mixed = compare(base, new.drop(columns="samples_ms"))
+    mixed = compare(base, new.drop(columns=columns))
     assert (mixed.loc[mixed["pairing"] == "pair", "method"] == "spread p20/p80").all()
 
 
@@ -180,8 +215,10 @@ def test_samples_come_back_from_parquet_samples_jsonl_and_pytest_benchmark_data(
     (tmp_path / "died" / "samples.jsonl").unlink()  # the parquet holds them now
     from_parquet = with_samples(load(tmp_path / "died" / "results.parquet"))
     assert np.allclose(np.concatenate(from_parquet["samples_ms"].tolist()), np.concatenate(base["samples_ms"].tolist()))
-    # pytest-benchmark JSON: stats.data (seconds) when --benchmark-json wrote it, else the q1/q3 spread
-    plain = new.drop(columns="samples_ms").assign(samples=pd.Series([int(v) for v in new["samples"]], dtype=object))
+    # pytest-benchmark JSON: stats.data (seconds) when --benchmark-json wrote it, else (an older file without the
+    # interval columns in extra_info) the q1/q3 spread
+    plain = new.drop(columns="samples_ms").assign(latency_ci_low_ms=np.nan, latency_ci_high_ms=np.nan,
+                                                  samples=pd.Series([int(v) for v in new["samples"]], dtype=object))
     path = helpers.write_pytest_benchmark(tmp_path / "bench.json", plain, rng)
     bare = compare(tmp_path / "died", path, by="timer")
     assert (bare.loc[bare["pairing"] == "pair", "method"] == "spread p20/p80 | q1/q3").all()

@@ -37,8 +37,10 @@ def test_benchmark_suite_writes_tidy_json(bench_json):
         assert info["tflops"] > 0 and info["bound"] in ("compute", "memory") and info["status"] == "ok"
         assert info["timer"] == ("pytest-benchmark" if info["device_kind"] == "cuda" else "pytest-benchmark+cold")
         assert isinstance(info["noisy"], bool)
-        assert b["stats"]["rounds"] >= 5
+        assert b["stats"]["rounds"] >= 6  # the fewest with a 95% interval of the median
         median_s = b["stats"]["median"]
+        assert info["latency_ci_low_ms"] <= median_s * 1e3 <= info["latency_ci_high_ms"]
+        assert info["latency_ci_rel"] >= 0 and isinstance(info["converged"], bool) and info["outliers"] >= 0
         assert abs(info["tflops"] - info["flops"] / median_s / 1e12) <= 1e-9 * info["tflops"] + 1e-12
 
 

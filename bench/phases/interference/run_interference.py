@@ -115,6 +115,8 @@ class InterferenceConfig:
     forms: tuple[str, ...] = FORMS
     seed: int = 0
     on_line: object = None  # called with each progress line
+    on_written: object = None  # called with the rows once written, before the co-runners close (figures: a stop's
+    # grace may end during the close, which takes seconds)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> InterferenceConfig:
@@ -131,10 +133,10 @@ class InterferenceConfig:
 
     def check(self) -> None:
         """One-line ValueErrors for sizes that cannot run."""
-        for name in ("prompts", "batches"):
+        for name, option in (("prompts", "prompt"), ("batches", "batch")):
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name[:-1]}: must be positive ints, got {list(values)}")
+                raise ValueError(f"{option}: must be positive ints, got {list(values)}")
         for name in ("context", "rounds", "arrivals"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -362,6 +364,8 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
         table.to_csv(cfg.out_dir / CSV_NAME, index=False)
         meta.update(interrupted=interrupted, state_after=snapshot(cfg.device))
         (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
+        if cfg.on_written is not None:
+            cfg.on_written(table)
     finally:
         if session is not None:
             session.close()

@@ -168,6 +168,17 @@ def test_seconds_options_are_checked_before_anything_runs():
 
 
 @pytest.mark.parametrize("args,message", [
+    (["run", "--ci-target", "0"], "ci-target: must be above 0 and below 100%, got '0'"),
+    (["phases", "--ci-target", "half"], "ci-target: expected a fraction (0.02) or a percentage (2%), got 'half'"),
+])
+def test_a_bad_ci_target_gets_one_line_before_anything_runs(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("args,message", [
     (["--batch", "0"], "batch: must be a positive whole number, got 0"),
     (["--prompt", "16", "0"], "prompt: must be a positive whole number, got 0"),
     (["--chunk", "0"], "chunk: must be a positive whole number, got 0"),

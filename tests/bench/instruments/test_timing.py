@@ -1,13 +1,26 @@
-"""Timer statistics and sample-count adaptation (no time is asserted)."""
+"""Timer statistics, sample-count adaptation and the stopping rule (driven by synthetic sample streams on a fake
+clock: no time is asserted)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from phasebench.bench.instruments import timing as timing_mod
-from phasebench.bench.instruments.timing import TimerConfig, Timing, _sample_count, time_call, time_cpu, time_cuda
+from phasebench.bench.instruments.timing import (
+    EventBatches,
+    TimerConfig,
+    Timing,
+    _first_batch,
+    adaptive_samples,
+    time_call,
+    time_cpu,
+    time_cuda,
+)
+from phasebench.bench.spec.interval import median_interval
 
 
 def test_percentiles_and_median_of_known_samples():
@@ -19,9 +32,130 @@ def test_percentiles_and_median_of_known_samples():
 
 def test_sample_count_adapts_to_the_budget_within_bounds():
     cfg = TimerConfig(budget_s=1.0, min_samples=5, max_samples=100)
-    assert _sample_count(0.02, cfg) == 50
-    assert _sample_count(10.0, cfg) == 5
-    assert _sample_count(1e-9, cfg) == 100
+    assert _first_batch(0.02, cfg) == 50
+    assert _first_batch(10.0, cfg) == 5
+    assert _first_batch(1e-9, cfg) == 100
+
+
+class Stream:
+    """A synthetic sample stream on a fake clock: each call takes `per_call_s` of wall time and reads a latency drawn
+    from `draw(rng)` ms; `batches` records the batch sizes the sampler asked for."""
+
+    def __init__(self, draw, per_call_s: float, seed: int = 43):
+        self.draw, self.per_call_s, self.rng = draw, per_call_s, np.random.default_rng(seed)
+        self.now, self.batches = 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def take(self, k: int) -> list[float]:
+        self.batches.append(k)
+        self.now += k * self.per_call_s
+        return [float(self.draw(self.rng)) for _ in range(k)]
+
+
+ADAPTIVE = TimerConfig(budget_s=0.5, min_samples=10, max_samples=5000, target=0.01, min_time_s=0.05)
+
+
+def _sampled(stream: Stream, cfg: TimerConfig = ADAPTIVE) -> list[float]:
+    return adaptive_samples(stream.take, cfg, stream.per_call_s, clock=stream.clock)
+
+
+def test_a_tight_stream_stops_on_the_target_after_the_minimum_time_and_samples():
+    stream = Stream(lambda rng: rng.normal(2.0, 0.02), per_call_s=1e-4)
+    samples = _sampled(stream)
+    found = median_interval(samples)
+    assert found.converged(ADAPTIVE.target) and Timing(tuple(samples), "fake", target=ADAPTIVE.target).converged
+    assert stream.now >= ADAPTIVE.min_time_s and len(samples) >= ADAPTIVE.min_samples
+    assert stream.now < ADAPTIVE.budget_s  # stopped by the target, not the time limit
+    # each look but the last found the interval still too wide: the rule stopped at the first look that met it
+    for end in np.cumsum(stream.batches)[:-1]:
+        assert not median_interval(samples[:end]).converged(ADAPTIVE.target) or end * stream.per_call_s < 0.05
+
+
+def test_a_noisy_stream_stops_at_the_time_limit_unconverged():
+    stream = Stream(lambda rng: rng.lognormal(0.0, 0.8), per_call_s=1e-3)
+    samples = _sampled(stream)
+    assert stream.now >= ADAPTIVE.budget_s and len(samples) < ADAPTIVE.max_samples
+    assert stream.now - stream.batches[-1] * stream.per_call_s < ADAPTIVE.budget_s  # no batch began past the limit
+    timing = Timing(tuple(samples), "fake", target=ADAPTIVE.target)
+    assert not timing.converged and timing.interval.rel_half_width > ADAPTIVE.target
+
+
+def test_a_constant_stream_still_waits_for_the_minimum_time():
+    stream = Stream(lambda rng: 1.0, per_call_s=7e-4)
+    samples = _sampled(stream)
+    assert median_interval(samples).rel_half_width == 0
+    assert stream.now >= ADAPTIVE.min_time_s and len(samples) == stream.batches[0] == 72  # ceil(0.05 / 7e-4)
+
+
+def test_the_sample_limit_and_the_minimum_count_bound_the_sampling():
+    capped = Stream(lambda rng: rng.lognormal(0.0, 0.8), per_call_s=1e-6)
+    assert len(_sampled(capped, dataclasses.replace(ADAPTIVE, max_samples=333))) == 333
+    slow = Stream(lambda rng: rng.lognormal(0.0, 0.8), per_call_s=2.0)  # one call past the whole time limit
+    assert len(_sampled(slow)) == ADAPTIVE.min_samples and slow.batches == [ADAPTIVE.min_samples]
+
+
+def test_without_a_target_one_batch_fills_the_budget():
+    stream = Stream(lambda rng: rng.lognormal(0.0, 0.8), per_call_s=0.002)
+    cfg = TimerConfig(budget_s=0.3, min_samples=5, max_samples=500)
+    assert len(_sampled(stream, cfg)) == 150 and stream.batches == [150]
+
+
+def test_batches_grow_geometrically_so_the_interval_is_looked_at_a_few_times():
+    stream = Stream(lambda rng: rng.lognormal(0.0, 0.3), per_call_s=1e-5)
+    samples = _sampled(stream, dataclasses.replace(ADAPTIVE, budget_s=10.0, max_samples=100_000))
+    totals = np.cumsum(stream.batches)
+    assert all(b <= t for b, t in zip(stream.batches[1:], totals[:-1], strict=True))  # at most doubling
+    assert all(b >= max(1, t // 4) for b, t in zip(stream.batches[1:], totals[:-1], strict=True))
+    assert len(stream.batches) < 30 and median_interval(samples).converged(ADAPTIVE.target)
+
+
+class FakeEvent:
+    """A CUDA event on a fake clock: record() reads the clock, elapsed_time() the difference in ms."""
+
+    def __init__(self, clock):
+        self.clock, self.at = clock, None
+
+    def record(self):
+        self.at = self.clock["now"]
+
+    def elapsed_time(self, end) -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_event_batches_flush_before_each_call_and_poison_before_each_batchs_last():
+    clock, log = {"now": 0.0}, []
+
+    def run(i):
+        def call():
+            log.append(("call", i))
+            clock["now"] += 0.001 * (i + 1)
+            return f"out{i}"
+        return call
+
+    class Flush:
+        def zero_(self):
+            log.append(("flush",))
+
+    take = EventBatches([run(0), run(1), run(2)], [None] * 3, Flush(), lambda: log.append(("sync",)),
+                        before_last=lambda: log.append(("last",)), event=lambda: FakeEvent(clock))
+    first = take(4)
+    assert first == pytest.approx([1.0, 2.0, 3.0, 1.0])  # the calls in turn, each between its own events
+    assert log == [("flush",), ("call", 0), ("flush",), ("call", 1), ("flush",), ("call", 2),
+                   ("last",), ("flush",), ("call", 0), ("sync",)]
+    assert take.last == "out0"
+    log.clear()
+    assert take(2) == pytest.approx([2.0, 3.0]) and take.last == "out2"  # the turn goes on across batches
+    assert log == [("flush",), ("call", 1), ("last",), ("flush",), ("call", 2), ("sync",)]
+
+
+def test_event_batches_keep_a_graphs_static_output():
+    clock = {"now": 0.0}
+    take = EventBatches([lambda: None, lambda: None], ["static0", "static1"], None, lambda: None, graph=True,
+                        event=lambda: FakeEvent(clock))
+    take(3)
+    assert take.last == "static0"
 
 
 def test_cpu_timer_warms_up_then_samples_each_call():

@@ -113,3 +113,15 @@ def test_rows_before_schema_6_read_as_unquantized():
     out = schema.conform(old)
     assert "scheme" in schema.KEY_COLUMNS and "scheme" in schema.CASE_FIELDS
     assert out.loc[0, "scheme"] == "" and out["scheme"].dtype == out["projection"].dtype
+
+
+def test_rows_before_schema_7_have_no_interval_and_say_nothing_of_convergence():
+    old = pd.DataFrame({"impl": ["torch"], "op": ["linear"], "m": [1], "n": [97], "k": [200], "dtype": ["float32"],
+                        "phase": ["decode"], "latency_ms": [0.5], "samples": [9], "status": ["ok"]})
+    out = schema.conform(old)
+    assert out[["latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel"]].isna().all().all()
+    assert out["converged"].isna().all() and not schema.cell_true(out.loc[0, "converged"])  # unknown, not False
+    assert out["outliers"].isna().all() and str(out["outliers"].dtype) == "Int64"
+    cols = list(schema.RESULT_COLUMNS)
+    at = cols.index("latency_p80_ms") + 1
+    assert cols[at: at + 5] == ["latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "converged", "outliers"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
@@ -127,6 +128,24 @@ def test_rows_carry_consistent_figures(tmp_path):
     assert r.pct_roofline == pytest.approx(100 * r.tflops / r.roof_tflops)
     assert r.latency_p20_ms <= r.latency_ms <= r.latency_p80_ms
     assert set(df.bound) <= {"compute", "memory"} and set(df.phase) == {"prefill", "decode"}
+    target = runner.CPU_TIMER.target
+    for row in df.itertuples():  # every timed row has its interval, and converged follows from it
+        assert row.samples >= runner.CPU_TIMER.min_samples
+        assert row.latency_ci_low_ms <= row.latency_ms <= row.latency_ci_high_ms
+        assert row.latency_ci_rel == pytest.approx((row.latency_ci_high_ms - row.latency_ci_low_ms) / 2
+                                                   / row.latency_ms)
+        assert bool(row.converged) == (row.latency_ci_rel <= target) and 0 <= row.outliers <= row.samples
+    sampling = json.loads((tmp_path / "run.json").read_text())["sampling"]
+    assert sampling["target_rel_half_width"] == target and sampling["time_limit_s"] == runner.CPU_TIMER.budget_s
+
+
+def test_an_interpreter_row_is_one_call_without_warm_up():
+    calls = []
+    sampler = measure_mod.HarnessSampler(runner.CPU_TIMER, "cpu")
+    timing = sampler([lambda: calls.append(1) or len(calls)], torch.device("cpu"), range_name=None, payload=0.0,
+                     interpreter=True)
+    assert calls == [1] and timing.count == 1 and timing.last == 1
+    assert math.isnan(timing.interval.low) and not timing.converged
 
 
 def test_cases_that_do_not_fit_are_skipped_with_a_reason(tmp_path, monkeypatch):
@@ -415,6 +434,9 @@ def test_default_timer_takes_a_sample_time_and_graphs():
     assert runner.default_timer(torch.device("cpu")) == runner.CPU_TIMER
     t = runner.default_timer(torch.device("cuda"), cuda_graph=True, sample_time=0.1)
     assert t.cuda_graph and t.budget_s == 0.1 and t.warmup_s == runner.CUDA_TIMER.warmup_s
+    assert t.target == runner.CUDA_TIMER.target == 0.01 and runner.CPU_TIMER.target == 0.02
+    short = runner.default_timer(torch.device("cpu"), sample_time=0.02, ci_target=0.05)
+    assert short.target == 0.05 and short.budget_s == 0.02 and short.min_time_s == 0.02  # the limit caps the minimum
 
 
 def test_a_row_is_expected_to_take_as_long_as_the_longest_of_its_impl():

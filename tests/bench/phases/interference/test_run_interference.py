@@ -382,6 +382,7 @@ def test_a_co_runner_that_fails_says_why_in_one_line():
 
 @pytest.mark.parametrize("argv, says", [
     (["--prompt", "0"], "prompt: must be positive ints"),
+    (["--batch", "0"], "batch: must be positive ints"),
     (["--layers", "9", "--model", "name=t2,hidden=64,intermediate=96,layers=2,q_heads=2,kv_heads=1,head_dim=32,"
                                   "vocab=50"], "layers: 9 is not in 1..2"),
     (["--dtype", "int8"], "dtype: unknown dtype 'int8'"),

@@ -1,0 +1,118 @@
+"""The interval of a median (no torch): the order-statistic ranks against exact binomial sums, the interval on known
+samples, outliers by Tukey's fences, a ratio's interval and overlap."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from phasebench.bench.spec import interval
+from phasebench.bench.spec.interval import (
+    interval_columns,
+    median_interval,
+    median_ranks,
+    outlier_count,
+    overlap,
+    rank_coverage,
+    ratio_interval,
+)
+
+
+def exact_ranks(n: int, confidence: float) -> tuple[int, int] | None:
+    """The textbook rule in exact fractions: the largest l whose two tails each hold at most (1 - confidence) / 2."""
+    tail, best, below = Fraction(1 - Fraction(confidence)) / 2, 0, Fraction(0)
+    for low in range(1, n // 2 + 2):
+        below += Fraction(math.comb(n, low - 1), 2 ** n)  # P(B <= low - 1)
+        if below > tail:
+            break
+        best = low
+    return (best, n + 1 - best) if best else None
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 13, 17, 20, 31, 97, 100, 101, 257, 1025])
+@pytest.mark.parametrize("confidence", [0.95, 0.99, 0.9])
+def test_ranks_are_the_exact_binomial_ones(n, confidence):
+    assert median_ranks(n, confidence) == exact_ranks(n, Fraction(confidence))
+
+
+def test_the_known_table_values_and_the_smallest_count_with_a_95_interval():
+    assert median_ranks(5) is None and median_ranks(6) == (1, 6)  # [min, max] of 5 covers 93.75% only
+    assert median_ranks(20) == (6, 15) and median_ranks(100) == (40, 61)  # the published table values
+    assert rank_coverage(6, 1) == pytest.approx(1 - 2 / 64) and rank_coverage(100, 40) >= 0.95
+
+
+def test_the_log_space_tail_of_large_counts_agrees_with_exact_integers():
+    n = interval._EXACT_UP_TO + 7  # past the exact path
+    got = median_ranks(n)
+    assert got == exact_ranks(n, Fraction(0.95))
+    assert rank_coverage(n, got[0]) == pytest.approx(float(1 - 2 * sum(Fraction(math.comb(n, k), 2 ** n)
+                                                                       for k in range(got[0]))), rel=1e-9)
+
+
+def test_the_interval_of_known_samples_is_the_pair_of_order_statistics():
+    rng = np.random.default_rng(43)
+    samples = rng.lognormal(0.0, 0.3, size=97)
+    found = median_interval(samples)
+    ordered = np.sort(samples)
+    low, high = median_ranks(97)
+    assert (found.low, found.high, found.count) == (ordered[low - 1], ordered[high - 1], 97)
+    assert found.median == np.median(samples) and found.low <= found.median <= found.high
+    assert found.rel_half_width == pytest.approx((found.high - found.low) / 2 / found.median)
+    assert found.coverage >= 0.95
+
+
+def test_too_few_samples_have_no_interval_and_never_converge():
+    found = median_interval([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert found.median == 3.0 and math.isnan(found.low) and math.isnan(found.rel_half_width)
+    assert not found.converged(0.5)
+    assert math.isnan(median_interval([]).median)
+
+
+def test_converged_follows_the_target():
+    found = median_interval([10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98])  # 7 samples: [min, max]
+    assert found.rel_half_width == pytest.approx(0.01)
+    assert found.converged(0.0101) and not found.converged(0.0099) and not found.converged(0.0)
+
+
+def test_bad_counts_and_confidences_get_one_line():
+    with pytest.raises(ValueError, match="n: must be a count"):
+        median_ranks(-1)
+    with pytest.raises(ValueError, match=r"confidence: must be in \(0, 1\)"):
+        median_ranks(10, 1.0)
+
+
+def test_outliers_are_counted_beyond_the_fences_and_kept():
+    samples = [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 25.0, 10.1, 1.0, 10.2]
+    q1, q3 = np.percentile(samples, [25, 75])
+    expected = sum(1 for s in samples if s < q1 - 1.5 * (q3 - q1) or s > q3 + 1.5 * (q3 - q1))
+    assert outlier_count(samples) == expected == 2
+    assert outlier_count([1.0, 100.0, 1e4]) == 0  # under 4 samples no quartiles to fence with
+    columns = interval_columns(samples, 0.5)
+    assert columns["outliers"] == 2 and columns["latency_ci_low_ms"] <= np.median(samples)  # kept, not removed
+    assert set(columns) == set(interval.INTERVAL_COLUMNS)
+
+
+def test_a_ratio_interval_adds_the_log_arms_in_quadrature():
+    new, base = (12.0, 11.0, 13.5), (10.0, 9.5, 10.4)
+    ratio, low, high = ratio_interval(new, base)
+    assert ratio == pytest.approx(1.2)
+    assert low == pytest.approx(1.2 * math.exp(-math.hypot(math.log(12 / 11), math.log(10.4 / 10))))
+    assert high == pytest.approx(1.2 * math.exp(math.hypot(math.log(13.5 / 12), math.log(10 / 9.5))))
+    swapped = ratio_interval(base, new)
+    assert swapped[1] == pytest.approx(1 / high) and swapped[2] == pytest.approx(1 / low)  # symmetric in log space
+    assert all(math.isnan(x) for x in ratio_interval((12.0, math.nan, math.nan), base)[1:])
+
+
+def test_overlap_of_intervals():
+    assert overlap((1.0, 2.0), (2.0, 3.0)) and overlap((1.0, 5.0), (2.0, 3.0))
+    assert not overlap((1.0, 1.9), (2.0, 3.0)) and not overlap((2.0, 3.0), (1.0, 1.9))
+    assert overlap((1.0, math.nan), (5.0, 6.0))  # unknown: never a separation
+
+
+def test_the_interval_module_imports_no_torch():
+    code = "import sys, phasebench.bench.spec.interval; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
