@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
+from ...bench.spec.files import FolderWarning, read_whole
 from ...bench.spec.schema import (
     LINEAR_COLUMNS,
     PROFILE_FLOAT_COLUMNS,
@@ -64,6 +67,8 @@ def load(*sources) -> pd.DataFrame:
     report leaves them out unless asked).
     A malformed file, or a run.json with a newer schema, raises ValueError with one line
     naming the file; a missing path raises FileNotFoundError.
+    A folder being written, or one whose writer was killed, reads too: a results.csv row that a kill tore is left
+    out, and results.csv is read where results.parquet is missing or torn; each is said in one FolderWarning.
     """
     paths = _flatten(sources)
     if not paths:
@@ -131,6 +136,9 @@ def _expand(path: Path) -> list[Path]:
     merged = {shard for folder in folders for shard in _merged_shards(folder)}
     for folder in (f for f in folders if f.resolve() not in merged):  # a merged sweep stands for its shards
         found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
+        if found[-1].name == "results.csv":
+            _say(f"{folder}: no results.parquet (its run is still going, or stopped before the end): rows read "
+                 "from results.csv")
     found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and is_pytest_benchmark(p))
     if not found:
         raise ValueError(f"{path}: no results.parquet, results.csv or pytest-benchmark JSON found in this folder")
@@ -165,13 +173,24 @@ def _read_any(path: Path) -> pd.DataFrame:
                             f"{' '.join(str(error).split())})") from None
 
 
+def _say(line: str) -> None:
+    warnings.warn(line, FolderWarning, stacklevel=3)
+
+
 def _read_table(path: Path) -> pd.DataFrame:
     try:
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
+        source = path
+        if path.name == "results.csv":  # appended row by row: a reader takes the whole rows only
+            whole, torn = read_whole(path)
+            source = io.BytesIO(whole)
+            if torn:
+                _say(torn.line())
         # As the runner writes it: an empty field is missing, "NA" is text; text columns stay
         # text so a run id like "20250101" is not read as a number.
-        return pd.read_csv(path, dtype={name: str for name in STRING_COLUMNS}, keep_default_na=False, na_values=[""])
+        return pd.read_csv(source, dtype={name: str for name in STRING_COLUMNS}, keep_default_na=False,
+                           na_values=[""])
     except pd.errors.EmptyDataError:
         raise ValueError("file is empty") from None
     except ValueError:
@@ -192,7 +211,15 @@ def _has_profile_columns(path: Path) -> bool:
 
 
 def _read_results(path: Path) -> pd.DataFrame:
-    table = _read_table(path)
+    try:
+        table = _read_table(path)
+    except ValueError as error:
+        beside = path.with_name("results.csv")
+        if path.suffix != ".parquet" or not beside.is_file():
+            raise
+        reason = " ".join(str(error).replace(f"'{path}'", "it").split())
+        _say(f"{path}: not a whole parquet file ({reason}); rows read from results.csv beside it")
+        path, table = beside, _read_table(beside)
     if set(PROFILE_REQUIRED_COLUMNS) <= set(table.columns) and "latency_ms" not in table.columns:
         raise ValueError("this is a profile summary table, not result rows; read it with load_profile()")
     missing = _missing(table)

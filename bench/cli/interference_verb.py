@@ -39,12 +39,14 @@ def cmd_interference(args) -> int:
     print(f"phasebench interference: {model.name} ({cfg.layers} layers, {cfg.dtype}) on {device}, batches "
           f"{list(cfg.batches)} at context {cfg.context}, prompts {list(cfg.prompts)}; {'; '.join(forms)} -> "
           f"{cfg.out_dir}", file=sys.stderr, flush=True)
-    rows = run_interference(cfg)
     from ...analysis.interference.figures import write_interference_figures
     from ...analysis.interference.rows import interference_summary
+    from ..spec.folder_lock import holding
 
-    print(interference_summary(rows))
-    figures = write_interference_figures(rows, cfg.out_dir)
+    with holding(cfg.out_dir):  # one writer per folder, the figures included
+        rows = run_interference(cfg)
+        print(interference_summary(rows))
+        figures = write_interference_figures(rows, cfg.out_dir)
     print(f"\nrows: {cfg.out_dir}/interference.csv, run.json; figures: {', '.join(p.name for p in figures)}")
     return 130 if rows.attrs.get("interrupted") else 0
 

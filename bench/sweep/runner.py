@@ -17,6 +17,7 @@ import torch
 from ...kernels import OPS, triton_mode
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import TimerConfig
+from ..spec.files import WriteError
 from .measure import HarnessSampler, base_row, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
@@ -186,6 +187,17 @@ def run(cfg: RunConfig):
     options = measurement_options(device, timer, cfg.profiled)
     sweep = sweep_of(cfg)
     store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options, sweep=sweep)
+    try:
+        return _sweep(cfg, store, timer, options, sweep)
+    finally:
+        store.close()
+
+
+def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dict, sweep: dict):
+    """run() with the folder held: the ceilings, then every row, then results.parquet and run.json (those also
+    when the sweep stops: on a full disk or a read-only folder the rows written before stay, and run.json says why,
+    where it can still be written)."""
+    device = cfg.device
     dtypes = sorted({c.dtype for c in cfg.cases})
     state_before = _snapshot(device)
     executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
@@ -221,6 +233,7 @@ def run(cfg: RunConfig):
             return {**row, "time": now(), "profiled": cfg.profiled}
 
         noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
+        failing = False
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
             for round_index in range(cfg.rounds):
@@ -242,14 +255,20 @@ def run(cfg: RunConfig):
                 cfg.between_rounds(executor, cfg.rounds)
             meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
         except KeyboardInterrupt:
-            meta["interrupted"] = True
+            meta["interrupted"] = failing = True
+            raise
+        except WriteError as err:
+            meta["interrupted"], meta["write_error"], failing = True, str(err), True
+            raise
+        except BaseException:
+            failing = True
             raise
         finally:
-            df = store.write_parquet()
+            df = store.write_parquet(quiet=failing)
             meta["finished"] = now()
             meta["state_after"] = _snapshot(device)
             if not meta["interrupted"]:  # the config each tuned Triton kernel chose, per tuning key
                 meta["autotune"] = executor.autotune()
             meta["isolation"] = executor.describe()
-            store.write_run(meta)
+            store.write_run(meta, quiet=failing)
     return df
