@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 from phasebench.analysis import load
@@ -21,22 +22,23 @@ from phasebench.bench.spec.folder_lock import LOCK_NAME, read_holder
 from phasebench.bench.sweep import shards
 from phasebench.bench.sweep.results import ResultsStore, sample_key
 
+from ...conftest import REPO
+
 ROWS = 12
 # A writer of ROWS made-up rows (each with its samples) into a folder, resuming what is there, as the runner does;
 # no torch, so a kill and a restart cost a fraction of a second.
 WRITER = """
-import sys, time
+import json, sys, time
 from phasebench.bench.sweep.results import ResultsStore
-sys.path.insert(0, sys.argv[2])
-from test_folder_faults import planned_rows
 store = ResultsStore(sys.argv[1], resume=True)
-for row in planned_rows():
+for row in json.loads(open(sys.argv[2]).read()):
     if not store.is_done(row):
         store.append(row)
         time.sleep(float(sys.argv[3]))
 store.write_parquet()
 store.close()
 """
+PHASES_MODEL = "name=tiny-lock,hidden=64,intermediate=96,layers=2,q_heads=2,kv_heads=1,head_dim=32,vocab=50"
 SHAPES = ["batch=1,q_heads=4,kv_heads=2,q_len=11,kv_len=11,head_dim=16",
           "batch=2,q_heads=4,kv_heads=2,q_len=1,kv_len=37,head_dim=16"]
 
@@ -59,7 +61,9 @@ def planned_rows() -> list[dict]:
 
 def write(folder, fault: str = "", pause: float = 0.0) -> subprocess.Popen:
     env = {**os.environ, FAULT_ENV: fault}
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(folder), os.path.dirname(__file__), str(pause)],
+    plan = folder.parent / "plan.json"
+    plan.write_text(json.dumps(planned_rows()))
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(plan), str(pause)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -68,37 +72,46 @@ def check_prefix(folder) -> int:
     if not (folder / "results.csv").exists():
         return 0
     if b"\n" not in files.read_whole(folder / "results.csv")[0]:  # the first append torn, its header with it
-        with pytest.raises(ValueError, match="file is empty") as raised, pytest.warns(files.FolderWarning):
+        with pytest.raises(ValueError, match="file is empty") as raised, warnings.catch_warnings():
+            warnings.simplefilter("ignore", files.FolderWarning)  # a torn row left out, when there is one
             load(folder)
         assert "\n" not in str(raised.value)
         return 0
-    with pytest.warns(files.FolderWarning):  # no results.parquet mid-run, and maybe a torn row left out
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", files.FolderWarning)
         rows = load(folder)
+    if not (folder / "results.parquet").exists():  # the run stopped before its end: said so
+        assert any("no results.parquet" in str(w.message) for w in said)
     plan = [sample_key(r) for r in planned_rows()]
     got = [sample_key(r) for r in rows.to_dict("records")]
     assert got == plan[:len(got)]
     return len(got)
 
 
-def kill_and_resume(folder, kills: int, seed: int, timed: bool = False) -> None:
-    """`kills` writers stopped at random points (half a row into results.csv or samples.jsonl; with `timed`, some by
-    a SIGKILL after a random delay instead), each followed by the check, then one that finishes."""
+def kill_and_resume(folder, kills: int, seed: int, timed: bool = False) -> int:
+    """Up to `kills` writers stopped at random points (half a row into results.csv or samples.jsonl, one of the next
+    three rows; with `timed`, some by a SIGKILL after a random delay instead), each followed by the check, then one
+    that finishes; returns how many were stopped before the rows were all written."""
     rng = random.Random(seed)
     torn = {"results.csv": 0, "samples.jsonl": 0}
+    made = 0
     for _ in range(kills):
         done = check_prefix(folder)
         if done == ROWS:
             break
+        made += 1
         name = rng.choice(sorted(torn))
-        if timed and rng.random() < 0.5:
-            proc = write(folder, pause=0.02)
-            time.sleep(rng.uniform(0.3, 1.5))
+        if timed and rng.random() < 0.5:  # a kill between rows or inside one, whichever comes: or none, in time
+            proc = write(folder, pause=0.1)
+            time.sleep(rng.uniform(0.3, 2.0))
             proc.kill()
+            _, err = proc.communicate()
+            assert proc.returncode in (0, -9), err[-2000:]
         else:
-            proc = write(folder, f"tear:{name}:{rng.randint(1, ROWS - done)}")
+            proc = write(folder, f"tear:{name}:{rng.randint(1, min(3, ROWS - done))}")
             torn[name] += 1
-        proc.communicate()
-        assert proc.returncode == -9
+            _, err = proc.communicate()
+            assert proc.returncode == -9, err[-2000:]
     proc = write(folder)
     out, err = proc.communicate()
     assert proc.returncode == 0, err[-2000:]
@@ -112,6 +125,7 @@ def kill_and_resume(folder, kills: int, seed: int, timed: bool = False) -> None:
         pieces = side.read_bytes().split(b"\n")[:-1] if side.exists() else []
         assert len(pieces) <= kills and all(piece in (folder / name).read_bytes() for piece in pieces)
     assert not (folder / LOCK_NAME).exists()
+    return made
 
 
 def test_a_writer_killed_inside_its_appends_resumes_to_every_row_once(tmp_path):
@@ -120,8 +134,8 @@ def test_a_writer_killed_inside_its_appends_resumes_to_every_row_once(tmp_path):
 
 @pytest.mark.slow
 def test_many_kills_at_random_points_lose_and_repeat_nothing(tmp_path):
-    for seed in range(4):
-        kill_and_resume(tmp_path / f"run{seed}", kills=12, seed=seed, timed=True)
+    made = [kill_and_resume(tmp_path / f"run{seed}", kills=12, seed=seed, timed=True) for seed in range(4)]
+    assert sum(made) >= 20, made
 
 
 def test_a_full_disk_mid_append_keeps_the_rows_before_it_and_the_store_resumes(tmp_path, monkeypatch):
@@ -198,13 +212,17 @@ def held(tmp_path):
     proc.communicate("")
 
 
-@pytest.mark.parametrize("verb", ["run", "shard", "merge"])
+@pytest.mark.parametrize("verb", ["run", "shard", "merge", "phases", "interference", "report"])
 def test_a_second_writer_is_refused_in_one_line_naming_the_holder(held, verb, tmp_path, capsys):
+    """Every verb that writes a folder, before it writes anything there (each refusal comes before measuring)."""
     folder, pid = held
     argv = {"run": lambda: ["run", "--impl", "naive", "--shape", SHAPES[0], "--no-isolate", "--out", str(folder)],
             "shard": lambda: ["run", "--impl", "naive", "--shape", SHAPES[0], "--shape", SHAPES[1], "--shard", "1/2",
                               "--no-isolate", "--out", str(folder)],
-            "merge": lambda: ["merge", str(shard_folders(tmp_path)[0]), "--partial", "--out", str(folder)]}[verb]()
+            "merge": lambda: ["merge", str(shard_folders(tmp_path)[0]), "--partial", "--out", str(folder)],
+            "phases": lambda: ["phases", "--model", PHASES_MODEL, "--no-isolate", "--out", str(folder)],
+            "interference": lambda: ["interference", "--out", str(folder)],
+            "report": lambda: ["report", str(REPO / "analysis" / "sample" / "cpu-quick"), "--out", str(folder)]}[verb]()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"phasebench {argv[0]}: error: {folder} is being written by pid {pid} ")
@@ -255,3 +273,76 @@ def test_merge_takes_whole_rows_of_a_torn_shard_and_writes_its_folder_whole(tmp_
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert after.keys() == before.keys() and after["run.json"] == before["run.json"]  # no half file, no temporary
     assert len(load(out)) == ROWS - 1
+
+
+# A plugin impl that holds its first call until a file appears: a run that is surely still writing its folder.
+WAITER = """
+import time
+from pathlib import Path
+from phasebench.kernels import attention, register
+
+def waits(q, k, v, *, causal, scale, cache_seqlens):
+    for _ in range(6000):
+        if Path({go!r}).exists():
+            break
+        time.sleep(0.1)
+    return attention(q, k, v, impl="naive", causal=causal, scale=scale, cache_seqlens=cache_seqlens)
+
+register("attention", "waits", waits, devices=("cpu",))
+"""
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "phasebench.bench.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_folder_the_second_is_refused_and_the_folder_holds_the_first_only(tmp_path):
+    """The issue's two writers: a second `phasebench run` on a folder that a first one is writing exits 2 in one line
+    naming it, and the folder holds the first run's rows and run.json only."""
+    plugin, go, out = tmp_path / "waiter.py", tmp_path / "go", tmp_path / "run"
+    plugin.write_text(WAITER.format(go=str(go)))
+    shapes = [arg for shape in SHAPES for arg in ("--shape", shape)]
+    first = cli("run", "--plugin", str(plugin), "--impl", "naive", "waits", *shapes, "--out", str(out))
+    for _ in range(3000):
+        if read_holder(out) or first.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert read_holder(out)["pid"] == first.pid
+    second = cli("run", "--impl", "flash", *shapes, "--out", str(out))
+    _, err = second.communicate(timeout=900)
+    go.write_text("")
+    _, first_err = first.communicate(timeout=900)
+    assert first.returncode == 0, first_err[-3000:]
+    assert second.returncode == 2 and err.strip().splitlines()[-1].startswith(
+        f"phasebench run: error: {out} is being written by pid {first.pid} ")
+    rows = load(out)
+    assert sorted(rows["impl"]) == ["naive", "naive", "waits", "waits"] and len(rows.drop_duplicates("shape")) == 2
+    assert json.loads((out / "run.json").read_text())["selection"]["impls"] == ["naive", "waits"]
+    assert not (out / LOCK_NAME).exists()
+
+
+@pytest.mark.slow
+def test_a_shard_killed_inside_an_append_resumes_as_its_shard_and_merges_whole(tmp_path):
+    """`run --shard 1/2` killed half-way into its second row: the folder loads, the resume sets the torn row aside,
+    takes over the dead run's lock with a note and measures the rest; the merge holds every row once."""
+    shapes = [arg for shape in [*SHAPES, "batch=1,q_heads=2,kv_heads=1,q_len=5,kv_len=29,head_dim=16"]
+              for arg in ("--shape", shape)]
+    argv = ["run", "--impl", "naive", "flash", *shapes, "--no-isolate"]
+    one, two = tmp_path / "s1", tmp_path / "s2"
+    killed = cli(*argv, "--shard", "1/2", "--out", str(one), env={FAULT_ENV: "tear:results.csv:2"})
+    killed.communicate(timeout=900)
+    assert killed.returncode == -9 and read_holder(one)["pid"] == killed.pid
+    with pytest.warns(files.FolderWarning, match="a torn row"):
+        assert len(load(one)) == 1
+    resumed = cli(*argv, "--shard", "1/2", "--resume", "--out", str(one))
+    _, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"took over the lock of pid {killed.pid}" in err and "set aside in results.csv.torn" in err
+    other = cli(*argv, "--shard", "2/2", "--out", str(two))
+    assert other.communicate(timeout=900) and other.returncode == 0
+    assert main(["merge", str(one), str(two), "--out", str(tmp_path / "merged")]) == 0
+    merged = load(tmp_path / "merged")
+    assert len(merged) == 6 and (merged.status == "ok").all()
+    assert len({sample_key(r) for r in merged.to_dict("records")}) == 6
