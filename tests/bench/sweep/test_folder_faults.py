@@ -262,7 +262,8 @@ def test_merge_takes_whole_rows_of_a_torn_shard_and_writes_its_folder_whole(tmp_
     out = tmp_path / "merged"
     assert main(["merge", str(first), str(second), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"results.csv: a torn row ({len(TORN_ROW)} bytes" in err and "shard 2/2 in" in err and "unfinished (5 of 6 rows)" in err
+    assert f"results.csv: a torn row ({len(TORN_ROW)} bytes" in err
+    assert "shard 2/2 in" in err and "unfinished (5 of 6 rows)" in err
     assert main(["merge", str(first), str(second), "--partial", "--out", str(out)]) == 0
     assert len(load(out)) == ROWS - 1
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -294,7 +295,8 @@ register("attention", "waits", waits, devices=("cpu",))
 
 def cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "phasebench.bench.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
