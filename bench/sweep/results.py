@@ -60,6 +60,7 @@ class ResultsStore:
         self.parquet_path = self.out_dir / "results.parquet"
         self.run_json_path = self.out_dir / "run.json"
         self.samples_path = self.out_dir / "samples.jsonl"
+        self.unwritten: WriteError | None = None  # what write_parquet(quiet=True) could not write
         folder_lock.acquire(self.out_dir)
         self.held = True
         try:
@@ -197,7 +198,8 @@ class ResultsStore:
 
     def write_parquet(self, quiet: bool = False) -> pd.DataFrame:
         """results.parquet (renamed into place whole): the CSV rows plus their samples_ms (None where a row has none);
-        returns the CSV rows. `quiet`: a write that fails is let go (the run already fails; the CSV holds the rows)."""
+        returns the CSV rows. `quiet`: a write that fails is kept in `unwritten` instead of raised (the CSV holds the
+        rows)."""
         df = self.frame()
         table = df.copy()
         samples = read_samples(self.samples_path)
@@ -205,12 +207,14 @@ class ResultsStore:
         keys = [sample_key(r) for r in self._read_rows()]
         values = [samples.get(k) for k in keys] if len(keys) == len(table) else [None] * len(table)
         table[SAMPLES] = pd.Series(values, index=table.index, dtype=object)
+        self.unwritten = None
         try:
             with replaced(self.parquet_path, "wb") as fh:
                 table.to_parquet(fh, index=False)
-        except WriteError:
+        except WriteError as err:
             if not quiet:
                 raise
+            self.unwritten = err
         return df
 
 

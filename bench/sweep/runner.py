@@ -264,11 +264,15 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
             failing = True
             raise
         finally:
-            df = store.write_parquet(quiet=failing)
+            df, unwritten = store.write_parquet(quiet=True), store.unwritten  # the CSV holds the rows either way
             meta["finished"] = now()
             meta["state_after"] = _snapshot(device)
             if not meta["interrupted"]:  # the config each tuned Triton kernel chose, per tuning key
                 meta["autotune"] = executor.autotune()
             meta["isolation"] = executor.describe()
+            if unwritten is not None and not failing:
+                meta["write_error"] = str(unwritten)
             store.write_run(meta, quiet=failing)
+    if unwritten is not None:  # every row written, results.parquet not: the run ends on it
+        raise unwritten
     return df

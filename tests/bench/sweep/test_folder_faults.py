@@ -151,11 +151,16 @@ def test_a_full_disk_mid_append_keeps_the_rows_before_it_and_the_store_resumes(t
     with pytest.warns(files.FolderWarning, match="no results.parquet"):
         kept = load(tmp_path)
     assert [sample_key(r) for r in kept.to_dict("records")] == [sample_key(r) for r in plan[:3]]
-    monkeypatch.delenv(FAULT_ENV)
+    monkeypatch.setenv(FAULT_ENV, "enospc:results.parquet")
     store = ResultsStore(tmp_path, resume=True)
     for row in plan:
         if not store.is_done(row):
             store.append(row)
+    with pytest.raises(files.WriteError, match="results.parquet: No space left on device"):
+        store.write_parquet()
+    assert len(store.write_parquet(quiet=True)) == ROWS and "results.parquet" in str(store.unwritten)
+    assert sorted(p.name for p in tmp_path.iterdir() if "parquet" in p.name) == []  # no half file, no temporary
+    monkeypatch.delenv(FAULT_ENV)
     store.write_parquet()
     store.close()
     table = load(tmp_path)
