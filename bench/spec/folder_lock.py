@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import shlex
@@ -15,6 +14,11 @@ import sys
 from pathlib import Path
 
 from .files import WriteError, note, remove_temporaries
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): the pid the lock file names decides
+    fcntl = None
 
 LOCK_NAME = "phasebench.lock"
 _held: dict[str, list] = {}  # resolved folder -> [fd, depth]: a process that holds a folder may enter it again
@@ -53,6 +57,8 @@ def _alive(info: dict) -> bool:
     """Whether the holder a lock file names still runs (known only on its own host)."""
     if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
         return False
+    if os.name == "nt":  # os.kill(pid, 0) would send a Ctrl-C there: a lock that stays is removed by hand
+        return True
     try:
         os.kill(info["pid"], 0)
     except ProcessLookupError:
@@ -60,6 +66,11 @@ def _alive(info: dict) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _busy(folder: Path) -> FolderBusy:
+    return FolderBusy(f"{folder} is being written by {holder_text(read_holder(folder) or {})}; wait for it to end "
+                      "or choose another folder")
 
 
 def _take(path: Path) -> tuple[int, dict | None]:
@@ -71,18 +82,17 @@ def _take(path: Path) -> tuple[int, dict | None]:
         except OSError as err:
             raise WriteError(path, err) from None
         try:
+            if fcntl is None:
+                raise OSError("no flock here")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            before = read_holder(path.parent) or {}
             os.close(fd)
-            raise FolderBusy(f"{path.parent} is being written by {holder_text(before)}; wait for it to end or "
-                             "choose another folder") from None
+            raise _busy(path.parent) from None
         except OSError:  # a filesystem without flock: the pid the file names decides
             before = read_holder(path.parent)
             if before and _alive(before) and before.get("pid") != os.getpid():
                 os.close(fd)
-                raise FolderBusy(f"{path.parent} is being written by {holder_text(before)}; wait for it to end or "
-                                 "choose another folder") from None
+                raise _busy(path.parent) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

@@ -71,6 +71,23 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_note(tmp_path):
     assert "no longer running" in notes[0]
 
 
+def test_without_flock_the_pid_the_lock_names_decides(tmp_path, monkeypatch):
+    """A filesystem (or a system) without flock: a live holder on this host refuses, a dead one is taken over."""
+    monkeypatch.setattr(folder_lock, "fcntl", None)
+    proc = holder(tmp_path / "live", "wait")
+    try:
+        with pytest.raises(FolderBusy, match=f"pid {proc.pid} on "):
+            folder_lock.acquire(tmp_path / "live")
+    finally:
+        proc.communicate("")
+    dead = holder(tmp_path / "dead", "die")
+    dead.wait()
+    notes = []
+    with folder_lock.holding(tmp_path / "dead", say=notes.append):
+        assert folder_lock.read_holder(tmp_path / "dead")["pid"] == os.getpid()
+    assert len(notes) == 1 and f"took over the lock of pid {dead.pid}" in notes[0]
+
+
 def test_a_folder_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(WriteError, match=r"cannot write .*file/run: Not a directory"):
