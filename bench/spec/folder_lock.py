@@ -78,7 +78,7 @@ def _take(path: Path) -> tuple[int, dict | None]:
     live process holds it."""
     for _ in range(10):  # the holder may remove the file between our open and flock: open it again
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # no write handle held: a remount read-only works
         except OSError as err:
             raise WriteError(path, err) from None
         try:
@@ -121,8 +121,9 @@ def acquire(folder, command: str | None = None, say=None) -> None:
     info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command or this_command(),
             "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
+        with open(path, "r+b") as fh:
+            fh.truncate(0)
+            fh.write(json.dumps(info).encode() + b"\n")
     except OSError as err:
         os.close(fd)
         raise WriteError(path, err) from None
