@@ -31,11 +31,13 @@ WRITER = """
 import json, sys, time
 from phasebench.bench.sweep.results import ResultsStore
 store = ResultsStore(sys.argv[1], resume=True)
+store.write_run({"run_id": "faults", "finished": None})
 for row in json.loads(open(sys.argv[2]).read()):
     if not store.is_done(row):
         store.append(row)
         time.sleep(float(sys.argv[3]))
 store.write_parquet()
+store.write_run({"run_id": "faults", "finished": "now"})
 store.close()
 """
 PHASES_MODEL = "name=tiny-lock,hidden=64,intermediate=96,layers=2,q_heads=2,kv_heads=1,head_dim=32,vocab=50"
@@ -143,6 +145,7 @@ def test_a_full_disk_mid_append_keeps_the_rows_before_it_and_the_store_resumes(t
     monkeypatch.setenv(FAULT_ENV, "enospc:results.csv:4")
     plan = planned_rows()
     store = ResultsStore(tmp_path)
+    store.write_run({"run_id": "faults", "finished": None})
     with pytest.raises(files.WriteError, match="results.csv: No space left on device"):
         for row in plan:
             store.append(row)
