@@ -38,7 +38,7 @@ def this_command() -> str:
 
 def holder_text(info: dict) -> str:
     """'pid 4242 on host h since 2026-01-01T10:00:00+00:00 (phasebench run --out x)' of a lock file's content."""
-    command = str(info.get("command") or "")
+    command = " ".join(str(info.get("command") or "").split())  # one line, whatever the command held
     command = f" ({command[:300]}{'...' if len(command) > 300 else ''})" if command else ""
     return f"pid {info.get('pid', '?')} on {info.get('host', '?')} since {info.get('since', '?')}{command}"
 

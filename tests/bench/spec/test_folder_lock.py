@@ -44,6 +44,9 @@ def test_the_lock_names_its_holder_and_a_process_may_enter_a_folder_it_holds_aga
     folder_lock.release(folder)
     assert not (folder / LOCK_NAME).exists()
     folder_lock.release(folder)  # once more: nothing held, nothing done
+    text = folder_lock.holder_text({"pid": 7, "host": "h", "since": "t", "command": "python -c 'a\nb' " * 40})
+    assert "\n" not in text and text.startswith("pid 7 on h since t (python -c 'a b'") and text.endswith("...)")
+    assert len(text) < 330
 
 
 def test_a_second_writer_is_refused_in_one_line_naming_the_holder(tmp_path):
