@@ -58,7 +58,7 @@ class Torn:
     def line(self) -> str:
         what = "a torn row" if self.rows == 1 else f"{self.rows} torn rows"
         where = f"set aside in {self.side.name}" if self.side else "left out (the folder's writer sets it aside)"
-        return f"{self.path}: {what} ({self.nbytes} bytes, cut by a kill or a full disk mid-write) {where}"
+        return f"{self.path}: {what} ({self.nbytes} bytes, cut mid-write by a kill or a crash) {where}"
 
 
 def note(line: str) -> None:
