@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ...bench.spec.files import write_file
 from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import ABOVE_ROOF_PCT, PHASES, cell_true
 
@@ -41,6 +44,14 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, squeeze: bool = 
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
     return fig, axes
+
+
+def save_png(fig: Figure, path, dpi: int) -> bytes:
+    """`fig` as PNG at `path`, renamed into place whole (a reader never sees half a figure); returns the bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    write_file(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def no_data(title: str, why: str, *, figsize=(6.0, 3.0)) -> Figure:

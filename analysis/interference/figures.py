@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from ..figures.kit import SERIES_GID, floats, new_figure, no_data
+from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
 from ..phases.model import USER_TARGETS
 from .rows import hybrid, mode_label, ordered, spatial
 
@@ -195,5 +195,5 @@ def write_interference_figures(rows: pd.DataFrame, out_dir, *, dpi: int = 110) -
     paths = []
     for name, draw in drawn_figures(rows).items():
         paths.append(out / f"{name}.png")
-        draw(rows).savefig(paths[-1], dpi=dpi)
+        save_png(draw(rows), paths[-1], dpi)
     return paths

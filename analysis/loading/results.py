@@ -24,6 +24,7 @@ from ...bench.spec.schema import (
 )
 from ...profiles.names import ALL_FIELDS as CASE_KEY_FIELDS
 from ...profiles.names import parse_case_key  # pure Python: no torch behind it
+from .partial import csv_source, missing_parquet, say
 from .pytest_benchmark import benchmark_rows, derive_figures, is_pytest_benchmark
 
 __all__ = ["DataFileError", "load", "load_profile"]
@@ -64,6 +65,8 @@ def load(*sources) -> pd.DataFrame:
     report leaves them out unless asked).
     A malformed file, or a run.json with a newer schema, raises ValueError with one line
     naming the file; a missing path raises FileNotFoundError.
+    A folder being written, or one whose writer was killed, reads too: a results.csv row that a kill tore is left
+    out, and results.csv is read where results.parquet is missing or torn; each is said in one FolderWarning.
     """
     paths = _flatten(sources)
     if not paths:
@@ -131,6 +134,9 @@ def _expand(path: Path) -> list[Path]:
     merged = {shard for folder in folders for shard in _merged_shards(folder)}
     for folder in (f for f in folders if f.resolve() not in merged):  # a merged sweep stands for its shards
         found.append(next(folder / name for name in RESULTS_NAMES if (folder / name).is_file()))
+        why = missing_parquet(folder) if found[-1].name == "results.csv" else None
+        if why:
+            say(f"{folder}: no results.parquet ({why}): rows read from results.csv")
     found.extend(p for p in sorted(path.rglob("*.json")) if p.name != RUN_JSON and is_pytest_benchmark(p))
     if not found:
         raise ValueError(f"{path}: no results.parquet, results.csv or pytest-benchmark JSON found in this folder")
@@ -169,9 +175,13 @@ def _read_table(path: Path) -> pd.DataFrame:
     try:
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
+        source, torn = csv_source(path)
         # As the runner writes it: an empty field is missing, "NA" is text; text columns stay
         # text so a run id like "20250101" is not read as a number.
-        return pd.read_csv(path, dtype={name: str for name in STRING_COLUMNS}, keep_default_na=False, na_values=[""])
+        table = pd.read_csv(source, dtype={name: str for name in STRING_COLUMNS}, keep_default_na=False,
+                            na_values=[""])
+        table.attrs["torn"] = torn  # said once the table reads as results
+        return table
     except pd.errors.EmptyDataError:
         raise ValueError("file is empty") from None
     except ValueError:
@@ -192,12 +202,22 @@ def _has_profile_columns(path: Path) -> bool:
 
 
 def _read_results(path: Path) -> pd.DataFrame:
-    table = _read_table(path)
+    try:
+        table = _read_table(path)
+    except ValueError as error:
+        beside = path.with_name("results.csv")
+        if path.suffix != ".parquet" or not beside.is_file():
+            raise
+        reason = " ".join(str(error).replace(f"'{path}'", "it").split())
+        say(f"{path}: not a whole parquet file ({reason}); rows read from results.csv beside it")
+        path, table = beside, _read_table(beside)
     if set(PROFILE_REQUIRED_COLUMNS) <= set(table.columns) and "latency_ms" not in table.columns:
         raise ValueError("this is a profile summary table, not result rows; read it with load_profile()")
     missing = _missing(table)
     if missing:
         raise ValueError(f"missing result column(s) {', '.join(missing)}")
+    if table.attrs.get("torn"):
+        say(table.attrs["torn"])
     run = _read_run_json(path.parent / RUN_JSON)
     table = conform(table)
     table["source"] = str(path)

@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
-from ..figures.kit import SERIES_GID, floats, new_figure, no_data
+from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
 from .check import check_sentence, normalised, over_goal_notes
 from .folder import as_bool
 from .model import SATURATION_MARGIN, USER_TARGETS
@@ -357,6 +357,6 @@ def write_phase_figures(tables: dict, out_dir, *, dpi: int = 110, figures: dict 
     paths = []
     for name, draw in (figures or PHASE_FIGURES).items():
         path = out / f"{name}.png"
-        draw(tables).savefig(path, dpi=dpi)
+        save_png(draw(tables), path, dpi)
         paths.append(path)
     return paths

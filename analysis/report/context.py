@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..figures.kit import save_png
 from .performance_figures import figures
 
 FOLD_OVER = 12  # a table of more rows starts folded
@@ -61,11 +61,8 @@ class Context:
     def figure(self, name: str, fig, caption: str = "", *, wide: bool | None = None) -> str:
         """Write `fig` as NAME.png (kept in `paths`) and return it as an embedded <figure> with its caption;
         a figure of WIDE_INCHES or more spans the page's width in a grid of figures."""
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=self.dpi)
-        png = buffer.getvalue()
         self.paths[name] = self.out / f"{name}.png"
-        self.paths[name].write_bytes(png)
+        png = save_png(fig, self.paths[name], self.dpi)
         wide = fig.get_size_inches()[0] >= WIDE_INCHES if wide is None else wide
         heading = name.replace("_", " ")
         text = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...bench.spec.files import write_file
+from ...bench.spec.folder_lock import holding
 from .context import Context, Section
 from .sections import SECTIONS
 from .tables import profiled, report_rows, runs_table
@@ -75,16 +77,16 @@ def write_report(
     `comparison` (a frame of analysis.comparison.pairs.compare) adds a Comparison section, comparison.png and
     comparison.csv."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     kinds = {kind: list(values) for kind, values in (found or {}).items()}
     if phases is not None:
         kinds["phases"] = [phases] if isinstance(phases, dict) else list(phases)
     ctx = Context(df=report_rows(df, include_profiled=include_profiled), out=out, found=kinds,
                   comparison=comparison, datasheet=datasheet, baseline=baseline, dpi=dpi,
                   left_out=0 if include_profiled else int(profiled(df).sum()))
-    made = [section for make in (SECTIONS if sections is None else sections) if (section := make(ctx)) is not None]
-    ctx.paths["html"] = out / "report.html"
-    ctx.paths["html"].write_text(page_html(ctx, title, made), encoding="utf-8")
+    with holding(out):  # one writer per folder; every file renamed into place whole
+        made = [section for make in (SECTIONS if sections is None else sections) if (section := make(ctx)) is not None]
+        ctx.paths["html"] = out / "report.html"
+        write_file(ctx.paths["html"], page_html(ctx, title, made))
     return ctx.paths
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from ...bench.spec.files import write_table
 from ..comparison.pairs import VERDICTS
 from ..figures.kit import op_rows
 from ..figures.linear import linear_crossings
@@ -221,7 +222,7 @@ def comparison_section(ctx: Context) -> Section | None:
 
     frame = ctx.comparison
     ctx.paths["comparison_csv"] = ctx.out / "comparison.csv"
-    frame.to_csv(ctx.paths["comparison_csv"], index=False)
+    write_table(ctx.paths["comparison_csv"], frame)
     tables = comparison_tables(frame)
     counts = {title: len(table) for title, table in tables.items()}
     hint = no_pair_hint(frame) or ("" if counts["Pairs"] or counts["Status changes"] else
@@ -249,7 +250,7 @@ def comparison_counts(frame) -> str:
 def summary_section(ctx: Context) -> Section:
     summary = summary_table(ctx.df)
     ctx.paths["summary"] = ctx.out / "summary.csv"
-    summary.to_csv(ctx.paths["summary"], index=False)
+    write_table(ctx.paths["summary"], summary)
     note = ("Per group of ok rows (interpreter-mode rows are in the correctness table): how many, how many were "
             "noisy, how many stood above their roof and how many stopped at their time limit with the 95% interval "
             "of their median wider than its target (unconverged), the median half-width of those intervals in % of "

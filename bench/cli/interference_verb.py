@@ -41,11 +41,13 @@ def cmd_interference(args) -> int:
           f"{cfg.out_dir}", file=sys.stderr, flush=True)
     from ...analysis.interference.figures import write_interference_figures
     from ...analysis.interference.rows import interference_summary
+    from ..spec.folder_lock import holding
 
     figures = []
     cfg.on_written = lambda table: figures.extend(write_interference_figures(table, cfg.out_dir))  # before the close
-    rows = run_interference(cfg)
-    print(interference_summary(rows))
+    with holding(cfg.out_dir):  # one writer per folder, the figures included
+        rows = run_interference(cfg)
+        print(interference_summary(rows))
     print(f"\nrows: {cfg.out_dir}/interference.csv, run.json; figures: {', '.join(p.name for p in figures)}")
     return 130 if rows.attrs.get("interrupted") else 0
 

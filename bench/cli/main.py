@@ -7,9 +7,12 @@ import datetime as dt
 import functools
 import json
 import sys
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..spec.files import FolderWarning, WriteError
+from ..spec.folder_lock import FolderBusy, holding
 from ..sweep.selection import (
     UsageError,
     build_cases,
@@ -109,18 +112,20 @@ def cmd_run(args) -> int:
 
     timer = default_timer(device, cuda_graph=args.cuda_graph, sample_time=args.sample_time, warm=args.warm,
                           ci_target=ci_target)
-    cases, shard = shard_of_run(args, cases, impls, device, timer, out, suite)
-    try:
-        df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume, retry_failed=args.retry_failed,
-                           timer=timer, refresh_ceilings=args.refresh_ceilings, on_row=Progress(), capture=capture,
-                           profiled=args.cuda_profiler_range, time_budget_s=args.time_budget, started=STARTED,
-                           isolation=isolation, retry_noisy=args.retry_noisy))
-    except ResumeError as err:
-        raise UsageError(str(err)) from None
-    if shard is not None:
-        from ..sweep.shards import finish_shard
+    with holding(out):  # one writer per folder, from before shard.json or a row is written
+        cases, shard = shard_of_run(args, cases, impls, device, timer, out, suite)
+        try:
+            df = run(RunConfig(cases, impls, device, out, suite=suite, resume=args.resume,
+                               retry_failed=args.retry_failed, timer=timer, refresh_ceilings=args.refresh_ceilings,
+                               on_row=Progress(), capture=capture, profiled=args.cuda_profiler_range,
+                               time_budget_s=args.time_budget, started=STARTED, isolation=isolation,
+                               retry_noisy=args.retry_noisy))
+        except ResumeError as err:
+            raise UsageError(str(err)) from None
+        if shard is not None:
+            from ..sweep.shards import finish_shard
 
-        finish_shard(out, shard)
+            finish_shard(out, shard)
     print(format_table(df))
     for line in closing_lines(df, out):
         print(line)
@@ -270,6 +275,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kept(args) -> str:
+    """What a run stopped by a write that failed keeps, and how to go on."""
+    if args.verb != "run" or not getattr(args, "out", None):
+        return ""
+    return (f"; the rows written before it are kept in {args.out}, and `--resume --out {args.out}` (with the same "
+            "options) goes on once the folder can be written again")
+
+
+def _show_warning(verb, default, message, category, *rest, **kw):
+    """A reader's note about a folder (a torn row left out, results.csv read for a torn results.parquet) in one
+    line; other warnings as Python shows them."""
+    if issubclass(category, FolderWarning):
+        print(f"phasebench {verb}: note: {message}", file=sys.stderr)
+    else:
+        default(message, category, *rest, **kw)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -277,9 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
-    except UsageError as err:
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_show_warning, args.verb, warnings.showwarning)
+            return args.func(args)
+    except (UsageError, FolderBusy) as err:
         print(f"phasebench {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+    except WriteError as err:  # a full disk or a read-only folder, mid-run: what was written before stays
+        print(f"phasebench {args.verb}: error: {err}{_kept(args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"phasebench {args.verb}: interrupted; rows written so far are kept", file=sys.stderr)

@@ -122,7 +122,7 @@ def check_writable(path: Path) -> None:
     """Fail before measuring anything when the results cannot be written."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".phasebench-write-test"
+        probe = path / f".phasebench-write-test-{os.getpid()}"  # two commands starting at once each probe their own
         probe.write_text("")
         probe.unlink()
     except OSError as err:

@@ -135,18 +135,20 @@ def cmd_phases(args) -> int:
     paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
     packed = f", projections {weights} by qlinear {impls['qlinear']}" if weights else ""
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
-    tables = run_phases(cfg, reuse)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
     from ...analysis.phases.speculative_figures import speculative_summary, write_speculative_figures
+    from ..spec.folder_lock import holding
 
-    print(phases_summary(tables))
-    figures = write_phase_figures(tables, out)
-    if speculate:
-        import json
+    with holding(out):  # one writer per folder, the figures included
+        tables = run_phases(cfg, reuse)
+        print(phases_summary(tables))
+        figures = write_phase_figures(tables, out)
+        if speculate:
+            import json
 
-        described = {**tables, "meta": json.loads((out / "phases.json").read_text())}
-        print(speculative_summary(described))
-        figures += write_speculative_figures(described, out)
+            described = {**tables, "meta": json.loads((out / "phases.json").read_text())}
+            print(speculative_summary(described))
+            figures += write_speculative_figures(described, out)
     print(f"\ntables: {out}/*.csv, phases.json; rows: {out}/ops; figures: {', '.join(p.name for p in figures)}")
     return 0
 

@@ -20,6 +20,8 @@ from ...analysis.phases import speculative as sp
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
+from ..spec.files import write_file, write_table
+from ..spec.folder_lock import holding
 from ..spec.models import DecoderConfig
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
 from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
@@ -217,7 +219,7 @@ def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[
                                      check.START_S + 60 * len(items)))
         except WorkerError as err:
             out.extend(op_sequence.failed(kind, uses, str(err)) for kind, uses in items)
-        pd.DataFrame(out, columns=list(op_sequence.COLUMNS)).to_csv(cfg.out_dir / "sequences.csv", index=False)
+        write_table(cfg.out_dir / "sequences.csv", pd.DataFrame(out, columns=list(op_sequence.COLUMNS)))
 
     return measure
 
@@ -246,8 +248,13 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
-    """Measure (or reuse) the ops, check a real forward pass, compose, and write every table under out_dir."""
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    """Measure (or reuse) the ops, check a real forward pass, compose, and write every table under out_dir (held
+    against a second writer; each table renamed into place whole)."""
+    with holding(cfg.out_dir):
+        return _run_phases(cfg, reuse)
+
+
+def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
     cases = measured_cases(cfg, reuse)
     impls = {op: [name] for op, name in cfg.impls.items()}
     timer = cfg.timer or ops_timer(cfg.device)
@@ -262,8 +269,8 @@ def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str
     if cfg.speculate:
         tables.update(speculative_tables(cfg, df, sequences, timer, impls))
     for name, table in tables.items():
-        table.to_csv(cfg.out_dir / f"{name}.csv", index=False)
-    (cfg.out_dir / "phases.json").write_text(json.dumps({
+        write_table(cfg.out_dir / f"{name}.csv", table)
+    write_file(cfg.out_dir / "phases.json", json.dumps({
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,

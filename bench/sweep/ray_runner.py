@@ -93,9 +93,14 @@ class ShardWorker:
         return Plan(cases, suite, impls, sweep_options(options), worker_env(device))
 
     def run_shard(self, job: ShardJob) -> dict:
-        from .results import read_results_csv
+        from ..spec.folder_lock import holding
+
+        with holding(job.folder):  # a second worker or a `--shard K/N` run on this folder is refused
+            return self._run_shard(job)
+
+    def _run_shard(self, job: ShardJob) -> dict:
         from .runner import RunConfig, run
-        from .shards import finish_shard, mark_shard, sweep_options
+        from .shards import csv_rows, finish_shard, mark_shard, sweep_options
 
         device, timer, options = self._setup(job.selection, job.cuda_graph)
         if sweep_options(options) != job.info.options:  # e.g. Triton compiled here, interpreted where planned
@@ -104,8 +109,7 @@ class ShardWorker:
         folder = Path(job.folder)
         shared = (Path(job.root) / MARKER).is_file() and (Path(job.root) / MARKER).read_text() == job.token
         mark_shard(folder, job.info, job.resume)
-        csv_path = folder / "results.csv"
-        self.done = len(read_results_csv(csv_path)) if job.resume and csv_path.exists() else 0
+        self.done = len(csv_rows(folder)) if job.resume else 0
         self.total = job.info.rows
 
         def on_row(row, index, total):
@@ -199,11 +203,14 @@ def run_sweep(cfg: RaySweep) -> int:
     1 when a shard failed (its rows are kept: --resume continues it)."""
     import ray
 
+    from ..spec.folder_lock import holding
+
     started = not ray.is_initialized()
     if started:
         connect(ray, cfg.address)
     try:
-        return _drive(ray, cfg)
+        with holding(cfg.out):  # the driver holds the sweep's folder; each worker holds its shard's
+            return _drive(ray, cfg)
     finally:
         if started:
             ray.shutdown()
@@ -342,10 +349,12 @@ def _measure(ray, cfg: RaySweep, jobs: list, actors: list, done_rows: dict, tota
 
 def _store(folder: Path, files: dict) -> None:
     """A worker that did not see the driver's folder sent its shard's files back: write them here."""
+    from ..spec.files import write_file
+
     if files:
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            (folder / name).write_bytes(data)
+            write_file(folder / name, data)
 
 
 def _merge_and_show(cfg: RaySweep, folders: list[Path]) -> int:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
 
-from ..spec import schema
+from ..spec import folder_lock, schema
+from ..spec.files import WriteError, append_row, note, read_whole, replaced, set_aside_torn, write_file
 
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 CASE_COLUMNS = list(schema.CASE_COLUMNS)
@@ -35,10 +36,14 @@ def row_key(row: dict) -> tuple:
 
 
 class ResultsStore:
-    """Appends rows to DIR/results.csv (flushed and synced per row) and writes parquet and run.json.
+    """Appends rows to DIR/results.csv (one write per row, synced) and writes parquet and run.json.
 
     An ok row's raw samples go to DIR/samples.jsonl (one synced line per row, before its CSV line) and
     join the CSV rows in results.parquet's `samples_ms` column, so a killed run loses none of them.
+    The store holds DIR (bench.spec.folder_lock) until `close`: a second writer is refused. A row that a kill or a
+    full disk cut short is set aside in NAME.torn when the folder is opened again (bench.spec.files), and the
+    derived files (results.parquet, run.json) are renamed into place whole; results.parquet goes when rows are added
+    to a folder, and comes back at the end of the run.
 
     `options` are the run's measurement options (device, timer, mode); a resume whose options differ
     from those in DIR/run.json is refused. `sweep` names what the folder holds (run.json's `selection`: suite,
@@ -55,14 +60,32 @@ class ResultsStore:
         self.parquet_path = self.out_dir / "results.parquet"
         self.run_json_path = self.out_dir / "run.json"
         self.samples_path = self.out_dir / "samples.jsonl"
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(self.out_dir, os.W_OK):
-            raise PermissionError(f"out: {self.out_dir} is not writable")
+        self.unwritten: WriteError | None = None  # what write_parquet(quiet=True) could not write
+        folder_lock.acquire(self.out_dir)
+        self.held = True
+        try:
+            self._open(resume, retry_failed, options, sweep)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let go of the folder, so that another writer may take it (once: a second close does nothing)."""
+        if self.held:
+            self.held = False
+            folder_lock.release(self.out_dir)
+
+    def _open(self, resume: bool, retry_failed: bool, options: dict | None, sweep: dict | None) -> None:
         self.done: set[tuple] = set()
         self.retrying: set[tuple] = set()  # keys of failed or skipped rows that the next row of the key replaces
         if resume and self.csv_path.exists():
             self._check_options(options)
             self._check_sweep(sweep)
+            for path in (self.csv_path, self.samples_path):
+                torn = set_aside_torn(path)
+                if torn:
+                    note(torn.line())
+            self.parquet_path.unlink(missing_ok=True)  # the rows about to be added would make it stale
             rows = self._read_rows()
             measured = {row_key(r) for r in rows if r.get("status") not in RETRIED}
             if retry_failed:
@@ -73,7 +96,6 @@ class ResultsStore:
                 self.retrying = {row_key(r) for r in kept} - measured
                 rows = [r for r in kept if row_key(r) in measured]
             self.done = {row_key(r) for r in rows}
-            _end_line(self.samples_path)
         else:
             if self.csv_path.exists():
                 self.csv_path.unlink()
@@ -100,6 +122,8 @@ class ResultsStore:
                                   "--out")
 
     def _read_rows(self) -> list[dict]:
+        if not self._has_rows():
+            return []
         with self.csv_path.open(newline="") as fh:
             reader = csv.DictReader(fh)
             if reader.fieldnames != COLUMNS:
@@ -108,14 +132,10 @@ class ResultsStore:
             return list(reader)
 
     def _rewrite(self, rows: list[dict]) -> None:
-        tmp = self.csv_path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as fh:
+        with replaced(self.csv_path, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self.csv_path)
 
     def previous_run(self) -> dict | None:
         try:
@@ -123,10 +143,13 @@ class ResultsStore:
         except (OSError, ValueError):
             return None
 
-    def write_run(self, meta: dict) -> None:
-        tmp = self.run_json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=1, default=str))
-        tmp.replace(self.run_json_path)
+    def write_run(self, meta: dict, quiet: bool = False) -> None:
+        """run.json, renamed into place whole; `quiet`: a write that fails is let go (the run already fails)."""
+        try:
+            write_file(self.run_json_path, json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=1, default=str))
+        except WriteError:
+            if not quiet:
+                raise
 
     def is_done(self, row_like: dict) -> bool:
         return row_key(row_like) in self.done
@@ -146,18 +169,13 @@ class ResultsStore:
         if row.get(SAMPLES):
             entry = {"key": dict(zip(KEY_COLUMNS, sample_key(row), strict=True)),
                      SAMPLES: [float(v) for v in row[SAMPLES]]}
-            with self.samples_path.open("a") as fh:
-                fh.write(json.dumps(entry) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        new_file = not self.csv_path.exists()
-        with self.csv_path.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-            if new_file:
-                writer.writeheader()
-            writer.writerow({k: _csv_value(row.get(k)) for k in COLUMNS})
-            fh.flush()
-            os.fsync(fh.fileno())
+            append_row(self.samples_path, json.dumps(entry) + "\n")
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        header = text.getvalue()
+        writer.writerow({k: _csv_value(row.get(k)) for k in COLUMNS})
+        append_row(self.csv_path, text.getvalue()[len(header):], header=header)
         self.done.add(row_key(row))
 
     def replace(self, row: dict) -> None:
@@ -182,21 +200,33 @@ class ResultsStore:
             self._rewrite([{k: _csv_value(v) for k, v in n.items() if k in COLUMNS} for n in new])
         return count
 
+    def _has_rows(self) -> bool:
+        return self.csv_path.is_file() and self.csv_path.stat().st_size > 0
+
     def frame(self) -> pd.DataFrame:
-        if not self.csv_path.exists():
+        if not self._has_rows():
             return pd.DataFrame(columns=COLUMNS)
         return read_results_csv(self.csv_path)
 
-    def write_parquet(self) -> pd.DataFrame:
-        """results.parquet: the CSV rows plus their samples_ms (None where a row has none); returns the CSV rows."""
+    def write_parquet(self, quiet: bool = False) -> pd.DataFrame:
+        """results.parquet (renamed into place whole): the CSV rows plus their samples_ms (None where a row has none);
+        returns the CSV rows. `quiet`: a write that fails is kept in `unwritten` instead of raised (the CSV holds the
+        rows)."""
         df = self.frame()
         table = df.copy()
         samples = read_samples(self.samples_path)
         # keys from the CSV's own text, line by line: the frame's dtypes would blur blanks and bools
-        keys = [sample_key(r) for r in self._read_rows()] if self.csv_path.exists() else []
+        keys = [sample_key(r) for r in self._read_rows()]
         values = [samples.get(k) for k in keys] if len(keys) == len(table) else [None] * len(table)
         table[SAMPLES] = pd.Series(values, index=table.index, dtype=object)
-        table.to_parquet(self.parquet_path, index=False)
+        self.unwritten = None
+        try:
+            with replaced(self.parquet_path, "wb") as fh:
+                table.to_parquet(fh, index=False)
+        except WriteError as err:
+            if not quiet:
+                raise
+            self.unwritten = err
         return df
 
 
@@ -206,15 +236,6 @@ def _listed(value) -> str:
     return str(value)
 
 
-def _end_line(path: Path) -> None:
-    """End a line torn by a kill, so the next append starts a line of its own."""
-    if path.exists() and path.stat().st_size:
-        with path.open("rb+") as fh:
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
-
-
 def _csv_value(value):
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -222,7 +243,9 @@ def _csv_value(value):
 
 
 def read_results_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype={c: str for c in TEXT_COLUMNS})
+    """The whole rows of a results.csv as the runner wrote them (a row torn by a kill is left out)."""
+    whole, _ = read_whole(path)
+    df = pd.read_csv(io.BytesIO(whole), keep_default_na=False, na_values=[""], dtype={c: str for c in TEXT_COLUMNS})
     for col in TEXT_COLUMNS:
         if col in df:
             df[col] = df[col].fillna("")

@@ -18,6 +18,7 @@ from ...kernels import OPS, triton_mode
 from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitutions
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
+from ..spec.files import WriteError
 from .measure import INTERPRETER_SAMPLES, HarnessSampler, base_row, one_line, rejudged, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
@@ -221,6 +222,17 @@ def run(cfg: RunConfig):
     options = measurement_options(device, timer, cfg.profiled)
     sweep = sweep_of(cfg)
     store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options, sweep=sweep)
+    try:
+        return _sweep(cfg, store, timer, options, sweep)
+    finally:
+        store.close()
+
+
+def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dict, sweep: dict):
+    """run() with the folder held: the ceilings, then every row, then results.parquet and run.json (those also
+    when the sweep stops: on a full disk or a read-only folder the rows written before stay, and run.json says why,
+    where it can still be written)."""
+    device = cfg.device
     dtypes = sorted({c.dtype for c in cfg.cases})
     state_before = _snapshot(device)
     executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
@@ -257,6 +269,7 @@ def run(cfg: RunConfig):
 
         noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
         fresh = 0  # rows measured by this invocation (a resume may have none left)
+        failing = False
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
             for round_index in range(cfg.rounds):
@@ -284,14 +297,24 @@ def run(cfg: RunConfig):
                 meta["ceilings_after_note"] = ("not measured again: " + ("a profiled run" if fresh else
                                                                           "no row measured by this invocation"))
         except KeyboardInterrupt:
-            meta["interrupted"] = True
+            meta["interrupted"] = failing = True
+            raise
+        except WriteError as err:
+            meta["interrupted"], meta["write_error"], failing = True, str(err), True
+            raise
+        except BaseException:
+            failing = True
             raise
         finally:
-            df = store.write_parquet()
+            df, unwritten = store.write_parquet(quiet=True), store.unwritten  # the CSV holds the rows either way
             meta["finished"] = now()
             meta["state_after"] = _snapshot(device)
             if not meta["interrupted"]:  # the config each tuned Triton kernel chose, per tuning key
                 meta["autotune"] = executor.autotune()
             meta["isolation"] = executor.describe()
-            store.write_run(meta)
+            if unwritten is not None and not failing:
+                meta["write_error"] = str(unwritten)
+            store.write_run(meta, quiet=failing)
+    if unwritten is not None:  # every row written, results.parquet not: the run ends on it
+        raise unwritten
     return df

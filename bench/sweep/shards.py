@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..spec.files import note, read_whole, replaced, write_file
+from ..spec.folder_lock import holding
 from .results import COLUMNS, KEY_COLUMNS, SAMPLES, read_results_csv, read_samples, sample_key
 
 SHARD_JSON = "shard.json"
@@ -138,9 +141,7 @@ def read_shard(folder: Path) -> ShardInfo | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
+    write_file(path, json.dumps(data, indent=1, default=str))
 
 
 def mark_shard(folder: Path, info: ShardInfo, resume: bool) -> None:
@@ -165,12 +166,15 @@ def finish_shard(folder: Path, info: ShardInfo, worker: dict | None = None) -> N
     _write_json(path, meta)
 
 
-def _csv_rows(folder: Path) -> list[dict]:
+def csv_rows(folder: Path) -> list[dict]:
+    """The whole rows of a folder's results.csv as text (a row that a kill tore is left out, and said so)."""
     try:
-        with (Path(folder) / "results.csv").open(newline="") as fh:
-            return list(csv.DictReader(fh))
+        whole, torn = read_whole(Path(folder) / "results.csv")
     except FileNotFoundError:
         return []
+    if torn:
+        note(torn.line())
+    return list(csv.DictReader(io.StringIO(whole.decode(), newline="")))
 
 
 def shard_complete(folder: Path, sweep: str) -> bool:
@@ -181,7 +185,7 @@ def shard_complete(folder: Path, sweep: str) -> bool:
     except (OSError, ValueError):
         return False
     return (info is not None and info.sweep_id == sweep and bool(meta.get("finished"))
-            and len(_csv_rows(folder)) == info.rows)
+            and len(csv_rows(folder)) == info.rows)
 
 
 # ---------------------------------------------------------------- merge
@@ -231,7 +235,7 @@ def merge(folders, out: Path, partial: bool = False) -> dict:
             meta = {}
         meta = meta if isinstance(meta, dict) else {}
         try:
-            rows = _csv_rows(folder)
+            rows = csv_rows(folder)
             samples.update(read_samples(folder / "samples.jsonl"))
         except (OSError, csv.Error, UnicodeDecodeError) as err:
             raise ShardError(f"shards: {folder}: its rows cannot be read ({type(err).__name__}: "
@@ -259,9 +263,13 @@ def _relative(folder: Path, out: Path) -> str:
 
 
 def _write_merged(out: Path, info: ShardInfo, metas: list, text_rows: list, samples: dict, missing: list) -> dict:
+    with holding(out):  # one writer per folder; each file renamed into place whole, run.json last
+        return _write_files(out, info, metas, text_rows, samples, missing)
+
+
+def _write_files(out: Path, info: ShardInfo, metas: list, text_rows: list, samples: dict, missing: list) -> dict:
     from .results import SCHEMA_VERSION
 
-    out.mkdir(parents=True, exist_ok=True)
     run_json = out / "run.json"
     try:
         before = json.loads(run_json.read_text()) if run_json.exists() else {}
@@ -270,18 +278,18 @@ def _write_merged(out: Path, info: ShardInfo, metas: list, text_rows: list, samp
     if (out / "results.csv").exists() and not (isinstance(before, dict) and "shards" in before):
         raise ShardError(f"out: {out} holds a run's own results; choose another --out")
     csv_path = out / "results.csv"
-    tmp = csv_path.with_name("results.csv.tmp")
-    with tmp.open("w", newline="") as fh:
+    (out / "results.parquet").unlink(missing_ok=True)  # stale from here until it is written again below
+    with replaced(csv_path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=[*COLUMNS, SHARD_COLUMN], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(text_rows)
-    tmp.replace(csv_path)
-    with (out / "samples.jsonl").open("w") as fh:
+    with replaced(out / "samples.jsonl", "w") as fh:
         for key, values in samples.items():
             fh.write(json.dumps({"key": dict(zip(KEY_COLUMNS, key, strict=True)), SAMPLES: values}) + "\n")
     table = read_results_csv(csv_path)
     table[SAMPLES] = pd.Series([samples.get(sample_key(r)) for r in text_rows], index=table.index, dtype=object)
-    table.to_parquet(out / "results.parquet", index=False)
+    with replaced(out / "results.parquet", "wb") as fh:
+        table.to_parquet(fh, index=False)
     times = [m for m in metas if m.get("started")]
     merged = {"schema": SCHEMA_VERSION, "run_id": f"sweep-{info.sweep_id}", "suite": info.suite,
               "started": min((m["started"] for m in times), default=None),

@@ -18,6 +18,8 @@ import torch
 from ...instruments.contention import ContentionProbe, snapshot
 from ...instruments.roofline import TORCH_DTYPES
 from ...instruments.timing import TimerConfig, time_call
+from ...spec.files import write_file, write_table
+from ...spec.folder_lock import holding
 from ...spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, WHOLE, conform_interference
 from ...spec.models import DecoderConfig
 from ...sweep.measure import one_line
@@ -298,8 +300,13 @@ class Session:
 def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     """The hybrid form (bench.phases.run_hybrid), then the spatial one: every (batch, prompt, mode) in rounds (the
     modes' order turned each round, so drift spreads over them), each mode's windows pooled; writes
-    interference.csv and run.json under out_dir; returns the rows."""
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    interference.csv and run.json under out_dir (held against a second writer; each renamed into place whole);
+    returns the rows."""
+    with holding(cfg.out_dir):
+        return _run_interference(cfg)
+
+
+def _run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
     say = cfg.on_line or (lambda line: None)
     modes, skipped = plan_modes(cfg.device, allowed_cpus()) if "spatial" in cfg.forms else ([], {})
     meta = run_metadata(cfg.device)  # before measuring: a budget's interrupt leaves time only for writing
@@ -361,9 +368,9 @@ def run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
                                       heads.get(batch, math.nan))]
         stamp = now()
         table = conform_interference(pd.DataFrame([{"run_id": meta["run_id"], "time": stamp, **r} for r in rows]))
-        table.to_csv(cfg.out_dir / CSV_NAME, index=False)
+        write_table(cfg.out_dir / CSV_NAME, table)
         meta.update(interrupted=interrupted, state_after=snapshot(cfg.device))
-        (cfg.out_dir / RUN_JSON).write_text(json.dumps(meta, indent=1, default=str))
+        write_file(cfg.out_dir / RUN_JSON, json.dumps(meta, indent=1, default=str))
         if cfg.on_written is not None:
             cfg.on_written(table)
     finally:

@@ -140,6 +140,36 @@ def test_a_worker_killed_mid_shard_is_resumed_and_nothing_is_lost_or_repeated(lo
         assert json.loads((f / "run.json").read_text())["run_id"] == run_ids[f.name]
 
 
+# A plugin that arms the store's tear hook in the first Ray actor to import it (never in the driver): that actor
+# dies half-way into the second row it appends to its shard's results.csv.
+TEARER = textwrap.dedent("""
+    import os
+    if os.getpid() != {driver}:
+        try:
+            os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.environ["PHASEBENCH_FAULT"] = "tear:results.csv:2"
+        except FileExistsError:
+            pass
+""")
+
+
+def test_an_actor_killed_inside_an_append_leaves_its_shard_to_resume_whole(local_ray, tmp_path, capsys):
+    plugin, marker, out = tmp_path / "tearer.py", tmp_path / "armed", tmp_path / "ray"
+    plugin.write_text(TEARER.format(driver=os.getpid(), marker=str(marker)))
+    argv = ["run", "--ray", "--workers", "2", "--plugin", str(plugin), *selection(["naive", "flash"]),
+            "--out", str(out)]
+    assert main(argv) == 1, capsys.readouterr().err[-3000:]
+    assert marker.exists() and not (out / "results.csv").exists()
+    status = main([*argv, "--resume"])
+    err = capsys.readouterr().err
+    assert status == 0, err[-3000:]
+    torn = sorted(out.glob("shard-*-of-2/results.csv.torn"))
+    assert len(torn) == 1 and torn[0].read_bytes().count(b"\n") == 1  # the half row, kept aside
+    merged = rows(out)
+    assert len(merged) == 6 and len({sample_key(r) for r in merged}) == 6 and {r["status"] for r in merged} == {"ok"}
+    assert not list(out.rglob("phasebench.lock"))  # every holder let go, the dead actor's lock taken over
+
+
 def test_a_ray_address_where_no_cluster_answers_fails_at_once_in_one_line(tmp_path):
     from ...conftest import run_cli
 
