@@ -20,8 +20,9 @@ Routes (each reported as the call's backend):
   CUDA take none and raise `Unsupported`.
 - Sinks: no FlashAttention-2 kernel has the term. On the host, SDPA's flash kernel returns the rows' log-sum-exp
   (`aten._scaled_dot_product_flash_attention_for_cpu`, the kernel `sdpa-flash` dispatches to), and the output is
-  rescaled by sigmoid(lse - sink) = Z / (Z + exp(sink)) (suffix `+lse-sink`); on CUDA the SDPA routes raise
-  `Unsupported` (the public API returns no log-sum-exp).
+  rescaled by sigmoid(lse - sink) = Z / (Z + exp(sink)), all in fp32 and rounded once (suffix `+fp32-lse-sink`: q
+  and the keys the window reaches are upcast in the call); on CUDA the SDPA routes raise `Unsupported` (the public
+  API returns no log-sum-exp).
 A backend that rejects a request at run time raises `Unsupported`; nothing falls back silently.
 """
 
@@ -118,17 +119,19 @@ def _masked_with_sinks(req: AttentionRequest, impl: str, backend: SDPBackend, la
     if req.device_type != "cpu" or backend != SDPBackend.FLASH_ATTENTION:
         raise Unsupported(f"{label} returns no log-sum-exp on {req.device_type}, so it cannot add a sink term "
                           "(naive and triton serve sinks)")
-    additive = None if keep is None else torch.zeros(keep[:, None].shape, dtype=req.dtype, device=req.q.device
-                                                     ).masked_fill_(~keep[:, None], float("-inf"))
+    additive = None if keep is None else torch.zeros(keep[:, None].shape, device=req.q.device).masked_fill_(
+        ~keep[:, None], float("-inf"))
     sinks = req.sinks[None, :, None]
 
     def with_sinks():
-        k, v = (t[:, :, first:] for t in kv())
+        # in fp32 (q and the keys the window reaches upcast in the call): rescaling an output already rounded to
+        # bf16 would round it twice, about 2x the error of one rounding, past the gate's limit
+        k, v = (t[:, :, first:].float() for t in kv())
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            req.q, k, v, 0.0, False, attn_mask=additive, scale=req.scale)
+            req.q.float(), k, v, 0.0, False, attn_mask=additive, scale=req.scale)
         # Z / (Z + exp(sink)) with Z = exp(lse): the sink's share leaves the denominator
-        return out.mul_(torch.sigmoid(lse - sinks)[..., None].to(out.dtype))
-    return PlannedCall(impl, label + "+lse-sink", with_sinks)
+        return out.mul_(torch.sigmoid(lse - sinks)[..., None]).to(req.dtype)
+    return PlannedCall(impl, label + "+fp32-lse-sink", with_sinks)
 
 
 def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> PlannedCall:
