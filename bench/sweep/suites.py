@@ -87,12 +87,12 @@ SUITES["quick"]["cpu"].append(QLinearSweep(("llama-3-8b",), (1,), "decode", ("o"
 # paged too; and the prefill of both kinds of gpt-oss layer. The host keeps two contexts and the smaller batches:
 # Triton's interpreter takes seconds a call at 64 heads.
 KIND_BATCH = {"cuda": (1, 16, 64), "cpu": (1, 4)}
-KIND_CONTEXT = {"cuda": (K, 4 * K, 16 * K, 64 * K), "cpu": (512, 2 * K)}
+KIND_CONTEXT = {"cuda": (K, 4 * K, 16 * K, 64 * K), "cpu": (512, K)}
 SUITES["mla-decode"] = {
     "cuda": [MLASweep(("deepseek-v2-lite", "deepseek-v3"), KIND_BATCH["cuda"], KIND_CONTEXT["cuda"], q_lens=(1, 2)),
              MLASweep(("deepseek-v3",), (16,), (16 * K,), pages=(64,))],
     "cpu": [MLASweep(("deepseek-v2-lite",), KIND_BATCH["cpu"], KIND_CONTEXT["cpu"]),
-            MLASweep(("deepseek-v3",), (1,), (2 * K,)),
+            MLASweep(("deepseek-v3",), (1,), (K,)),
             MLASweep(("deepseek-v2-lite",), (2,), (600,), q_lens=(2,), pages=(64,))],
 }
 SUITES["window-decode"] = {
