@@ -104,7 +104,8 @@ def mla_key_for(case, impl: str) -> str:
             raise ValueError(f"{field}={value!r}: must be a positive int")
         dims[field] = value
     return "mla/{}/{}/b{batch}-hq{q_heads}-q{q_len}-k{kv_len}-d{head_dim}-v{head_dim_v}-{}".format(
-        _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims) + _cache_suffix(case)
+        _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims
+    ) + _cache_suffix(case)
 
 
 def linear_key_for(case, impl: str) -> str:

@@ -102,7 +102,7 @@ def mla_split_kernel(Q, KV, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
 
 TUNING_CONFIGS = [
     triton.Config({"BLOCK_ROWS": rows, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for rows, bn, w, s in [(16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 8, 2), (32, 16, 8, 2), (64, 16, 8, 2)]
+    for rows, bn, w, s in [(16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 8, 2), (32, 16, 8, 2), (32, 32, 8, 2)]
 ]
 
 mla_split_kernel_tuned = triton.autotune(

@@ -11,6 +11,7 @@ from ..attention.cost import ELEMENT_BYTES
 from ..attention.reference import reference_dtype, reference_scratch_bytes
 from .cases import MLACase
 
+
 def _rows(case: MLACase) -> int:
     return case.batch * case.q_heads * case.q_len
 

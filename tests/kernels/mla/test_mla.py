@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from phasebench.kernels import buffers, mla_decode, prepare_mla
-from phasebench.kernels.mla.triton_mla import mla_decode_triton
 from phasebench.kernels.mla.request import validate_mla
+from phasebench.kernels.mla.triton_mla import mla_decode_triton
 
 from ...markers import TRITON_DEVICE
 from ..reference import max_error, reference, to_pages
