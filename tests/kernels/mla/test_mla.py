@@ -24,8 +24,9 @@ SHAPES = {
     "paged-p16-mid-page": (3, 6, 1, 70, 48, 32, (70, 5, 33), 16),
     "paged-p64-mtp": (2, 4, 2, 100, 80, 64, (100, 65), 64),
 }
-CASES = [(name, dtype) for name in SHAPES for dtype in (torch.float32, torch.bfloat16)
-         if dtype == torch.float32 or name in ("deepseek-dims-mtp", "paged-p16-mid-page")]
+LOW = {"deepseek-dims-mtp": (torch.bfloat16,), "paged-p16-mid-page": (torch.bfloat16,),
+       "ragged-5-heads": (torch.float16,)}
+CASES = [(name, dtype) for name in SHAPES for dtype in (torch.float32, *LOW.get(name, ()))]
 
 
 def mla_inputs(name, dtype, seed=0):
