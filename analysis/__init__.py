@@ -6,6 +6,7 @@ committed sample/ sit beside them. The names below are the public API."""
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .comparison.display import comparison_figure
 from .comparison.pairs import compare, regressions, with_samples
+from .figures.decode_kinds import decode_kinds_roofline, decode_kinds_table
 from .figures.linear import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
 from .figures.paged import paged_figure, paged_table
 from .figures.prefill_decode import phase_comparison, tokens_per_second
@@ -50,6 +51,8 @@ __all__ = [
     "comparison_figure",
     "correctness_table",
     "decode_breakdown_figure",
+    "decode_kinds_roofline",
+    "decode_kinds_table",
     "decode_figure",
     "decode_scaling",
     "headline",

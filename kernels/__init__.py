@@ -1,6 +1,7 @@
 """phasebench.kernels: operator implementations behind one calling convention each, and the one registry.
 
-One package per operator (attention/, linear/, elementwise/, qlinear/: its request validation and implementations);
+One package per operator (attention/, linear/, elementwise/, qlinear/, mla/: its request validation and
+implementations);
 beside them the shared helpers: registry (operators and their implementations), plugins (users' kernels),
 errors, buffers, triton_mode (interpreter or compiled, decided before any kernel is defined) and autotune
 (the autotuner's winners). The facade below is the public API. Imports nothing else of phasebench.
@@ -11,12 +12,13 @@ from __future__ import annotations
 # isort: off
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
 from .attention import TRITON_IMPORT_ERROR
-from . import linear as _linear, elementwise as _elementwise, qlinear as _qlinear  # noqa: F401  (declare, register)
+from . import linear as _linear, elementwise as _elementwise, qlinear as _qlinear, mla as _mla  # noqa: F401
 # isort: on
 from .attention.request import AttentionRequest, validate
 from .elementwise.request import validate_elementwise
 from .errors import Unsupported
 from .linear.request import LinearRequest, validate_linear
+from .mla.request import MLARequest, validate_mla
 from .plugins import load_plugin, register
 from .qlinear.request import QLinearRequest, validate_qlinear
 from .qlinear.schemes import SCHEMES, QuantizedWeight, quantize
@@ -29,32 +31,39 @@ __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_i
            "PlannedCall", "AttentionCall", "AttentionRequest", "Impl", "IMPLS", "get_impl", "validate",
            "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
            "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR", "qlinear", "prepare_qlinear",
-           "quantize", "QuantizedWeight", "QLinearRequest", "validate_qlinear", "SCHEMES"]
+           "quantize", "QuantizedWeight", "QLinearRequest", "validate_qlinear", "SCHEMES", "mla_decode", "prepare_mla",
+           "MLARequest", "validate_mla"]
 
 # The facade functions below share their names with the operator packages: they are defined after the
 # packages are imported, so `phasebench.kernels.attention` is the function (import the packages' modules
 # with `from phasebench.kernels.attention import triton_attention`).
 
 
-def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> PlannedCall:
+def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
+            sinks=None) -> PlannedCall:
     """Validate and plan a call without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl)
-    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
+    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table,
+                   window_left=window_left, sinks=sinks)
     chosen.check(req)
     return chosen.plan(req)
 
 
-def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None):
+def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
+              sinks=None):
     """Attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D]; returns [B, Hq, Sq, D] in q's dtype. With
-    `block_table` (int32 [B, max_pages]), k and v are pools of pages [num_pages, page_size, Hkv, D]."""
+    `block_table` (int32 [B, max_pages]), k and v are pools of pages [num_pages, page_size, Hkv, D].
+    `window_left` (FlashInfer's): the query at position i (bottom-right aligned) sees keys j >= i - window_left
+    (-1: no window); `sinks` (float32 [Hq]): a logit per head added to the softmax denominator (gpt-oss)."""
     return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
-                   block_table=block_table).run()
+                   block_table=block_table, window_left=window_left, sinks=sinks).run()
 
 
-def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None) -> str:
+def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
+                sinks=None) -> str:
     """The concrete backend that `attention` with the same arguments uses."""
     return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
-                   block_table=block_table).backend
+                   block_table=block_table, window_left=window_left, sinks=sinks).backend
 
 
 def prepare_linear(x, w, *, impl) -> PlannedCall:
@@ -98,3 +107,20 @@ def qlinear(x, qweight, *, impl):
     """x [M, K] times a weight packed by `quantize(w, scheme)` (w [N, K], nn.Linear layout): [M, N] in x's dtype,
     fp32 accumulation; the weights are those `qweight.dequantize()` returns."""
     return prepare_qlinear(x, qweight, impl=impl).run()
+
+
+def prepare_mla(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None) -> PlannedCall:
+    """Validate and plan `mla_decode` without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl, op="mla")
+    req = validate_mla(q, latent, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens, block_table=block_table)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def mla_decode(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None):
+    """MLA decode with the projections absorbed: q [B, Hq, Sq, D] (Sq 1 or 2, bottom-right causal) against one
+    latent per token, [B, 1, Sk, D] or pools of pages [num_pages, page_size, 1, D] with `block_table`; the value is the
+    latent's first `v_dim` dims (DeepSeek: D 576 = 512 + 64 rotary, v_dim 512); returns [B, Hq, Sq, v_dim] in q's
+    dtype. `scale` is required: MLA's is 1/sqrt(qk_nope + qk_rope dims), not 1/sqrt(D)."""
+    return prepare_mla(q, latent, impl=impl, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens,
+                       block_table=block_table).run()

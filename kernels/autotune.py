@@ -12,12 +12,14 @@ def tuned_kernels() -> dict[str, object]:
     try:
         from .attention import triton_decode, triton_prefill
         from .linear import triton_linear
+        from .mla import triton_mla
     except ImportError:
         return {}
     return {"prefill_kernel": triton_prefill.prefill_kernel_tuned,
             "split_kv_kernel": triton_decode.split_kv_kernel_tuned,
             "gemm_kernel": triton_linear.gemm_kernel_tuned,
-            "splitk_gemv_kernel": triton_linear.splitk_gemv_kernel_tuned}
+            "splitk_gemv_kernel": triton_linear.splitk_gemv_kernel_tuned,
+            "mla_split_kernel": triton_mla.mla_split_kernel_tuned}
 
 
 def autotune_winners() -> list[dict]:

@@ -28,13 +28,16 @@ def _dtypes(dtypes: Iterable) -> frozenset[torch.dtype]:
 
 
 def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu", "cuda"),
-             dtypes: Iterable = DEFAULT_DTYPES, summary: str = "", paged: bool = False) -> Impl:
+             dtypes: Iterable = DEFAULT_DTYPES, summary: str = "", paged: bool = False, window: bool = False,
+             sinks: bool = False) -> Impl:
     """Register `fn` as implementation `name` of `op`; it is then gated and timed like the built-ins.
 
     `fn` takes the operator's arguments (attention: `fn(q, k, v, *, causal, scale, cache_seqlens)`;
     linear: `fn(x, w)`), returns its output, and may raise `Unsupported` for a valid request it cannot serve.
     `paged=True` (attention): `fn` also serves paged caches, called as `fn(q, k_pool, v_pool, *, causal, scale,
-    cache_seqlens, block_table)`; without it, paged requests are skipped as unsupported.
+    cache_seqlens, block_table)`; without it, paged requests are skipped as unsupported. `window=True` and
+    `sinks=True` (attention) likewise: `fn` also takes `window_left=` (FlashInfer's sliding window) and `sinks=`
+    (float32 [Hq]), passed only to requests that have them; without them such requests are skipped.
     """
     from .registry import BUILTINS
 
@@ -46,8 +49,9 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
         raise ValueError(f"name: {name!r} is a built-in {op} implementation; choose another name")
     if not callable(fn):
         raise ValueError(f"fn: must be callable, got {type(fn).__name__}")
-    if not isinstance(paged, bool) or (paged and op != "attention"):
-        raise ValueError(f"paged: must be a bool, and True only for attention, got {paged!r} for {op}")
+    for flag, value in (("paged", paged), ("window", window), ("sinks", sinks)):
+        if not isinstance(value, bool) or (value and op != "attention"):
+            raise ValueError(f"{flag}: must be a bool, and True only for attention, got {value!r} for {op}")
     devices = frozenset(devices)
     if not devices or not devices <= {"cpu", "cuda"}:
         raise ValueError(f"devices: must be a non-empty subset of cpu, cuda, got {sorted(devices)}")
@@ -59,7 +63,7 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
 
     impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
                 devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16, paged=paged,
-                backends=lambda device_type: backend)
+                window=window, sinks=sinks, backends=lambda device_type: backend)
     OPS[op][name] = impl
     return impl
 

@@ -33,6 +33,10 @@ class Impl:
     gqa: bool = True
     ragged: bool = True
     paged: bool = False  # reads K/V through a block table (pools of pages)
+    # attention: honours a sliding window (window_left) / a per-head sink logit (sinks); a route that cannot serve one
+    # it declares raises Unsupported when planned
+    window: bool = False
+    sinks: bool = False
     max_head_dim: int = 256
     # returns None when usable on a device type, else why not (e.g. a package is missing)
     unavailable: Callable[[str], str | None] = field(default=lambda device_type: None)
@@ -67,6 +71,10 @@ class Impl:
             reason = f"{self.name} does not support ragged cache_seqlens"
         if reason is None and req.paged and not self.paged:
             reason = f"{self.name} does not read a paged KV cache (block_table)"
+        if reason is None and req.windowed and not self.window:
+            reason = f"{self.name} cannot honour a sliding window (window_left={req.window_left})"
+        if reason is None and req.sinks is not None and not self.sinks:
+            reason = f"{self.name} has no attention-sink term (sinks)"
         return reason
 
 

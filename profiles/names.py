@@ -14,7 +14,8 @@ FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "h
 LINEAR_FIELDS = ("m", "n", "k")
 ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fields kv_heads, head_dim
 # parse_case_key's (None where n/a)
-ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS, "scheme")
+ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS, "scheme", "window_left",
+              "sinks", "head_dim_v")
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -23,7 +24,12 @@ _KEY = re.compile(
     r"(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
     r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
     r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?(?:-t(?P<kv_tokens>\d+))?"
-    r"(?:-p(?P<page_size>\d+))?"
+    r"(?:-p(?P<page_size>\d+))?(?:-w(?P<window_left>\d+))?(?P<sinks>-sinks)?"
+)
+_MLA_KEY = re.compile(
+    r"mla/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
+    r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)-d(?P<head_dim>\d+)-v(?P<head_dim_v>\d+)"
+    r"-(?P<dtype>[A-Za-z0-9_]+?)(?:-t(?P<kv_tokens>\d+))?(?:-p(?P<page_size>\d+))?"
 )
 _LINEAR_KEY = re.compile(
     r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
@@ -68,17 +74,38 @@ def case_key(impl, phase, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dty
     return key + ("-causal" if causal else "")
 
 
+def _cache_suffix(case) -> str:
+    """'-t1125' for a ragged batch (the KV positions it uses: told apart from the dense case of its length) and
+    '-p16' for a paged cache."""
+    seqlens = getattr(case, "seqlens", None)
+    page = getattr(case, "page_size", 0)
+    return (f"-t{sum(seqlens)}" if seqlens is not None else "") + (f"-p{int(page)}" if page else "")
+
+
 def case_key_for(case, impl: str) -> str:
-    """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase); a ragged
-    batch adds the KV positions it uses ('-t1125') so it is told apart from the dense case of its length, and a
-    paged cache its page size ('-p16')."""
+    """case_key() from an object with the AttentionCase fields (batch, ..., causal, dtype, phase), then the cache's
+    suffix (_cache_suffix), a sliding window ('-w127') and sinks ('-sinks')."""
     key = case_key(
         impl, case.phase, case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len,
         case.head_dim, case.dtype, case.causal,
     )
-    seqlens = getattr(case, "seqlens", None)
-    page = getattr(case, "page_size", 0)
-    return key + (f"-t{sum(seqlens)}" if seqlens is not None else "") + (f"-p{int(page)}" if page else "")
+    window = getattr(case, "window_left", -1)
+    return (key + _cache_suffix(case) + (f"-w{int(window)}" if window >= 0 else "")
+            + ("-sinks" if getattr(case, "sinks", False) else ""))
+
+
+def mla_key_for(case, impl: str) -> str:
+    """The NVTX name of an MLA decode case: 'mla/<impl>/decode/b8-hq128-q1-k4096-d576-v512-bfloat16', then the
+    cache's suffix."""
+    dims = {}
+    for field in ("batch", "q_heads", "q_len", "kv_len", "head_dim", "head_dim_v"):
+        value = getattr(case, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}={value!r}: must be a positive int")
+        dims[field] = value
+    return "mla/{}/{}/b{batch}-hq{q_heads}-q{q_len}-k{kv_len}-d{head_dim}-v{head_dim_v}-{}".format(
+        _word("impl", impl, _IMPL), _word("phase", case.phase), _word("dtype", case.dtype), **dims
+    ) + _cache_suffix(case)
 
 
 def linear_key_for(case, impl: str) -> str:
@@ -126,6 +153,16 @@ def parse_case_key(name) -> dict | None:
         for field in _INT_FIELDS:
             out[field] = int(out[field])
         out["causal"] = out["causal"] is not None
+        out["kv_tokens"] = int(out["kv_tokens"]) if out["kv_tokens"] else out["batch"] * out["kv_len"]
+        out["page_size"] = int(out["page_size"] or 0)
+        out["window_left"] = int(out["window_left"]) if out["window_left"] else -1
+        out["sinks"] = out["sinks"] is not None
+        return out
+    m = _MLA_KEY.fullmatch(name)
+    if m is not None:
+        out.update(m.groupdict(), op="mla", kv_heads=1, causal=True)
+        for field in ("batch", "q_heads", "q_len", "kv_len", "head_dim", "head_dim_v"):
+            out[field] = int(out[field])
         out["kv_tokens"] = int(out["kv_tokens"]) if out["kv_tokens"] else out["batch"] * out["kv_len"]
         out["page_size"] = int(out["page_size"] or 0)
         return out

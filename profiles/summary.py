@@ -89,10 +89,10 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(ALL_FIELDS))
     out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
     # attention fields are empty on linear rows and the other way round: nullable ints
-    ints = [f for f in ALL_FIELDS if f not in ("op", "impl", "phase", "dtype", "causal", "kind", "scheme")]
+    ints = [f for f in ALL_FIELDS if f not in ("op", "impl", "phase", "dtype", "causal", "kind", "scheme", "sinks")]
     out = out.astype({"ranges": "int64", "wall_ns": "int64", "flush_ns": "int64", "kernel_count": "int64",
                       "kernel_time_ns": "int64", "flush_kernel_ns": "int64", **{f: "Int64" for f in ints},
-                      "causal": "boolean"})
+                      "causal": "boolean", "sinks": "boolean"})
     # what is neither the case's kernels nor the flush kernels between its samples: launches, syncs, Python
     out["launch_overhead_ns"] = out["wall_ns"] - out["kernel_time_ns"] - out["flush_kernel_ns"]
     return out[SUMMARY_COLUMNS]

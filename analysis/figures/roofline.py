@@ -102,8 +102,8 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
         ax.scatter(floats(rows["intensity"]), floats(rows["roof_tflops"]), marker="_", s=90, color="0.35",
                    linewidths=1.2, zorder=2.5, gid=ROW_ROOF_GID)
 
-    ceilings = _ceilings(rows, datasheet)
-    x_low, x_high = _x_range(rows, ceilings)
+    ceilings = ceilings_of(rows, datasheet)
+    x_low, x_high = x_range(rows, ceilings)
     ceiling_handles = []
     for index, ceiling in enumerate(ceilings):
         shade = _CEILING_SHADES[index % len(_CEILING_SHADES)]
@@ -113,12 +113,12 @@ def _panel(ax, rows: pd.DataFrame, colors: dict, datasheet: dict | None, below: 
             if not np.isfinite(ceiling[stream]) and stream != main:
                 continue  # a stream the rows lack (files before schema 5 have the copy alone)
             lead = stream == main
-            handle = _draw_roof(ax, ceiling[stream], ceiling["tflops"], x_low, x_high, shade, "-" if lead else style,
+            handle = draw_roof(ax, ceiling[stream], ceiling["tflops"], x_low, x_high, shade, "-" if lead else style,
                                 1.6 if lead else width, (4, 4), ridge=lead, alpha=1.0 if lead else alpha)
             if handle is not None:
                 handle.set_label(f"{name} {stream} ({_describe_roof(ceiling[stream], ceiling['tflops'])})")
                 ceiling_handles.append(handle)
-        handle = _draw_roof(
+        handle = draw_roof(
             ax, ceiling["sheet_gbps"], ceiling["sheet_tflops"], x_low, x_high, shade, "--", 1.0, (4, -10)
         )
         if handle is not None:
@@ -162,7 +162,7 @@ def _ops(rows: pd.DataFrame) -> pd.Series:
     return rows["op"].fillna("attention").replace("", "attention")
 
 
-def _ceilings(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
+def ceilings_of(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
     """Measured and datasheet ceilings per (device, dtype) of the plotted rows."""
     found = []
     for (device, dtype), group in rows.groupby(["device", "dtype"], sort=True):
@@ -203,7 +203,7 @@ def _positive(value) -> float:
     return value if np.isfinite(value) and value > 0 else np.nan
 
 
-def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
+def x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
     xs = floats(rows["intensity"])
     xs = list(xs[np.isfinite(xs) & (xs > 0)])
     for ceiling in ceilings:
@@ -216,7 +216,7 @@ def _x_range(rows: pd.DataFrame, ceilings: list[dict]) -> tuple[float, float]:
     return min(xs) / 4, max(xs) * 4
 
 
-def _draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset, *,
+def draw_roof(ax, gbps, tflops, x_low, x_high, shade: str, style: str, width: float, text_offset, *,
                ridge: bool = True, alpha: float = 1.0):
     """Draw min(x * gbps / 1000, tflops), with its ridge point marked if `ridge`; returns the roof line (or None)."""
     has_memory, has_compute = np.isfinite(gbps), np.isfinite(tflops)

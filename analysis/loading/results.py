@@ -37,6 +37,7 @@ _OP_REQUIRED = {
     "attention": tuple(name for name in REQUIRED_COLUMNS if name not in _COMMON_REQUIRED),
     "linear": LINEAR_COLUMNS,
     "qlinear": QLINEAR_COLUMNS,
+    "mla": (*(name for name in REQUIRED_COLUMNS if name not in _COMMON_REQUIRED), "head_dim_v"),
 }
 
 

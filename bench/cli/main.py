@@ -54,6 +54,7 @@ def cmd_list(args) -> int:
     import torch
 
     from ...kernels import OPS, describe_impls
+    from ..spec.attention_presets import ATTENTION_PRESETS, MLAPreset
     from ..spec.models import MODELS
     from ..sweep.suites import SUITES, suite_cases
 
@@ -66,6 +67,12 @@ def cmd_list(args) -> int:
     print("model presets (hidden / intermediate / layers / q heads / kv heads / head dim / vocab):")
     for name, m in MODELS.items():
         print(f"  {name:<12} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}")
+    print("attention presets (the mla-decode, window-decode and sink-prefill suites' --model):")
+    for name, p in ATTENTION_PRESETS.items():
+        kind = (f"MLA: {p.q_heads} heads over a {p.latent_dim}-wide latent (value {p.v_dim}), {p.layers} layers"
+                if isinstance(p, MLAPreset) else f"GQA {p.q_heads}/{p.kv_heads}, head dim {p.head_dim}, window_left "
+                f"{p.window_left} every {p.window_every} layers{', sinks' if p.sinks else ''}, {p.layers} layers")
+        print(f"  {name:<16} {kind}")
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for op in OPS:
             print(f"{op} implementations on {device}:")

@@ -25,6 +25,9 @@ from .roof import COPY, MEMORY
 #    ceiling_drift_pct: how the operands were prepared (rotated, evicted, warm; flushed-l2 on a GPU), the footprint's
 #    caches, the level the roof reads from and its ceilings (a warm row that fits a cache), and how far the ceilings
 #    moved between their measurements before and after the run (rows are judged against the higher).
+#    window_left (an attention case's sliding window, FlashInfer's; -1: none, and in older files and other operators),
+#    sinks (a sink logit per query head in the softmax denominator; False in older files), head_dim_v (the value's
+#    head dim where it differs from head_dim: MLA's 512 of a 576-wide latent; blank otherwise).
 SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -46,6 +49,9 @@ RESULT_COLUMNS = (
     "seqlens",  # per-sequence KV lengths of a ragged case ("97,1025,3"), provenance only; "" when dense
     "kv_tokens",  # KV positions used, summed over the batch (batch * kv_len when dense)
     "page_size",  # tokens per page of a paged KV cache (block table); 0 for a contiguous cache and other operators
+    "window_left",  # a sliding window: query i sees keys j >= i - window_left (FlashInfer's); -1 for none
+    "sinks",  # a learned logit per query head joins the softmax denominator (gpt-oss)
+    "head_dim_v",  # the value head dim where it differs from head_dim (op mla: 512 of the 576-wide latent); blank else
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
@@ -83,7 +89,8 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "page_size", "m", "n", "k", "projection", "scheme", "kind", "cache_len")
+               "page_size", "window_left", "sinks", "head_dim_v", "m", "n", "k", "projection", "scheme", "kind",
+               "cache_len")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -105,8 +112,8 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "phasebench_version", "git_commit", "datasheet_name",
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
-               "m", "n", "k", "cache_len", "outliers")
-BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged")
+               "window_left", "head_dim_v", "m", "n", "k", "cache_len", "outliers")
+BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged", "sinks")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel",
@@ -122,16 +129,18 @@ SAMPLES_COLUMN = "samples_ms"
 
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
-KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *QLINEAR_COLUMNS, "kind",
-               "cache_len", "device", "mode", "timer")
+KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", "window_left", "sinks",
+               "head_dim_v", *QLINEAR_COLUMNS, "kind", "cache_len", "device", "mode", "timer")
+# Values that key as blank: what rows written before their column, and rows of other operators, hold
+_BLANK_KEYS = {"page_size": "0", "window_left": "-1", "sinks": "False"}
 
 
 def sample_key(row) -> tuple:
     """row_key with blanks (None, NaN, NA) as "" and whole floats as ints: one key for a measured row,
     a CSV line and a loaded frame's row, which is how samples.jsonl joins its rows. A contiguous cache's page_size
-    (0) keys as blank too, as in rows written before the column and rows of other operators."""
-    return tuple("" if c == "page_size" and key_text(row.get(c)) == "0" else key_text(row.get(c))
-                 for c in KEY_COLUMNS)
+    (0), no window (-1) and no sinks (False) key as blank too, as in rows written before those columns and rows of
+    other operators."""
+    return tuple("" if key_text(row.get(c)) == _BLANK_KEYS.get(c) else key_text(row.get(c)) for c in KEY_COLUMNS)
 
 
 def cell_float(value) -> float:
@@ -176,7 +185,7 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 # roof_model: a row without one (schema 4 or older) kept the roof of all its bytes at the copy bandwidth.
 # roof_level: a row without one (schema 6 or older) was judged against memory's ceilings.
 DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0,
-            "roof_model": COPY, "roof_level": MEMORY}
+            "window_left": -1, "sinks": False, "roof_model": COPY, "roof_level": MEMORY}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 
-from ..ops.attention.cases import RaggedSweep, Sweep
+from ..ops.attention.cases import RaggedSweep, Sweep, WindowSweep
 from ..ops.linear.cases import LinearSweep
+from ..ops.mla.cases import MLASweep
 from ..ops.qlinear.cases import QLinearSweep, quant_sweeps
+from ..spec.attention_presets import ATTENTION_PRESETS
 from ..spec.models import model_config
 
 K = 1024
@@ -79,6 +81,35 @@ SUITES["decode-quant"] = {
 # one int4 GEMV row in the quick suite
 SUITES["quick"]["cuda"].append(QLinearSweep(("llama-3-8b",), (1,), "decode", ("gate_up",), ("int4-g128",)))
 SUITES["quick"]["cpu"].append(QLinearSweep(("llama-3-8b",), (1,), "decode", ("o",), ("int4-g128",)))
+# Attention as current models run it, at the same batches and contexts on each device so that one roofline sets them
+# side by side (decode-kinds, with GQA decode of the same context): DeepSeek's MLA over a latent cache (Sq 1 and 2 of
+# multi-token prediction), gpt-oss's window layers (window 127 with sinks) beside its full layers (sinks, no window),
+# paged too; and the prefill of both kinds of gpt-oss layer. The host keeps two contexts and the smaller batches:
+# Triton's interpreter takes seconds a call at 64 heads.
+KIND_BATCH = {"cuda": (1, 16, 64), "cpu": (1, 4)}
+KIND_CONTEXT = {"cuda": (K, 4 * K, 16 * K, 64 * K), "cpu": (512, K)}
+SUITES["mla-decode"] = {
+    "cuda": [MLASweep(("deepseek-v2-lite", "deepseek-v3"), KIND_BATCH["cuda"], KIND_CONTEXT["cuda"], q_lens=(1, 2)),
+             MLASweep(("deepseek-v3",), (16,), (16 * K,), pages=(64,))],
+    "cpu": [MLASweep(("deepseek-v2-lite",), KIND_BATCH["cpu"], KIND_CONTEXT["cpu"]),
+            MLASweep(("deepseek-v3",), (1,), (K,)),
+            MLASweep(("deepseek-v2-lite",), (2,), (600,), q_lens=(2,), pages=(64,))],
+}
+SUITES["window-decode"] = {
+    "cuda": [WindowSweep(("gpt-oss-20b",), KIND_BATCH["cuda"], kv=KIND_CONTEXT["cuda"]),
+             WindowSweep(("gpt-oss-20b",), (16,), kv=(16 * K,), pages=(16, 64))],
+    "cpu": [WindowSweep(("gpt-oss-20b",), KIND_BATCH["cpu"], kv=KIND_CONTEXT["cpu"]),
+            WindowSweep(("gpt-oss-20b",), (2,), kv=(600,), layers=("window",), pages=(16,))],
+}
+SUITES["sink-prefill"] = {
+    "cuda": [WindowSweep(("gpt-oss-20b",), (1,), seq=(K, 4 * K, 16 * K)),
+             WindowSweep(("gpt-oss-20b",), (1,), chunk=(512,), prefix=(4 * K, 16 * K))],
+    "cpu": [WindowSweep(("gpt-oss-20b",), (1,), seq=(128, 256)),
+            WindowSweep(("gpt-oss-20b",), (1,), chunk=(32,), prefix=(224,))],
+}
+SUITES["decode-kinds"] = {dev: [*SUITES["mla-decode"][dev], *SUITES["window-decode"][dev],
+                                Sweep(("llama-3-8b",), KIND_BATCH[dev], kv=KIND_CONTEXT[dev])]
+                          for dev in ("cuda", "cpu")}
 FULL = ("prefill", "chunked", "decode", "verify", "ragged", "paged", "decode-linear", "prefill-linear")
 SUITES["full"] = {dev: [s for name in FULL for s in SUITES[name][dev]]
                   for dev in ("cuda", "cpu")}
@@ -90,7 +121,7 @@ def suite_cases(suite: str, device_type: str, dtype: str, models: tuple[str, ...
     only some operators."""
     if suite not in SUITES:
         raise ValueError(f"suite: unknown suite {suite!r}, choose from {', '.join(SUITES)}")
-    models = tuple(model_config(m).name for m in models) if models else None
+    models = tuple(m if m in ATTENTION_PRESETS else model_config(m).name for m in models) if models else None
     sweeps = SUITES[suite]["cuda" if device_type == "cuda" else "cpu"]
     seen, cases = set(), []
     for case in itertools.chain.from_iterable(s.cases(dtype, models) for s in sweeps):

@@ -14,6 +14,15 @@ Routes (each reported as the call's backend):
   serves it (pages of a multiple of 256 tokens); without flash_attn, the pages gathered into contiguous K/V inside
   the call and then the SDPA route above, named `gather+sdpa-flash...`.
 - `sdpa_efficient` / `cudnn`: the same facade pinned to EFFICIENT_ATTENTION / CUDNN_ATTENTION.
+- A sliding window (`window_left`): flash_attn's own `window_size=(window_left, 0)` (`-1` on the right without
+  causal); on SDPA a boolean mask over the keys the window can reach (K/V sliced to them, a view; suffix `+window`),
+  on routes that take a mask (the host's flash kernel, EFFICIENT_ATTENTION); FLASH_ATTENTION and CUDNN_ATTENTION on
+  CUDA take none and raise `Unsupported`.
+- Sinks: no FlashAttention-2 kernel has the term. On the host, SDPA's flash kernel returns the rows' log-sum-exp
+  (`aten._scaled_dot_product_flash_attention_for_cpu`, the kernel `sdpa-flash` dispatches to), and the output is
+  rescaled by sigmoid(lse - sink) = Z / (Z + exp(sink)), all in fp32 and rounded once (suffix `+fp32-lse-sink`: q
+  and the keys the window reaches are upcast in the call); on CUDA the SDPA routes raise `Unsupported` (the public
+  API returns no log-sum-exp).
 A backend that rejects a request at run time raises `Unsupported`; nothing falls back silently.
 """
 
@@ -29,7 +38,7 @@ from torch.nn.attention.bias import causal_lower_right
 from .. import buffers
 from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
-from .naive import allowed_keys
+from .naive import allowed_keys, window_start
 from .paged import gatherer
 from .request import AttentionRequest
 
@@ -59,12 +68,14 @@ def _sdpa(req: AttentionRequest, backend: SDPBackend, q, k, v, *, is_causal=Fals
             raise
 
 
-def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> PlannedCall:
+def sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> PlannedCall:
     """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask. A paged
     request's pages are gathered into contiguous K/V inside the call (the label says `gather+`)."""
     q = req.q
     kv = gatherer(req) if req.paged else lambda: (req.k, req.v)
     label = ("gather+" if req.paged else "") + label
+    if req.windowed or req.sinks is not None:
+        return _masked_with_sinks(req, impl, backend, label, masks or req.device_type == "cpu", kv)
     chunk_causal = req.causal and 1 < req.q_len < req.kv_len
     causal_square = req.causal and req.q_len == req.kv_len  # Sq == 1 needs no mask: it sees every key
     if req.ragged and masks:
@@ -89,6 +100,40 @@ def _sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: st
     return PlannedCall(impl, label, lambda: _sdpa(req, backend, q, *kv(), is_causal=causal_square))
 
 
+def _masked_with_sinks(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, takes_mask: bool,
+                       kv) -> PlannedCall:
+    """A window as a boolean mask over the keys [first, Sk) some row's window reaches (K/V sliced to them: a view),
+    built here, outside the timed call; sinks through the host flash kernel's log-sum-exp."""
+    first = window_start(req)
+    keep = allowed_keys(req, first)
+    if keep is not None and bool(keep.all()):
+        keep = None  # a dense decode step's window is the slice itself
+    if keep is not None and not takes_mask:
+        raise Unsupported(f"{label} on {req.device_type} takes no attention mask, so it cannot honour "
+                          f"window_left={req.window_left} on this request")
+    label += "+window" if req.windowed else ""
+    if req.sinks is None:
+        mask = None if keep is None else keep[:, None]
+        return PlannedCall(impl, label, lambda: _sdpa(req, backend, req.q, *(t[:, :, first:] for t in kv()),
+                                                     attn_mask=mask))
+    if req.device_type != "cpu" or backend != SDPBackend.FLASH_ATTENTION:
+        raise Unsupported(f"{label} returns no log-sum-exp on {req.device_type}, so it cannot add a sink term "
+                          "(naive and triton serve sinks)")
+    additive = None if keep is None else torch.zeros(keep[:, None].shape, device=req.q.device).masked_fill_(
+        ~keep[:, None], float("-inf"))
+    sinks = req.sinks[None, :, None]
+
+    def with_sinks():
+        # in fp32 (q and the keys the window reaches upcast in the call): rescaling an output already rounded to
+        # bf16 would round it twice, about 2x the error of one rounding, past the gate's limit
+        k, v = (t[:, :, first:].float() for t in kv())
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            req.q.float(), k, v, 0.0, False, attn_mask=additive, scale=req.scale)
+        # Z / (Z + exp(sink)) with Z = exp(lse): the sink's share leaves the denominator
+        return out.mul_(torch.sigmoid(lse - sinks)[..., None]).to(req.dtype)
+    return PlannedCall(impl, label + "+fp32-lse-sink", with_sinks)
+
+
 def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> PlannedCall:
     """flash_attn_with_kvcache on the pools themselves ([num_pages, page_size, Hkv, D] is its layout)."""
     if req.page_size % FLASH_ATTN_PAGE_MULTIPLE:
@@ -100,13 +145,23 @@ def _flash_attn_paged(req: AttentionRequest, fa, label: str) -> PlannedCall:
 
     def paged():
         out = fa.flash_attn_with_kvcache(q, req.k, req.v, cache_seqlens=lens, block_table=req.block_table,
-                                         softmax_scale=req.scale, causal=req.causal)
+                                         softmax_scale=req.scale, causal=req.causal, window_size=_window_size(req))
         return out.transpose(1, 2)
     return PlannedCall("flash", label + ":with_kvcache+paged", paged)
 
 
+def _window_size(req: AttentionRequest) -> tuple[int, int]:
+    """flash_attn's (left, right) window: its keys [i + Sk - Sq - left, i + Sk - Sq + right] are FlashInfer's
+    window_left on the left, and the causal diagonal (0) or no bound (-1) on the right."""
+    if not req.windowed:
+        return (-1, -1)
+    return (req.window_left, 0 if req.causal else -1)
+
+
 def _flash_attn_route(req: AttentionRequest, fa) -> PlannedCall:
     label = f"flash_attn-{getattr(fa, '__version__', '?')}"
+    if req.sinks is not None:
+        raise Unsupported(f"{label} has no attention-sink term (FlashAttention-2); naive and triton serve sinks")
     if req.paged:
         return _flash_attn_paged(req, fa, label)
     # flash_attn wants BSHD; a transposed view of BHSD keeps stride(-1) == 1, so no copy is made
@@ -114,12 +169,14 @@ def _flash_attn_route(req: AttentionRequest, fa) -> PlannedCall:
     if req.cache_seqlens is not None or req.q_len == 1:
         def kvcache():
             out = fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=req.cache_seqlens,
-                                             softmax_scale=req.scale, causal=req.causal)
+                                             softmax_scale=req.scale, causal=req.causal,
+                                             window_size=_window_size(req))
             return out.transpose(1, 2)
         return PlannedCall("flash", label + ":with_kvcache", kvcache)
 
     def func():
-        return fa.flash_attn_func(q, k, v, softmax_scale=req.scale, causal=req.causal).transpose(1, 2)
+        return fa.flash_attn_func(q, k, v, softmax_scale=req.scale, causal=req.causal,
+                                  window_size=_window_size(req)).transpose(1, 2)
     return PlannedCall("flash", label + ":func", func)
 
 
@@ -129,7 +186,7 @@ def _plan_flash(req: AttentionRequest) -> PlannedCall:
         return _flash_attn_route(req, fa)
     if req.device_type == "cuda" and req.dtype not in HALF_DTYPES:
         raise Unsupported(f"FlashAttention on CUDA needs float16/bfloat16, got {req.dtype}")
-    return _sdpa_route(req, "flash", SDPBackend.FLASH_ATTENTION, "sdpa-flash", masks=False)
+    return sdpa_route(req, "flash", SDPBackend.FLASH_ATTENTION, "sdpa-flash", masks=False)
 
 
 def _flash_backends(device_type: str) -> str:
@@ -142,7 +199,7 @@ def _plan_pinned(name: str, backend: SDPBackend, masks: bool):
     def plan(req: AttentionRequest) -> PlannedCall:
         if not masks and req.causal and 1 < req.q_len < req.kv_len:
             raise Unsupported(f"{name} has no bottom-right causal mask for q_len < kv_len")
-        return _sdpa_route(req, name, backend, f"sdpa-{name}", masks=masks)
+        return sdpa_route(req, name, backend, f"sdpa-{name}", masks=masks)
     return plan
 
 
@@ -157,6 +214,8 @@ FLASH = add_builtin(Impl(
     dtypes=ALL_DTYPES,
     plan=_plan_flash,
     paged=True,
+    window=True,
+    sinks=True,  # on the host's SDPA route only (its log-sum-exp); the others raise Unsupported when planned
     backends=_flash_backends,
 ))
 
@@ -166,6 +225,7 @@ SDPA_EFFICIENT = add_builtin(Impl(
     devices=frozenset({"cuda"}),
     dtypes=ALL_DTYPES,
     plan=_plan_pinned("efficient", SDPBackend.EFFICIENT_ATTENTION, masks=True),
+    window=True,
     unavailable=_cuda_only,
     backends=lambda device_type: "sdpa-efficient",
 ))

@@ -1,5 +1,5 @@
-"""Naive attention: fp32 scores as a matmul, softmax in fp32, then a matmul (materialises the scores); a paged
-cache is gathered into contiguous K/V first, inside the call."""
+"""Naive attention: fp32 scores as a matmul, softmax in fp32 (a sink logit joining its denominator), then a matmul
+(materialises the scores, a window as a mask); a paged cache is gathered into contiguous K/V first, inside the call."""
 
 from __future__ import annotations
 
@@ -10,20 +10,40 @@ from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
 
-def allowed_keys(req: AttentionRequest) -> torch.Tensor | None:
-    """Boolean mask [B or 1, Sq, Sk] of the (query, key) pairs kept, or None when all are kept."""
-    if not req.causal and not req.ragged:
+def allowed_keys(req: AttentionRequest, first: int = 0) -> torch.Tensor | None:
+    """Boolean mask [B or 1, Sq, Sk - first] of the (query, key) pairs kept among keys first..Sk-1, or None when all
+    are kept."""
+    if not req.causal and not req.ragged and not req.windowed:
         return None
     dev = req.q.device
-    keys = torch.arange(req.kv_len, device=dev)
+    keys = torch.arange(first, req.kv_len, device=dev)
     lengths = (req.cache_seqlens.to(torch.int64) if req.seqlens is not None
                else torch.full((1,), req.kv_len, device=dev, dtype=torch.int64))
     keep = keys[None, None, :] < lengths[:, None, None]
+    # bottom-right: query row i sits at position L - Sq + i
+    position = lengths[:, None] - req.q_len + torch.arange(req.q_len, device=dev)[None, :]
     if req.causal:
-        # bottom-right: query i sees keys j <= L - Sq + i
-        last = lengths[:, None] - req.q_len + torch.arange(req.q_len, device=dev)[None, :]
-        keep = keep & (keys[None, None, :] <= last[:, :, None])
+        keep = keep & (keys[None, None, :] <= position[:, :, None])
+    if req.windowed:
+        keep = keep & (keys[None, None, :] >= position[:, :, None] - req.window_left)
     return keep
+
+
+def window_start(req: AttentionRequest) -> int:
+    """The first key any query of the request may see: 0 without a window, else the shortest sequence's last
+    query position minus its span, clamped at 0 (the keys before it are outside every row's window)."""
+    if not req.windowed:
+        return 0
+    shortest = min(req.seqlens) if req.seqlens is not None else req.kv_len
+    return max(0, shortest - req.q_len - req.window_left)
+
+
+def sink_softmax(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """softmax(scores) with one more logit per head in the denominator: exp(l_j - m) / (exp(s_h - m) +
+    sum_j exp(l_j - m)), m the larger of the row's max and the sink; `sinks` broadcasts against the scores' rows."""
+    top = torch.maximum(scores.amax(dim=-1, keepdim=True), sinks)
+    probs = scores.sub(top).exp_()
+    return probs.div_(probs.sum(dim=-1, keepdim=True).add_(sinks.sub(top).exp_()))
 
 
 def naive_attention(req: AttentionRequest) -> torch.Tensor:
@@ -42,8 +62,12 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
     keep = allowed_keys(req)
     if keep is not None:
         scores = scores.masked_fill(~keep[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, group * sq, sk)
-    return torch.matmul(probs, v).view(b, hq, sq, d)
+    if req.sinks is not None:
+        probs = sink_softmax(scores, req.sinks.to(acc_dtype).view(1, hkv, group, 1, 1))
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    # the output has v's head dim (MLA's value is narrower than its key: kernels/mla/)
+    return torch.matmul(probs.to(v.dtype).view(b, hkv, group * sq, sk), v).view(b, hq, sq, v.shape[-1])
 
 
 def _plan(req: AttentionRequest) -> PlannedCall:
@@ -61,6 +85,8 @@ NAIVE = add_builtin(Impl(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}),
     plan=_plan,
     paged=True,
+    window=True,
+    sinks=True,
     max_head_dim=1 << 16,
     backends=lambda device_type: "torch-matmul",
 ))

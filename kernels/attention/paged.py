@@ -40,7 +40,8 @@ def gatherer(req: AttentionRequest) -> Callable[[], tuple[torch.Tensor, torch.Te
     shape = (req.batch, req.kv_heads, req.kv_len, req.head_dim)
 
     def gather():
-        return k_rows.index_select(0, index).view(shape), v_rows.index_select(0, index).view(shape)
+        k = k_rows.index_select(0, index).view(shape)
+        return k, (k if req.v is req.k else v_rows.index_select(0, index).view(shape))  # MLA: one latent pool
     return gather
 
 

@@ -25,6 +25,13 @@ class AttentionRequest:
     cache_seqlens: torch.Tensor | None
     seqlens: tuple[int, ...] | None  # host copy of cache_seqlens, read once here
     block_table: torch.Tensor | None = None  # int32 [B, max_pages]: sequence b's key j is in page [b, j // page_size]
+    # FlashInfer's window: the query at position i (bottom-right: L - Sq + row) sees keys j >= i - window_left; -1: none
+    window_left: int = -1
+    sinks: torch.Tensor | None = None  # float32 [Hq]: a logit per head that joins the softmax denominator (gpt-oss)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0
 
     @property
     def paged(self) -> bool:
@@ -82,11 +89,13 @@ def _bad(arg: str, rule: str) -> ValueError:
     return ValueError(f"{arg}: {rule}")
 
 
-def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None) -> AttentionRequest:
+def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
+             sinks=None) -> AttentionRequest:
     """Check the arguments of `attention` and return the request, or raise a one-line ValueError.
 
     With `block_table`, k and v are pools of pages [num_pages, page_size, Hkv, D] and the table (int32
-    [B, max_pages]) names the page of each block of page_size keys of each sequence."""
+    [B, max_pages]) names the page of each block of page_size keys of each sequence. `window_left` (-1: none) and
+    `sinks` (float32 [Hq]) as in AttentionRequest."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise _bad(name, f"must be a torch.Tensor, got {type(t).__name__}")
@@ -130,7 +139,30 @@ def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_tab
         raise _bad("q", f"q_len must not exceed kv_len with causal=True (bottom-right mask), got {q_len} > {kv_len}")
     if paged:
         _check_pages(block_table, k.shape[0], k.shape[1], seqlens or (kv_len,) * q.shape[0])
-    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens, block_table)
+    window_left = check_window(window_left)
+    _check_sinks(sinks, q)
+    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens, block_table, window_left, sinks)
+
+
+def check_window(window_left) -> int:
+    """window_left as an int >= -1 (-1: no window), or a one-line ValueError."""
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+        raise _bad("window_left", f"must be an int >= -1 (-1: no window), got {window_left!r}")
+    return int(window_left)
+
+
+def _check_sinks(sinks, q) -> None:
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise _bad("sinks", f"must be a float32 tensor of shape [Hq], got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise _bad("sinks", f"must have dtype float32, got {sinks.dtype}")
+    if sinks.dim() != 1 or sinks.shape[0] != q.shape[1]:
+        raise _bad("sinks", f"must have shape [Hq]=[{q.shape[1]}] (one logit per query head), got "
+                            f"{tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise _bad("sinks", f"device must match q ({q.device}), got {sinks.device}")
 
 
 def _check_table_shape(table, q) -> None:
@@ -182,9 +214,14 @@ def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool,
 
 
 def call_plugin(fn, req: AttentionRequest):
-    """A user's attention function, called with the operator's convention (and block_table= for a paged cache)."""
-    paged = {"block_table": req.block_table} if req.paged else {}
-    return fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale, cache_seqlens=req.cache_seqlens, **paged)
+    """A user's attention function, called with the operator's convention (and block_table= for a paged cache,
+    window_left= and sinks= where the request has them)."""
+    extra = {"block_table": req.block_table} if req.paged else {}
+    if req.windowed:
+        extra["window_left"] = req.window_left
+    if req.sinks is not None:
+        extra["sinks"] = req.sinks
+    return fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale, cache_seqlens=req.cache_seqlens, **extra)
 
 
 add_operator("attention", call_plugin)

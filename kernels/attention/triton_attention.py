@@ -43,10 +43,11 @@ def triton_attention(req: AttentionRequest) -> torch.Tensor:
     return out
 
 
-def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None,
-                       num_splits=None) -> torch.Tensor:
+def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
+                       sinks=None, num_splits=None) -> torch.Tensor:
     """The split-KV decode kernels called directly; `num_splits` overrides the chosen split count."""
-    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
+    req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table,
+                   window_left=window_left, sinks=sinks)
     TRITON.check(req)
     if not uses_split_kv(req):
         raise Unsupported(f"split-KV serves up to {SPLIT_KV_MAX_Q_LEN} query tokens and "
@@ -63,11 +64,14 @@ def _plan(req: AttentionRequest) -> PlannedCall:
 
 TRITON = add_builtin(Impl(
     name="triton",
-    summary="phasebench's Triton kernels: tiled online-softmax prefill, split-KV (Flash-Decoding) decode",
+    summary="phasebench's Triton kernels: tiled online-softmax prefill, split-KV (Flash-Decoding) decode; windows "
+            "skip whole blocks, sinks join the final normalisation",
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
     paged=True,
+    window=True,
+    sinks=True,
     unavailable=triton_mode.why_unavailable,
     backends=lambda device_type: f"triton-prefill, triton-splitkv ({mode()})",
 ))

@@ -6,6 +6,9 @@ so K/V are read once per kv head. It writes its partial max, sum and unnormalise
 Stage 2: a reduce kernel rescales and sums the partials of each query row.
 A paged cache (PAGE_SIZE > 0) is read through the block table: K/V are pools [num_pages, page_size, Hkv, D], and
 each block of BLOCK_N keys finds its page (one table entry per block when pages hold whole blocks, else one per key).
+A sliding window cuts the splits from the keys some row's window reaches (from the block holding L - Sq - window on),
+so a window layer's step reads a bounded slice of the cache whatever its length; a sink logit joins the denominator
+in the reduce kernel only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..triton_mode import interpreted, multiprocessor_count
 from .paged import bhsd_strides
 
 LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * log2(e))
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)  # the same, readable inside a kernel (which reads constexpr globals only)
 MAX_SPLITS = 128
 
 
@@ -39,14 +43,23 @@ def page_offsets(TABLE_ROW, start_n, offs_n, limit, stride_kp, stride_kn, stride
 
 
 @triton.jit
+def sink_normalised(acc, l_i, m_i, sink):
+    """acc [R, D] and l_i [R], relative to the running max m_i (base 2), rescaled to max(m_i, sink) with exp2 of the
+    sink (base 2 too) added to l_i; a row with no key (m_i = -inf) keeps acc 0 and gets l_i 1."""
+    top = tl.maximum(m_i, sink)
+    alpha = tl.math.exp2(m_i - top)
+    return acc * alpha[:, None], l_i * alpha + tl.math.exp2(sink - top)
+
+
+@triton.jit
 def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tb,
-                    q_heads, kv_heads, group, q_len, kv_len, D, num_splits,
+                    q_heads, kv_heads, group, q_len, kv_len, D, num_splits, window,
                     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr):
     # PAGE_SIZE 0: K/V are [B, Hkv, Sk, D]; else pools [num_pages, PAGE_SIZE, Hkv, D] whose page stride is stride_kb
     # and slot stride stride_kn, read through TABLE [B, max_pages]
     split = tl.program_id(0)
@@ -57,9 +70,14 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
         kv_limit = tl.load(SEQLENS + b)
     else:
         kv_limit = kv_len
-    # this program's chunk of keys, a whole number of blocks; trailing chunks may be empty
-    chunk = tl.cdiv(tl.cdiv(kv_limit, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
+    # this program's chunk of keys, a whole number of blocks from the first block any row sees (0, or with a window
+    # the block of L - Sq - window); trailing chunks may be empty
+    if HAS_WINDOW:
+        start = (tl.maximum(kv_limit - q_len - window, 0) // BLOCK_N) * BLOCK_N
+    else:
+        start = 0
+    chunk = tl.cdiv(tl.cdiv(kv_limit - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * chunk
     hi = tl.minimum(lo + chunk, kv_limit)
 
     rows = tl.arange(0, BLOCK_ROWS)  # row r is query token r % q_len of head kv_h * group + r // q_len
@@ -102,6 +120,8 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
         valid = keys[None, :] < hi
         if CAUSAL:
             valid = valid & (keys[None, :] <= last_key[:, None])
+        if HAS_WINDOW:  # the row's position is its last key (bottom-right), causal or not
+            valid = valid & (keys[None, :] >= last_key[:, None] - window)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -119,9 +139,9 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
 
 
 @triton.jit
-def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om, stride_od,
+def reduce_kernel(PART_M, PART_L, PART_ACC, Out, SINKS, stride_ob, stride_oh, stride_om, stride_od,
                   q_heads, q_len, D, num_splits, UPCAST: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+                  BLOCK_D: tl.constexpr, HAS_SINKS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # flat (b, h, token)
     tok = row % q_len
     h = (row // q_len) % q_heads
@@ -134,8 +154,15 @@ def reduce_kernel(PART_M, PART_L, PART_ACC, Out, stride_ob, stride_oh, stride_om
     acc = tl.load(PART_ACC + (row * num_splits + offs_s)[:, None] * D + offs_d[None, :],
                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     m_max = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))  # empty splits weigh nothing
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+    if HAS_SINKS:  # the head's sink logit, in base 2 like the partial maxima, joins the denominator
+        sink = tl.load(SINKS + h) * LOG2E_IN_KERNEL
+        top = tl.maximum(m_max, sink)
+        w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - top))  # empty splits weigh nothing
+        denominator = tl.sum(lsum * w, 0) + tl.math.exp2(sink - top)
+    else:
+        w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))
+        denominator = tl.sum(lsum * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / denominator
     o_ptrs = Out + b * stride_ob + h * stride_oh + tok * stride_om + offs_d * stride_od
     tl.store(o_ptrs, cast_out(out, Out.dtype.element_ty, UPCAST), mask=offs_d < D)
 
@@ -147,7 +174,8 @@ TUNING_CONFIGS = [
 ]
 
 split_kv_kernel_tuned = triton.autotune(
-    TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS", "PAGE_SIZE"],
+    TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS", "PAGE_SIZE",
+                         "HAS_WINDOW"],
 )(split_kv_kernel)
 
 INTERPRETER_BLOCK_N = 64
@@ -165,8 +193,9 @@ def choose_splits(batch: int, kv_heads: int, kv_len: int, multiprocessors: int) 
 def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_splits: int | None) -> int:
     """Launch both stages for a validated request, writing into `out`; returns the split count used."""
     q, k, v = req.q, req.k, req.v
-    if num_splits is None:
-        num_splits = choose_splits(req.batch, req.kv_heads, req.kv_len, multiprocessor_count(q.device))
+    if num_splits is None:  # a window reads at most its span and the queries' own keys
+        keys = min(req.kv_len, req.window_left + req.q_len) if req.windowed else req.kv_len
+        num_splits = choose_splits(req.batch, req.kv_heads, keys, multiprocessor_count(q.device))
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits: must be a positive int, got {num_splits!r}")
     group = req.q_heads // req.kv_heads
@@ -179,16 +208,24 @@ def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_sp
     table = req.block_table if req.paged else seqlens  # dummy pointers when unused
     args = (q, k, v, seqlens, table, part_m, part_l, part_acc, req.scale * LOG2E,
             *q.stride(), *bhsd_strides(k, req.paged), *bhsd_strides(v, req.paged), table.stride(0),
-            req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits)
+            req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits, max(req.window_left, 0))
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal and req.q_len > 1,
                  UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d,
-                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)), PAGE_SIZE=req.page_size)
+                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)), PAGE_SIZE=req.page_size, HAS_WINDOW=req.windowed)
     grid = (num_splits, req.batch * req.kv_heads)
     if interpreted():
         split_kv_kernel[grid](*args, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
     else:
         split_kv_kernel_tuned[grid](*args, **flags)
-    reduce_kernel[(req.batch * req.q_heads * req.q_len,)](
-        part_m, part_l, part_acc, out, *out.stride(), req.q_heads, req.q_len, req.head_dim, num_splits,
-        UPCAST=upcast, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
+    reduce_partials(part_m, part_l, part_acc, out, req.sinks, upcast, block_d)
     return num_splits
+
+
+def reduce_partials(part_m, part_l, part_acc, out, sinks, upcast: bool, block_d: int) -> None:
+    """Stage 2: merge the fp32 partials [B, Hq, Sq, splits] (+ [Dv] for the accumulator) into `out` [B, Hq, Sq, Dv],
+    a sink logit per head (float32 [Hq]) joining each row's denominator where given."""
+    batch, q_heads, q_len, num_splits = part_m.shape
+    reduce_kernel[(batch * q_heads * q_len,)](
+        part_m, part_l, part_acc, out, sinks if sinks is not None else part_m, *out.stride(), q_heads, q_len,
+        out.shape[-1], num_splits, UPCAST=upcast, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_D=block_d, HAS_SINKS=sinks is not None)

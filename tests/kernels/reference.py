@@ -13,8 +13,9 @@ def make_qkv(batch, q_heads, kv_heads, q_len, kv_len, head_dim, *, dtype=torch.f
     return [torch.randn(s, generator=gen).to(dtype=dtype, device=device) for s in shapes]
 
 
-def reference(q, k, v, *, causal=False, scale=None, seqlens=None, dtype=torch.float64):
-    """Attention computed by the textbook formula in `dtype` (softmax in at least fp32)."""
+def reference(q, k, v, *, causal=False, scale=None, seqlens=None, dtype=torch.float64, window_left=-1, sinks=None):
+    """Attention computed by the textbook formula in `dtype` (softmax in at least fp32); a window keeps keys j >= the
+    query's position - window_left, a sink is one more logit per head that softmax normalises and the output drops."""
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -25,28 +26,35 @@ def reference(q, k, v, *, causal=False, scale=None, seqlens=None, dtype=torch.fl
     lengths = torch.tensor(seqlens if seqlens is not None else [sk] * b, device=q.device)
     keys = torch.arange(sk, device=q.device)
     keep = keys[None, None, :] < lengths[:, None, None]
+    last = lengths[:, None] - sq + torch.arange(sq, device=q.device)[None, :]
     if causal:
-        last = lengths[:, None] - sq + torch.arange(sq, device=q.device)[None, :]
         keep = keep & (keys[None, None, :] <= last[:, :, None])
+    if window_left >= 0:
+        keep = keep & (keys[None, None, :] >= last[:, :, None] - window_left)
     scores = scores.masked_fill(~keep[:, None], float("-inf"))
-    return torch.softmax(scores, dim=-1).to(dtype) @ vv
+    if sinks is None:
+        return torch.softmax(scores, dim=-1).to(dtype) @ vv
+    column = sinks.to(scores.dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)
+    probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return probs.to(dtype) @ vv
 
 
 def max_error(out, ref) -> float:
     return (out.double() - ref.double()).abs().max().item()
 
 
-def assert_matches_reference(out, q, k, v, *, causal=False, scale=None, seqlens=None):
+def assert_matches_reference(out, q, k, v, *, causal=False, scale=None, seqlens=None, window_left=-1, sinks=None):
     """fp32: relative error <= 1e-4; fp16/bf16: at most twice the error of the same naive math in that dtype."""
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.isfinite(out).all(), "output has NaN/inf: unwritten (poisoned) or overflowed elements"
-    exact = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens)
+    extra = dict(window_left=window_left, sinks=None if sinks is None else sinks.cpu())
+    exact = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens, **extra)
     err = max_error(out, exact)
     if q.dtype in (torch.float32, torch.float64):
         rel = err / exact.abs().max().item()
         assert rel <= 1e-4, f"relative error {rel:.3g} > 1e-4"
     else:
-        low = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens, dtype=q.dtype)
+        low = reference(q, k, v, causal=causal, scale=scale, seqlens=seqlens, dtype=q.dtype, **extra)
         budget = 2 * max_error(low, exact) + 1e-5
         assert err <= budget, f"error {err:.3g} > 2 x naive {q.dtype} error + eps = {budget:.3g}"
 

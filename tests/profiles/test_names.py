@@ -12,6 +12,7 @@ from phasebench.profiles.names import (
     case_key_for,
     is_timed_case,
     linear_key_for,
+    mla_key_for,
     parse_case_key,
     stage_name,
     stage_of,
@@ -58,6 +59,23 @@ def test_ragged_and_linear_keys_round_trip():
     parsed = parse_case_key(key)
     assert (parsed["op"], parsed["impl"], parsed["m"], parsed["n"], parsed["k"], parsed["batch"]) == \
         ("linear", "triton", 8, 28672, 4096, None)
+
+
+def test_window_sinks_and_mla_keys_round_trip():
+    case = SimpleNamespace(**{k: v for k, v in FIELDS.items() if k != "impl"}, seqlens=None, page_size=16,
+                           window_left=127, sinks=True)
+    key = case_key_for(case, "triton")
+    assert key.endswith("-p16-w127-sinks")
+    parsed = parse_case_key(key)
+    assert (parsed["window_left"], parsed["sinks"], parsed["page_size"]) == (127, True, 16)
+    assert parse_case_key(case_key(**FIELDS))["window_left"] == -1  # no window: keys as before
+    mla = SimpleNamespace(phase="decode", batch=8, q_heads=128, q_len=2, kv_len=4096, head_dim=576, head_dim_v=512,
+                          dtype="bfloat16", seqlens=(4096,) * 7 + (100,), page_size=64)
+    key = mla_key_for(mla, "triton")
+    assert key == "mla/triton/decode/b8-hq128-q2-k4096-d576-v512-bfloat16-t28772-p64"
+    parsed = parse_case_key(key)
+    assert (parsed["op"], parsed["kv_heads"], parsed["head_dim"], parsed["head_dim_v"], parsed["kv_tokens"]) == \
+        ("mla", 1, 576, 512, 28772)
 
 
 def test_case_key_accepts_torch_dtype_names_and_case_objects():

@@ -1,4 +1,4 @@
-"""Attention cases (dense, ragged, paged), their sweeps, and the benchmark suites written as data."""
+"""Attention cases (dense, ragged, paged, sliding-window, with sinks) and their sweeps."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import random
 from dataclasses import dataclass, fields
 
+from ...spec.attention_presets import window_preset
 from ...spec.models import MODELS, key_values, model_config  # noqa: F401  (MODELS: the presets, re-exported)
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -27,6 +28,8 @@ class AttentionCase:
     model: str = ""
     seqlens: tuple[int, ...] | None = None  # ragged decode: sequence b uses keys j < seqlens[b]
     page_size: int = 0  # tokens per page of a paged KV cache read through a block table; 0: contiguous
+    window_left: int = -1  # FlashInfer's sliding window: a query at position i sees keys j >= i - window_left
+    sinks: bool = False  # a learned logit per query head joins the softmax denominator (gpt-oss)
 
     op = "attention"
 
@@ -50,11 +53,16 @@ class AttentionCase:
                 raise ValueError(f"seqlens: each length must be an int in [{low}, kv_len={self.kv_len}], got {lens!r}")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 0:
             raise ValueError(f"page_size: must be a non-negative int (0: contiguous), got {self.page_size!r}")
+        if isinstance(self.window_left, bool) or not isinstance(self.window_left, int) or self.window_left < -1:
+            raise ValueError(f"window_left: must be an int >= -1 (-1: no window), got {self.window_left!r}")
+        if not isinstance(self.sinks, bool):
+            raise ValueError(f"sinks: must be a bool, got {self.sinks!r}")
 
     def __repr__(self) -> str:
-        # the dataclass repr, page_size shown only when paged: repr seeds a case's inputs (sweep.measure.case_seed)
-        # and names it in a sweep's id, so contiguous cases keep the seeds they had before the field
-        shown = (f for f in fields(self) if f.name != "page_size" or self.page_size)
+        # the dataclass repr, page_size, window_left and sinks shown only when set: repr seeds a case's inputs
+        # (sweep.measure.case_seed) and names it in a sweep's id, so other cases keep the seeds they had before them
+        unset = {"page_size": 0, "window_left": -1, "sinks": False}
+        shown = (f for f in fields(self) if f.name not in unset or getattr(self, f.name) != unset[f.name])
         return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @property
@@ -69,6 +77,15 @@ class AttentionCase:
     @property
     def paged(self) -> bool:
         return self.page_size > 0
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0
+
+    def keys_read(self, length: int) -> int:
+        """Keys of a sequence of `length` that some query's window reaches: all of them, or with a window the last
+        q_len + window_left (the first query's window and the later queries' own keys)."""
+        return min(length, self.q_len + self.window_left) if self.windowed else length
 
     @property
     def pages(self) -> tuple[int, ...]:
@@ -93,7 +110,8 @@ class AttentionCase:
         """Short shape text for tables: b1 h32/8 q512 k512 d128."""
         kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
         return (f"b{self.batch} h{self.q_heads}/{self.kv_heads} q{self.q_len} {kv} "
-                f"d{self.head_dim}{' causal' if self.causal else ''}{f' page{self.page_size}' if self.paged else ''}")
+                f"d{self.head_dim}{' causal' if self.causal else ''}{f' page{self.page_size}' if self.paged else ''}"
+                f"{f' w{self.window_left}' if self.windowed else ''}{' sinks' if self.sinks else ''}")
 
     @property
     def seqlens_text(self) -> str:
@@ -168,7 +186,36 @@ class RaggedSweep:
         return out
 
 
-SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens", "page")
+@dataclass(frozen=True)
+class WindowSweep:
+    """A sliding-window model's attention (gpt-oss, bench.spec.attention_presets): its window layers (window_left,
+    sinks) and its full layers (sinks, no window) at the same shapes; pairs of (q_len, kv_len) as in Sweep."""
+
+    models: tuple[str, ...]
+    batch: tuple[int, ...]
+    seq: tuple[int, ...] = ()
+    chunk: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()
+    kv: tuple[int, ...] = ()
+    layers: tuple[str, ...] = ("window", "full")
+    pages: tuple[int, ...] = (0,)
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
+        pairs = Sweep((), (), seq=self.seq, chunk=self.chunk, prefix=self.prefix, kv=self.kv).lengths()
+        out = []
+        for model, batch, (q_len, kv_len), layer, page in itertools.product(
+                models or self.models, self.batch, pairs, self.layers, self.pages):
+            m = window_preset(model)
+            if layer not in ("window", "full"):
+                raise ValueError(f"layers: each must be 'window' or 'full', got {layer!r}")
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, True, dtype, model,
+                                     page_size=page, window_left=m.window_left if layer == "window" else -1,
+                                     sinks=m.sinks))
+        return out
+
+
+SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens", "page",
+              "window", "sinks")
 
 
 def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCase:
@@ -177,7 +224,8 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
     Heads and head dim may come from `model=NAME` (or the --model preset) instead; batch
     defaults to 1 and causal to true. `seqlens=97/1025/3` makes a ragged batch (batch and
     kv_len default to its count and its longest length). `page=16` reads the KV cache in pages
-    of 16 tokens through a block table (0, the default: contiguous).
+    of 16 tokens through a block table (0, the default: contiguous). `window=127` is a sliding
+    window (FlashInfer's window_left; -1, the default: none), `sinks=1` adds a sink logit per head.
     """
     values = key_values(text, SHAPE_KEYS, "shape")
     name = values.pop("model", model)
@@ -196,13 +244,13 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
             args.setdefault("kv_len", max(args[key]))
             if "batch" not in values:
                 args["batch"] = len(args[key])
-        elif key == "causal":
+        elif key in ("causal", "sinks"):
             if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(f"shape: causal must be 0/1/true/false, got {value!r}")
+                raise ValueError(f"shape: {key} must be 0/1/true/false, got {value!r}")
             args[key] = value.lower() in ("1", "true", "yes")
         else:
             try:
-                args["page_size" if key == "page" else key] = int(value)
+                args[{"page": "page_size", "window": "window_left"}.get(key, key)] = int(value)
             except ValueError:
                 raise ValueError(f"shape: {key} must be an integer, got {value!r}") from None
     missing = [k for k in ("q_heads", "kv_heads", "q_len", "kv_len", "head_dim") if k not in args]

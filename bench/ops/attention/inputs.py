@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +25,12 @@ class CaseInputs:
     v: torch.Tensor
     cache_seqlens: torch.Tensor | None = None  # int32 [B] for a ragged case
     block_table: torch.Tensor | None = None  # int32 [B, max_pages] for a paged case (k, v are then its pools)
+    sinks: torch.Tensor | None = None  # float32 [Hq] for a case with sinks
 
 
 def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> CaseInputs:
     """Standard-normal q, k, v in the case's dtype, from a fixed seed (never zeros); for a paged case, k and v are
-    pools of pages in shuffled order with their block table (bench/ops/attention/pages.py)."""
+    pools of pages in shuffled order with their block table (bench/ops/attention/pages.py); sinks drawn last."""
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = TORCH_DTYPES[case.dtype]
 
@@ -40,8 +42,20 @@ def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> Cas
     if case.paged:  # with cache_seqlens always, as a server calls it: kv_len need not fill the last page
         k, v, table = make_pages(case, gen, dtype, device)
         lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
-        return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table)
-    return CaseInputs(q, draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len), lens)
+        return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table, sinks=draw_sinks(case, gen, device))
+    k, v = draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len)
+    return CaseInputs(q, k, v, lens, sinks=draw_sinks(case, gen, device))
+
+
+def draw_sinks(case: AttentionCase, gen: torch.Generator, device: torch.device) -> torch.Tensor | None:
+    """float32 [Hq] sink logits that take a real share of the denominator: log(keys a query sees) + N(0, 1), so
+    exp(sink) is about the sum of the exp(logits) of standard-normal inputs (a kernel that drops the sink errs by
+    tens of percent, never within rounding), whatever the window or the length."""
+    if not case.sinks:
+        return None
+    seen = min(case.lengths) if not case.windowed else min(min(case.lengths), case.window_left + 1)
+    noise = torch.randn((case.q_heads,), generator=gen, device=device, dtype=torch.float32)
+    return noise.add_(math.log(seen))
 
 
 def large_logits(case: AttentionCase, inputs: CaseInputs) -> CaseInputs:

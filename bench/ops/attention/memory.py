@@ -82,6 +82,9 @@ def _sdpa_common(case: AttentionCase, device: torch.device) -> int:
     """SDPA's logsumexp [B, Hq, Sq] fp32, and the host masks kernels/attention/flash.py builds."""
     lse = 4 * _rows(case)
     ragged = _seqlens(case) is not None
+    if case.windowed or case.sinks:  # the window's mask ([B or 1, Sq, Sk] at most, bool and additive), the rescale
+        lse += HOST_MASK_BYTES * (case.batch if ragged else 1) * case.q_len * case.kv_len + output_bytes(case) * 3
+        return lse
     chunk_causal = case.causal and 1 < case.q_len < case.kv_len
     if device.type == "cpu" and (chunk_causal or ragged):
         # the lower-right mask is built on the host ([1, Sq, Sk], or one sequence's at a time when ragged)

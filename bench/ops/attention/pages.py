@@ -10,22 +10,22 @@ from .cases import AttentionCase
 TABLE_BYTES = 4  # one int32 block-table entry
 
 
-def make_pages(case: AttentionCase, gen: torch.Generator, dtype: torch.dtype, device: torch.device):
+def make_pages(case: AttentionCase, gen: torch.Generator, dtype: torch.dtype, device: torch.device, pools: int = 2):
     """K and V pools [num_pages, page_size, Hkv, D] of standard-normal values (the tail of a sequence's last page
     too: it must never be read) and the int32 block table [B, max_pages]: each sequence holds ceil(length /
     page_size) pages, drawn as a seeded permutation of the whole pool (a long-running server's fragmentation);
-    the entries past a sequence's pages are 0, as in a zero-initialised table."""
+    the entries past a sequence's pages are 0, as in a zero-initialised table. `pools=1`: one pool (MLA's latent)
+    and the table."""
     total = sum(case.pages)
     shape = (total, case.page_size, case.kv_heads, case.head_dim)
-    k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
-    v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    drawn = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
     order = torch.randperm(total, generator=gen, device=device).to(torch.int32)
     table = torch.zeros((case.batch, case.max_pages), dtype=torch.int32, device=device)
     start = 0
     for b, count in enumerate(case.pages):
         table[b, :count] = order[start:start + count]
         start += count
-    return k, v, table
+    return (*drawn, table)
 
 
 def keys_in_order(inputs, case: AttentionCase, start: int, stop: int, rows: slice = slice(None)):
@@ -47,8 +47,12 @@ def pool_bytes(case: AttentionCase, elem: int) -> int:
 
 
 def table_read_bytes(case: AttentionCase) -> int:
-    """The block-table entries a kernel must read: one per page each sequence holds."""
-    return TABLE_BYTES * sum(case.pages)
+    """The block-table entries a kernel must read: one per page each sequence holds (with a sliding window, per page
+    holding a key some query's window reaches)."""
+    if not case.paged:
+        return 0
+    page = case.page_size
+    return TABLE_BYTES * sum((n - 1) // page - (n - case.keys_read(n)) // page + 1 for n in case.lengths)
 
 
 def gather_bytes(case: AttentionCase, elem: int) -> int:

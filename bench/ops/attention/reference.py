@@ -52,7 +52,7 @@ def reference_scratch_bytes(case: AttentionCase, device: torch.device) -> int:
 
 
 def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.device, dtype: torch.dtype,
-                      rounding: torch.dtype | None = None) -> torch.Tensor:
+                      rounding: torch.dtype | None = None, scale: float | None = None) -> torch.Tensor:
     """Attention computed in `dtype` (TF32 off on a GPU), in bounded memory.
 
     Query rows and keys are taken in chunks, each K/V chunk upcast on its own, and the partial softmax of
@@ -61,14 +61,20 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
     folding a kv head's query heads into rows. With `rounding` (a low-precision dtype), the steps round where a
     tiled kernel does: the probabilities exp(s - running max) before P.V (the running sum keeps them unrounded) and
     the output, once; the result is in that dtype.
+
+    A sliding window (case.window_left) masks keys j < the query's position - window_left and starts each query
+    chunk at the first key its window reaches; sinks (inputs.sinks, one logit per query head) join the running sum
+    once every key is in. The value may be narrower than the key (MLA: inputs.v a view of the latent's first dims);
+    `scale` defaults to head_dim ** -0.5.
     """
     b, hq, hkv, sq, sk, d = case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len, case.head_dim
-    group, scale = hq // hkv, d ** -0.5
+    group, scale, dv = hq // hkv, scale or d ** -0.5, inputs.v.shape[-1]
+    window = getattr(case, "window_left", -1)
     lens = sequence_lengths(case, inputs)
     lengths = torch.tensor(lens if lens is not None else (sk,) * b, device=device)
     shortest, longest = (min(lens), max(lens)) if lens is not None else (sk, sk)
     rows, keys = _reference_chunks(case, dtype.itemsize)
-    out = torch.empty((b, hq, sq, d), dtype=rounding or dtype, device=device)
+    out = torch.empty((b, hq, sq, dv), dtype=rounding or dtype, device=device)
     previous_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -78,21 +84,27 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
             q = inputs.q[:, :, start:stop].to(dtype).reshape(b, hkv, group * r, d)
             top = torch.full((b, hkv, group, r), float("-inf"), dtype=dtype, device=device)  # running max
             total = torch.zeros_like(top)  # running sum of exp(score - top)
-            acc = torch.zeros((b, hkv, group, r, d), dtype=dtype, device=device)
-            # the last key any row of this chunk sees: Sk - Sq + stop - 1 with causal (bottom-right)
+            acc = torch.zeros((b, hkv, group, r, dv), dtype=dtype, device=device)
+            # the last key any row of this chunk sees: Sk - Sq + stop - 1 with causal (bottom-right); with a window the
+            # first is the shortest sequence's first row's position - window_left, and the largest left edge the
+            # longest sequence's last row's
             end = longest - sq + stop if case.causal else longest
-            for k0 in range(0, end, keys):
+            first = max(0, shortest - sq + start - window) if window >= 0 else 0
+            edge = longest - sq + stop - 1 - window if window >= 0 else 0
+            for k0 in range((first // keys) * keys, end, keys):
                 k1 = min(k0 + keys, end)
                 k, v = (t.to(dtype) for t in keys_in_order(inputs, case, k0, k1))
                 s = torch.matmul(q, k.transpose(-1, -2)).view(b, hkv, group, r, k1 - k0).mul_(scale)
                 del k
                 # a chunk every row of every sequence sees in full needs no mask
-                if k1 > (shortest - sq + start + 1 if case.causal else shortest):
+                if k1 > (shortest - sq + start + 1 if case.causal else shortest) or k0 < edge:
                     ids = torch.arange(k0, k1, device=device)
                     keep = ids[None, None, :] < lengths[:, None, None]
+                    position = lengths[:, None] - sq + torch.arange(start, stop, device=device)[None, :]
                     if case.causal:
-                        last = lengths[:, None] - sq + torch.arange(start, stop, device=device)[None, :]
-                        keep = keep & (ids[None, None, :] <= last[:, :, None])
+                        keep = keep & (ids[None, None, :] <= position[:, :, None])
+                    if window >= 0:
+                        keep = keep & (ids[None, None, :] >= position[:, :, None] - window)
                     s.masked_fill_(~keep[:, None, None], float("-inf"))
                 new_top = torch.maximum(top, s.amax(dim=-1))
                 shift = new_top.masked_fill(new_top == float("-inf"), 0.0)  # rows with no key yet stay at zero
@@ -101,11 +113,17 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
                 total.mul_(alpha).add_(p.sum(dim=-1))
                 if rounding is not None:
                     p.copy_(p.to(rounding))
-                pv = torch.matmul(p.view(b, hkv, group * r, k1 - k0), v).view(b, hkv, group, r, d)
+                pv = torch.matmul(p.view(b, hkv, group * r, k1 - k0), v).view(b, hkv, group, r, dv)
                 acc.mul_(alpha[..., None]).add_(pv)
                 top = new_top
                 del s, p, pv, v
-            out[:, :, start:stop] = acc.div_(total[..., None]).view(b, hq, r, d)
+            if getattr(inputs, "sinks", None) is not None:  # each head's sink logit joins the denominator only
+                sink = inputs.sinks.to(dtype).view(1, hkv, group, 1)
+                new_top = torch.maximum(top, sink)
+                alpha = torch.exp(top - new_top)
+                acc.mul_(alpha[..., None])
+                total.mul_(alpha).add_(torch.exp(sink - new_top))
+            out[:, :, start:stop] = acc.div_(total[..., None]).view(b, hq, r, dv)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous_tf32
     return out

@@ -50,6 +50,25 @@ def test_autotune_lists_are_all_compiled(report):
 
 
 @pytest.mark.slow
+def test_window_sink_and_mla_kernels_are_built_at_every_config(report):
+    from phasebench.kernels.attention import triton_decode, triton_prefill
+    from phasebench.kernels.mla import triton_mla
+
+    def configs(kernel, flags):
+        return {b["config"] for b in report["builds"] if b["kernel"] == kernel and b["flags"] == flags}
+
+    def labels(tuned, **extra):
+        return {hopper_build._label({**extra, **c.kwargs}, c.num_warps, c.num_stages) for c in tuned}
+
+    assert configs("prefill_kernel", "D64 causal window sinks") == labels(triton_prefill.TUNING_CONFIGS)
+    assert configs("split_kv_kernel", "D64 rows16 seqlens window") == labels(triton_decode.TUNING_CONFIGS)
+    assert configs("split_kv_kernel", "D64 rows16 causal seqlens page16 window") == labels(triton_decode.TUNING_CONFIGS)
+    for flags in ("DV512 DR64 seqlens", "DV512 DR64 seqlens page64"):
+        assert configs("mla_split_kernel", flags) == labels(triton_mla.TUNING_CONFIGS)
+    assert {b["flags"] for b in report["builds"] if b["kernel"] == "reduce_kernel"} >= {"sinks", "mla"}
+
+
+@pytest.mark.slow
 def test_paged_kernels_are_built_for_both_ways_of_reading_the_table(report):
     # pages of 16 take one table entry per key, pages of 256 one per key block; 64 at verify rows mixes them by BLOCK_N
     from phasebench.kernels.attention import triton_decode

@@ -32,6 +32,7 @@ def test_column_order():
     assert cols[cols.index("bound") + 1: cols.index("bound") + 3] == ["roof_model", "above_roof"]
     assert cols[cols.index("intensity") + 1: cols.index("intensity") + 3] == ["read_bytes", "write_bytes"]
     assert cols[cols.index("peak_gbps") + 1: cols.index("peak_gbps") + 3] == ["read_gbps", "write_gbps"]
+    assert cols[cols.index("page_size") + 1: cols.index("page_size") + 4] == ["window_left", "sinks", "head_dim_v"]
     start = cols.index("batch")
     assert tuple(cols[start: start + len(schema.CASE_COLUMNS)]) == schema.CASE_COLUMNS
 
@@ -55,6 +56,16 @@ def test_conform_fills_schema_1_rows_with_defaults():
     assert out["kv_tokens"].tolist() == (batch * kv_len).tolist()
     # before schema 5 a row's roof put all its bytes at the copy bandwidth: it says so, and has no split
     assert out["roof_model"].eq("copy").all() and out["read_bytes"].isna().all() and out["read_gbps"].isna().all()
+    # before schema 7 no row had a window, sinks or a value narrower than its key
+    assert out["window_left"].eq(-1).all() and out["sinks"].eq(False).all() and out["head_dim_v"].isna().all()
+
+
+def test_a_row_without_a_window_or_sinks_keys_like_one_written_before_the_columns():
+    old = {"op": "attention", "impl": "flash", "batch": 2, "page_size": 0}
+    new = {**old, "window_left": -1, "sinks": False}
+    assert schema.sample_key(old) == schema.sample_key(new)
+    assert schema.sample_key({**new, "window_left": 127}) != schema.sample_key(new)
+    assert schema.sample_key({**new, "sinks": True}) != schema.sample_key(new)
 
 
 def test_conform_keeps_what_rows_say():

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from phasebench.bench.ops.attention.cases import MODELS, AttentionCase, parse_shape
 from phasebench.bench.spec.models import model_config
 from phasebench.bench.sweep.suites import SUITES, suite_cases
+
+CPU = torch.device("cpu")
 
 
 def case(q_len, kv_len, **over):
@@ -178,3 +181,31 @@ def test_paged_cases_count_their_pages_and_parse():
         AttentionCase(1, 2, 1, 1, 10, 8, True, "float32", page_size=-16)
     with pytest.raises(ValueError, match="shape: page must be an integer"):
         parse_shape("q_len=1,kv_len=3,q_heads=1,kv_heads=1,head_dim=8,page=big", "float32")
+
+
+def test_window_and_sinks_leave_other_cases_seeds_and_show_when_set():
+    plain = AttentionCase(1, 8, 2, 1, 300, 64, True, "bfloat16")
+    assert "window_left" not in repr(plain) and "sinks" not in repr(plain)  # the seeds of earlier cases are kept
+    gpt = AttentionCase(1, 8, 2, 1, 300, 64, True, "bfloat16", window_left=127, sinks=True)
+    assert "window_left=127" in repr(gpt) and "sinks=True" in repr(gpt) and gpt.shape_label.endswith("w127 sinks")
+    assert gpt.row_fields()["window_left"] == 127 and gpt.row_fields()["sinks"] is True
+    parsed = parse_shape("q_len=1,kv_len=300,window=127,sinks=1", "bfloat16", model="llama-3-8b")
+    assert (parsed.window_left, parsed.sinks) == (127, True)
+    with pytest.raises(ValueError, match="window_left: must be an int >= -1"):
+        AttentionCase(1, 8, 2, 1, 300, 64, True, "bfloat16", window_left=-3)
+
+
+def test_window_suites_run_gpt_oss_window_and_full_layers_at_its_published_dims():
+    from phasebench.bench.ops.attention.inputs import make_inputs
+
+    decode = suite_cases("window-decode", "cuda", "bfloat16")
+    assert {(c.q_heads, c.kv_heads, c.head_dim, c.sinks) for c in decode} == {(64, 8, 64, True)}
+    assert {c.window_left for c in decode} == {127, -1} and {c.page_size for c in decode} == {0, 16, 64}
+    prefill = suite_cases("sink-prefill", "cpu", "float32")
+    assert {c.phase for c in prefill} == {"prefill", "chunked_prefill"} and all(c.sinks for c in prefill)
+    kinds = suite_cases("decode-kinds", "cpu", "bfloat16")
+    assert {c.op for c in kinds} == {"attention", "mla"} and {c.kv_len for c in kinds} == {512, 1024, 600}
+    x = make_inputs(AttentionCase(2, 6, 2, 1, 40, 16, True, "bfloat16", window_left=7, sinks=True), CPU, 3)
+    assert x.sinks.dtype == torch.float32 and x.sinks.shape == (6,)
+    with pytest.raises(ValueError, match="no sliding-window attention"):
+        suite_cases("window-decode", "cpu", "float32", ("deepseek-v3",))

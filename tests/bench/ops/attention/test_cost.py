@@ -85,3 +85,34 @@ def test_reads_q_k_v_and_the_block_table_and_writes_o(c):
     assert written == elem * c.batch * c.q_heads * c.q_len * c.head_dim
     assert read == elem * (c.batch * c.q_heads * c.q_len * c.head_dim + 2 * c.kv_heads * sum(lens) * c.head_dim) + table
     assert read + written == min_bytes(c)
+
+
+def brute_force_window(q_len, kv_len, causal, window):
+    """(query, key) pairs a sliding window keeps, and the keys some query reads, counted one by one."""
+    kept = [(i, j) for i in range(q_len) for j in range(kv_len)
+            if (not causal or j <= kv_len - q_len + i) and j >= kv_len - q_len + i - window]
+    return len(kept), len({j for _, j in kept})
+
+
+@pytest.mark.parametrize("q_len, kv_len, causal, window", [
+    (1, 300, True, 127), (2, 300, True, 37), (97, 97, True, 16), (40, 150, True, 50), (33, 70, False, 5),
+    (5, 9, True, 1000), (20, 20, True, 0), (12, 7, False, 3),  # a window past the sequence; the diagonal alone
+])
+def test_a_window_counts_the_pairs_it_keeps_and_the_keys_it_reads(q_len, kv_len, causal, window):
+    c = AttentionCase(1, 2, 1, q_len, kv_len, 16, causal, "bfloat16", window_left=window)
+    kept, keys = brute_force_window(q_len, kv_len, causal, window)
+    assert pairs(c) == kept and flops(c) == 4 * 2 * 16 * kept
+    read, _ = moved_bytes(c)
+    assert read == 2 * (2 * q_len * 16 + 2 * keys * 16) and c.keys_read(kv_len) == keys
+
+
+def test_a_window_decode_reads_a_bounded_slice_and_sinks_their_logits():
+    full = AttentionCase(4, 64, 8, 1, 65536, 64, True, "bfloat16", sinks=True)
+    window = AttentionCase(4, 64, 8, 1, 65536, 64, True, "bfloat16", window_left=127, sinks=True)
+    paged = AttentionCase(4, 64, 8, 1, 65536, 64, True, "bfloat16", window_left=127, page_size=16)
+    kv = lambda keys: 2 * 4 * 8 * keys * 64 * 2  # noqa: E731  (K and V of 4 sequences in bf16)
+    queries = 2 * 4 * 64 * 64
+    assert moved_bytes(full)[0] == queries + kv(65536) + 4 * 64
+    assert moved_bytes(window)[0] == queries + kv(128) + 4 * 64
+    # keys 65408..65535 lie in pages 4088..4095 of 16: eight table entries a sequence
+    assert moved_bytes(paged)[0] == queries + kv(128) + 4 * 4 * 8

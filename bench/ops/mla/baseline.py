@@ -1,0 +1,26 @@
+"""The low-precision baseline of an MLA decode case: the reference's blocked math with a tiled kernel's rounding
+points in the case's dtype, written independently of every registered impl."""
+
+from __future__ import annotations
+
+import torch
+
+from ...instruments.gate import relative_error
+from ...instruments.roofline import TORCH_DTYPES
+from ..attention.reference import blocked_attention
+from .cases import MLACase
+from .inputs import MLAInputs
+
+
+def mla_in_dtype(case: MLACase, inputs: MLAInputs, device: torch.device) -> torch.Tensor:
+    """The same math with a tiled kernel's rounding points in the case's dtype (fp32 scores and sums, the
+    probabilities and the output rounded), as the attention baseline does."""
+    return blocked_attention(case.attention, inputs.as_attention(case), device, torch.float32,
+                             rounding=TORCH_DTYPES[case.dtype], scale=case.scale)
+
+
+def baseline_error(case: MLACase, inputs: MLAInputs, ref: torch.Tensor) -> float | None:
+    """The relative error of mla_in_dtype (None in fp32, which has a fixed limit)."""
+    if case.dtype == "float32":
+        return None
+    return relative_error(mla_in_dtype(case, inputs, ref.device), ref)

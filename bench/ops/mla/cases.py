@@ -1,0 +1,123 @@
+"""MLA decode cases (q against one latent per token, contiguous or paged), their sweep and the cost model as FlashMLA
+counts it."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, fields
+
+from ...spec.attention_presets import ATTENTION_PRESETS, MLAPreset, mla_preset
+from ..attention.cases import DTYPES, AttentionCase
+from ..attention.cost import ELEMENT_BYTES
+from ..attention.pages import table_read_bytes
+
+DEFAULT_SCALE = (128 + 64) ** -0.5  # DeepSeek's 1/sqrt(qk_nope + qk_rope) for a case of no preset
+
+
+@dataclass(frozen=True)
+class MLACase:
+    """One MLA decode shape: Hq query heads of Sq (1 or 2) tokens against one latent of head_dim dims per token, the
+    value its first head_dim_v dims."""
+
+    batch: int
+    q_heads: int
+    q_len: int
+    kv_len: int
+    dtype: str
+    model: str = ""
+    seqlens: tuple[int, ...] | None = None  # ragged decode: sequence b uses keys j < seqlens[b]
+    page_size: int = 0  # tokens per page of a paged latent cache; 0: contiguous
+    head_dim: int = 576  # the latent: kv_lora_rank + qk_rope_head_dim
+    head_dim_v: int = 512  # kv_lora_rank
+
+    op = "mla"
+    kv_heads = 1  # one latent head, shared by every query head
+    causal = True  # bottom-right: the first of two draft tokens sees one key fewer
+    window_left = -1
+    sinks = False
+
+    def __post_init__(self):
+        self.attention  # noqa: B018  (checks the fields an attention case shares, in its one-line errors)
+        if self.q_len > 2:
+            raise ValueError(f"q_len: must be 1 or 2 (decode, or multi-token prediction), got {self.q_len}")
+        if isinstance(self.head_dim_v, bool) or not isinstance(self.head_dim_v, int) \
+                or not 0 < self.head_dim_v < self.head_dim:
+            raise ValueError(f"head_dim_v: must be an int in [1, head_dim={self.head_dim}), got {self.head_dim_v!r}")
+
+    @property
+    def attention(self) -> AttentionCase:
+        """The same shape as an attention case over the latent (one kv head, causal): what the shared pages, gathers
+        and the blocked reference read."""
+        return AttentionCase(self.batch, self.q_heads, 1, self.q_len, self.kv_len, self.head_dim, True, self.dtype,
+                             self.model, self.seqlens, self.page_size)
+
+    @property
+    def scale(self) -> float:
+        preset = ATTENTION_PRESETS.get(self.model)
+        return preset.softmax_scale if isinstance(preset, MLAPreset) else DEFAULT_SCALE
+
+    @property
+    def phase(self) -> str:
+        return "decode"  # one token, or two of multi-token prediction: a decode step either way
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return self.attention.lengths
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def shape_label(self) -> str:
+        """Short shape text for tables: b8 h128 q1 k4096 d576/512 mla."""
+        kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
+        return (f"b{self.batch} h{self.q_heads} q{self.q_len} {kv} d{self.head_dim}/{self.head_dim_v} mla"
+                f"{f' page{self.page_size}' if self.paged else ''}")
+
+    def row_fields(self) -> dict:
+        """The case's columns in a result row (kv_heads 1 and causal, as the attention rows carry them)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seqlens"}
+        return {**out, "op": self.op, "phase": self.phase, "kv_heads": 1, "causal": True,
+                "seqlens": self.attention.seqlens_text, "kv_tokens": sum(self.lengths)}
+
+
+def flops(case: MLACase) -> float:
+    """FlashMLA's count: 2 * Sq * sum(seqlens) * Hq * (D + Dv), every (query, key) pair of Q.K^T and P.V (with two
+    draft tokens it counts the one pair per sequence the causal mask drops: 1 / (2 * length) too many)."""
+    return 2.0 * case.q_len * sum(case.lengths) * case.q_heads * (case.head_dim + case.head_dim_v)
+
+
+def moved_bytes(case: MLACase) -> tuple[float, float]:
+    """(read, written) as FlashMLA counts them: the latent cache read once (sum(seqlens) x D, and a paged cache's table
+    entries) and q read; the output [B, Hq, Sq, Dv] written."""
+    elem = ELEMENT_BYTES[case.dtype]
+    rows = case.batch * case.q_heads * case.q_len
+    read = elem * (sum(case.lengths) * case.head_dim + rows * case.head_dim) + table_read_bytes(case.attention)
+    return float(read), float(elem * rows * case.head_dim_v)
+
+
+def min_bytes(case: MLACase) -> float:
+    return sum(moved_bytes(case))
+
+
+@dataclass(frozen=True)
+class MLASweep:
+    """MLA decode of the given presets (bench.spec.attention_presets) at each batch, cache length, Sq and page size."""
+
+    models: tuple[str, ...]
+    batch: tuple[int, ...]
+    kv: tuple[int, ...]
+    q_lens: tuple[int, ...] = (1,)
+    pages: tuple[int, ...] = (0,)
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[MLACase]:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        out = []
+        for model, batch, kv_len, q_len, page in itertools.product(models or self.models, self.batch, self.kv,
+                                                                  self.q_lens, self.pages):
+            m = mla_preset(model)
+            out.append(MLACase(batch, m.q_heads, q_len, kv_len, dtype, model, page_size=page, head_dim=m.latent_dim,
+                               head_dim_v=m.v_dim))
+        return out
