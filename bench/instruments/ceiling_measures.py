@@ -1,8 +1,10 @@
-"""What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU), and a
-square matmul per dtype sized after a warm-up call; each measurement with when, how long and under what load."""
+"""What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU), and
+square matmuls per dtype at the sizes a call allows, the best kept; each measurement with when, how long and under
+what load."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime, timezone
 
@@ -111,15 +113,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_size(device: torch.device, dtype: str) -> int:
-    """The largest square size, doubling from the smallest, whose one call still takes under MATMUL_CALL_S (or the
-    largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3.
+def matmul_sizes(device: torch.device, dtype: str) -> list[int]:
+    """The square sizes, doubling from the smallest, up to the first whose one call takes MATMUL_CALL_S or more (or
+    the largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3.
 
     Each size is called once untimed first: the first call at a size pays for what is set up once (the cuBLAS
     handle and workspace, the kernel's heuristics, a oneDNN primitive), which on a fresh GPU worker took more than
     MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak."""
     low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
-    n = low
+    n, sizes = low, [low]
     while n < high:
         a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
         torch.matmul(a, a)
@@ -130,13 +132,31 @@ def matmul_size(device: torch.device, dtype: str) -> int:
         if _clock() - start >= MATMUL_CALL_S:
             break
         n *= 2
-    return n
+        sizes.append(n)
+    return sizes
+
+
+def matmul_size(device: torch.device, dtype: str) -> int:
+    """The largest of matmul_sizes."""
+    return matmul_sizes(device, dtype)[-1]
 
 
 def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | None = None) -> float:
-    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32), of size `n` (default matmul_size)."""
+    """TFLOP/s of a square matmul in `dtype` (fp32 without TF32) of size `n` (default matmul_size), from its best
+    sample, as every ceiling is: the least time the device took is what it can do."""
     n = n or matmul_size(device, dtype)
     a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     timing = time_call(lambda: torch.matmul(a, b), device, cfg)
-    return 2 * n**3 / (timing.median_ms / 1e3) / 1e12
+    return 2 * n**3 / (min(timing.samples_ms) / 1e3) / 1e12
+
+
+def best_matmul(device: torch.device, dtype: str, cfg: TimerConfig) -> tuple[float, int]:
+    """(TFLOP/s, its size) of the fastest of the square matmuls at matmul_sizes, each measured on
+    its share of the timer's warm-up and budget: a host BLAS can peak below its largest size (its blocking, a
+    cache), and one size alone reads it low."""
+    sizes = matmul_sizes(device, dtype)
+    share = dataclasses.replace(cfg, warmup_s=cfg.warmup_s / len(sizes), budget_s=cfg.budget_s / len(sizes))
+    found = {n: measure_matmul(device, dtype, share, n=n) for n in sizes}
+    best = max(found, key=found.get)
+    return found[best], best
