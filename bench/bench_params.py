@@ -80,7 +80,7 @@ def preflight(config, device: torch.device, pairs, ceil_of) -> dict:
     rows = {}
     with Executor(device, PREFLIGHT_TIMER, detect_contention=False, isolation=isolation) as worker:
         for case, impl in pairs:
-            row = base_row(case, impl, "pytest-benchmark", config.phasebench_suite, ceil_of(case), "preflight")
+            row = base_row(case, impl, "pytest-benchmark", config.phasebench_suite, ceil_of(case, impl), "preflight")
             rows[case, impl] = worker.measure(case, impl, row)
     return rows
 

@@ -8,12 +8,12 @@ import torch
 from phasebench.bench.bench_params import BenchmarkSampler, preflight, suite_ceilings
 from phasebench.bench.instruments.contention import ContentionProbe
 from phasebench.bench.instruments.roofline import on_device
-from phasebench.bench.sweep.measure import CaseState, base_row, measure
+from phasebench.bench.sweep.measure import CaseState, base_row, ceiling_dtypes, measure
 
 EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "read_bytes", "write_bytes", "tflops", "gbps", "peak_tflops",
-                "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound", "roof_model",
-                "above_roof", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason")
+                "compute_dtype", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound",
+                "roof_model", "above_roof", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason")
 _states: dict = {}
 
 
@@ -38,7 +38,8 @@ def probe(device):
 
 
 def _ceilings(device):
-    return lambda case: suite_ceilings(device, (case.dtype,))
+    """(case, impl) -> the ceilings that hold the matmul ceiling of what the impl multiplies in on the case."""
+    return lambda case, impl: suite_ceilings(device, ceiling_dtypes([(case, impl)], device.type))
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +51,7 @@ def first_calls(device, request):
 
 
 def test_kernel(benchmark, case, impl, device, probe, first_calls, pytestconfig):
-    ceil = _ceilings(device)(case)
+    ceil = _ceilings(device)(case, impl)
     sampler = BenchmarkSampler(benchmark, device, cold=pytestconfig.phasebench_cold)
     row = base_row(case, impl, "pytest-benchmark", pytestconfig.phasebench_suite, ceil, sampler.label)
     first = first_calls.get((case, impl), {"status": "ok"})

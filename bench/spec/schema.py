@@ -18,7 +18,9 @@ from .roof import COPY
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
 # 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
 #    files, whose rows all had unquantized weights).
-SCHEMA_VERSION = 6
+# 7: compute_dtype (the precision the row's kernel multiplies in, whose measured matmul ceiling is its peak_tflops:
+#    fp32 for torch's host weight-only kernels on bf16 activations; older rows, held to their dtype's, read it).
+SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -47,6 +49,7 @@ RESULT_COLUMNS = (
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops",
+    "compute_dtype",  # what the kernel multiplies in ('+' joins equal shares): peak_tflops is that matmul ceiling
     "peak_gbps",  # the copy bandwidth (read + write bytes), as before schema 5
     "read_gbps", "write_gbps",  # read-only and write-only bandwidth past the last-level cache
     "roof_tflops", "pct_roofline", "bound",
@@ -80,7 +83,8 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "bound",
+    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "compute_dtype",
+    "bound",
     "roof_model", "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
@@ -258,6 +262,8 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
             out.loc[out[name] == "", name] = value
         else:
             out[name] = out[name].fillna(value)
+    held = out["compute_dtype"] == ""  # before schema 7 every row was held to its own dtype's matmul ceiling
+    out.loc[held, "compute_dtype"] = out.loc[held, "dtype"]
     dense = out["kv_tokens"].isna() & (out["seqlens"] == "")
     out.loc[dense, "kv_tokens"] = out.loc[dense, "batch"] * out.loc[dense, "kv_len"]
     known = list(RESULT_COLUMNS + RUN_COLUMNS)

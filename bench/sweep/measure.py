@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from ...kernels import Unsupported, triton_mode
+from ...kernels import Unsupported, get_impl, triton_mode
 from ...profiles.names import CHECK, SETUP, stage_name
 from ...profiles.nvtx_ranges import nvtx_range
 from ..instruments import cold as cold_operands
@@ -20,10 +20,10 @@ from ..instruments.cold import cold_copies
 from ..instruments.gate import Verdict, judge
 from ..instruments.memory.host_cache import last_level_cache
 from ..instruments.memory.poison import poisoned_allocations, scrub
-from ..instruments.roofline import Ceilings
+from ..instruments.roofline import TORCH_DTYPES, Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
-from ..spec.roof import COPY, pct_of_roof, roof_of_row
+from ..spec.roof import COPY, compute_peak, pct_of_roof, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT
 
 INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
@@ -187,11 +187,28 @@ def gate(state: CaseState, call, impl: str) -> Verdict:
     return verdict
 
 
+def compute_dtype(case, impl: str, device_type: str) -> str:
+    """What `impl` multiplies in on `case` (its declaration in the kernel registry: kernels.registry.Impl.compute);
+    the case's dtype for a name the registry does not hold."""
+    try:
+        chosen = get_impl(impl, case.op)
+    except ValueError:
+        return case.dtype
+    return chosen.compute_dtype(device_type, TORCH_DTYPES[case.dtype], case.fields())
+
+
+def ceiling_dtypes(pairs, device_type: str) -> tuple[str, ...]:
+    """The dtypes whose matmul ceilings the (case, impl) pairs are held to: every dtype their kernels multiply in."""
+    return tuple(sorted({part for case, impl in pairs for part in compute_dtype(case, impl, device_type).split("+")}))
+
+
 def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
     """A row with the case, its cost and the ceilings filled, no figures yet, status ok. Its roof is the floor of
     the bytes it reads and writes at the measured read and write ceilings (bench.spec.roof); an operator whose cost
-    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy")."""
+    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"); its compute ceiling is the
+    matmul ceiling of what its kernel multiplies in (compute_dtype), which `ceil` must hold (ceiling_dtypes)."""
     op = operator_of(case)
+    compute = compute_dtype(case, impl, ceil.kind)
     flops = op.flops(case)
     if op.moved_bytes is not None:
         read, written = op.moved_bytes(case)
@@ -204,7 +221,8 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "read_bytes": read, "write_bytes": written,
         "latency_ms": math.nan, "latency_p20_ms": math.nan, "latency_p80_ms": math.nan, "samples": 0,
         "timer": timer, "noisy": False, "noise_reason": "",
-        "tflops": math.nan, "gbps": math.nan, "peak_tflops": ceil.peak_tflops[case.dtype],
+        "tflops": math.nan, "gbps": math.nan, "peak_tflops": compute_peak(ceil.peak_tflops, compute),
+        "compute_dtype": compute,
         "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
         "pct_roofline": math.nan, "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "",
         "profiled": False,

@@ -17,7 +17,7 @@ import torch
 from ...kernels import OPS, triton_mode
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import TimerConfig
-from .measure import HarnessSampler, base_row, with_ceiling_load
+from .measure import HarnessSampler, base_row, ceiling_dtypes, with_ceiling_load
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
@@ -186,7 +186,13 @@ def run(cfg: RunConfig):
     options = measurement_options(device, timer, cfg.profiled)
     sweep = sweep_of(cfg)
     store = ResultsStore(cfg.out_dir, resume=cfg.resume, retry_failed=cfg.retry_failed, options=options, sweep=sweep)
-    dtypes = sorted({c.dtype for c in cfg.cases})
+    cases = list(cfg.cases)
+    if cfg.time_budget_s is not None:
+        cases = [cases[i] for i in spread_order(len(cases))]
+    plan = [(case, impls_for(case, cfg.impls)) for case in cases]
+    # a matmul ceiling per dtype the kernels multiply in (torch's host weight-only kernels: fp32 on bf16 inputs)
+    dtypes = ceiling_dtypes([(c, i) for c, impls in plan for i in impls], device.type) or sorted(
+        {c.dtype for c in cases})
     state_before = _snapshot(device)
     executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
     meta: dict = {}
@@ -202,10 +208,6 @@ def run(cfg: RunConfig):
         store.write_run(meta)
         label = HarnessSampler(timer, device.type).label
         budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
-        cases = list(cfg.cases)
-        if budget is not None:
-            cases = [cases[i] for i in spread_order(len(cases))]
-        plan = [(case, impls_for(case, cfg.impls)) for case in cases]
         total = cfg.rounds * sum(len(impls) for _, impls in plan)
         index = 0
         def measure_one(case, impl: str, base: dict) -> dict:

@@ -70,4 +70,5 @@ TRITON = add_builtin(Impl(
     paged=True,
     unavailable=triton_mode.why_unavailable,
     backends=lambda device_type: f"triton-prefill, triton-splitkv ({mode()})",
+    compute=triton_mode.compute,
 ))

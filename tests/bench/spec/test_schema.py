@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 6
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 7
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
@@ -55,6 +55,13 @@ def test_conform_fills_schema_1_rows_with_defaults():
     assert out["kv_tokens"].tolist() == (batch * kv_len).tolist()
     # before schema 5 a row's roof put all its bytes at the copy bandwidth: it says so, and has no split
     assert out["roof_model"].eq("copy").all() and out["read_bytes"].isna().all() and out["read_gbps"].isna().all()
+
+
+def test_rows_before_schema_7_were_held_to_their_own_dtype_and_newer_rows_keep_what_they_multiply_in():
+    rows = pd.DataFrame({"dtype": ["bfloat16", "float16", "bfloat16"], "compute_dtype": ["", None, "float32"]})
+    out = schema.conform(rows)
+    assert out["compute_dtype"].tolist() == ["bfloat16", "float16", "float32"]
+    assert schema.conform(rows.drop(columns="compute_dtype"))["compute_dtype"].tolist() == list(rows["dtype"])
 
 
 def test_conform_keeps_what_rows_say():
