@@ -10,7 +10,7 @@ import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import TimerConfig, Timing, l2_flush_buffer
+from .instruments.timing import TimerConfig, Timing, checked_call, l2_flush_buffer
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 from .sweep.worker import Executor, Isolation
@@ -96,17 +96,15 @@ class BenchmarkSampler:
         self.cold = cold and device.type == "cpu"
         self.label = "pytest-benchmark+cold" if self.cold else "pytest-benchmark"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None) -> Timing:
-        calls, kept = list(calls), {"next": 0, "last": None, "setups": 0, "total": 0}
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None,
+                 guard_last=None) -> Timing:
+        calls, kept = list(calls), {"next": 0}
 
         def timed(fn):  # the host clock stops only once the device has finished
-            kept["last"] = fn()
+            fn()
             sync(device)
 
         def setup():  # outside the clock: the next call in turn, the L2 flush or the host eviction before it
-            kept["setups"] += 1
-            if before_last is not None and kept["setups"] == kept["total"]:
-                before_last()  # what an in-place op writes, poisoned before the last round (its output is judged)
             if self.flush is not None:
                 self.flush.zero_()
                 torch.cuda.synchronize(device)
@@ -122,9 +120,9 @@ class BenchmarkSampler:
             t0 = time.perf_counter()
             timed(*setup()[0])
             rounds = max(5, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6))))
-        # pedantic calls setup once per round, its warm-up round included (once in all when disabled)
-        kept.update(setups=0, total=1 if self.benchmark.disabled else rounds + 1)
         with nvtx_range(range_name, payload=payload):
             self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=1, iterations=1)
         data = self.benchmark.stats.stats.data
-        return Timing(tuple(s * 1e3 for s in data), self.label, kept["last"])
+        # the checked call after the rounds, the next in turn, untimed (its output is judged)
+        last = checked_call(calls[kept["next"] % len(calls)], lambda: sync(device), before_last, guard_last)
+        return Timing(tuple(s * 1e3 for s in data), self.label, last)

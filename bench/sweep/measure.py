@@ -49,8 +49,9 @@ def one_line(err: BaseException) -> str:
 
 
 class Sampler(Protocol):
-    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one and
-    `before_last` before the last one, outside the clock; `label` names the clock (it goes in the row's `timer`
+    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one outside
+    the clock, then makes the checked call (the next in turn, untimed: its output is `Timing.last`) with
+    `before_last` before it and `guard_last` around it; `label` names the clock (it goes in the row's `timer`
     column), `cold` whether host operands that a forward pass streams are timed cold."""
 
     label: str
@@ -58,7 +59,7 @@ class Sampler(Protocol):
 
     def __call__(self, calls: Sequence[Callable[[], object]], device: torch.device, *, range_name: str,
                  payload: float, interpreter: bool, evict: Callable[[], None] | None = None,
-                 before_last: Callable[[], None] | None = None) -> Timing: ...
+                 before_last: Callable[[], None] | None = None, guard_last=None) -> Timing: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +79,13 @@ class HarnessSampler:
             return "perf_counter_ns+cold" if self.config.cold else "perf_counter_ns"
         return "cuda-graph+events" if self.config.cuda_graph else "cuda-events"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None):
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None,
+                 guard_last=None):
         cfg = self.config
         if interpreter:
             cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES)
         return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict,
-                         before_last=before_last)
+                         before_last=before_last, guard_last=guard_last)
 
 
 class Checked:
@@ -293,19 +295,22 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with nvtx_range(stage_name(SETUP, key)):
             timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"])
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
-        with watch as seen:  # the last timed call must rewrite what an in-place op writes: poisoned before it
+        # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
+        # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
+        with watch as seen:
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
                              interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                             before_last=functools.partial(poison_written, state, *timed.inputs))
+                             before_last=functools.partial(poison_written, state, *timed.inputs),
+                             guard_last=poisoned_allocations)
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)
-        with nvtx_range(stage_name(CHECK, key)):  # what was timed is checked too, not only the first call
+        with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
             last = state.standard.judge(timing.last)
             scrub(timing.last, keep=timed.inputs)
         del timed
         if not last.ok:
             return {**row, "status": last.status, "max_rel_err": last.error,
-                    "reason": f"the last timed call: {last.reason}"}
+                    "reason": f"the call after the samples: {last.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:
