@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..instruments.gate import CAP_UNITS
+
 if TYPE_CHECKING:
     import torch
 
@@ -42,6 +44,9 @@ class Operator:
     # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
     # bandwidth (its rows say so in roof_model)
     moved_bytes: Callable[[object], tuple[float, float]] | None = None
+    # the most its sound baseline errs, in units of the dtype's roundoff: no fp16/bf16 limit reaches past FACTOR x it
+    # (bench.instruments.gate), so it must stay under the error of the smallest bug the gate must catch
+    baseline_cap: float = CAP_UNITS
 
 
 OPERATORS: dict[str, Operator] = {}

@@ -114,7 +114,7 @@ class Checked:
         return self._baseline[0]
 
     def judge(self, out) -> Verdict:
-        return judge(out, self.reference, self.case.dtype, self.baseline_error)
+        return judge(out, self.reference, self.case.dtype, self.baseline_error, self.op.baseline_cap)
 
 
 class CaseState:
