@@ -26,7 +26,7 @@ from ..ops import operator_of
 from ..spec.roof import COPY, compute_peak, pct_of_roof, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT
 
-INTERPRETER_SAMPLES = 3  # interpreter timings prove nothing about speed: keep them short
+INTERPRETER_SAMPLES = 2  # interpreter timings prove nothing about speed: keep them short (the checked call makes 3)
 
 
 def impl_mode(impl: str) -> str:

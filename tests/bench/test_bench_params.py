@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from phasebench.bench.bench_params import BenchmarkSampler
+from phasebench.bench.sweep.measure import INTERPRETER_SAMPLES
 
 
 class Rounds:
@@ -40,7 +41,7 @@ def test_the_checked_call_follows_the_rounds_before_last_and_the_guard(disabled,
     timing = sampler(calls, torch.device("cpu"), range_name="test", payload=0.0, interpreter=interpreter,
                      before_last=lambda: log.append(("last",)), guard_last=guard)
     assert log.count(("last",)) == log.count(("guard",)) == 1 and log[-3][0] == "last" and log[-1][0] == "call"
-    rounds = 0 if disabled else (3 if interpreter else timing.count)  # the interpreter's three rounds, else 5+
+    rounds = 0 if disabled else (INTERPRETER_SAMPLES if interpreter else timing.count)  # a few rounds, else 5+
     assert timing.last == len(log) and timing.count == rounds and (interpreter or disabled or rounds >= 5)
     made = [e[1] for e in log if e[0] == "call"]
     assert made == [i % 3 for i in range(len(made))]  # in turn, the warm-up round first
