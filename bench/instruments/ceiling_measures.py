@@ -105,7 +105,18 @@ def measure_streams(device: torch.device, cfg: TimerConfig, streams=STREAMS) -> 
 
 MATMUL_SIZES = {"cuda": (1024, 8192), "cpu": (256, 2048)}  # square sizes tried, smallest to largest
 MATMUL_CALL_S = 0.05  # the size grows while one call takes less than this
-_clock = time.perf_counter  # what matmul_size times a call with (a test gives it a clock of its own)
+_clock = None  # what matmul_sizes times a call with: None for the device's own (a test gives it a clock of its own)
+
+
+def host_clock() -> float:
+    """The process's CPU seconds over its threads: how long a call takes on a quiet host. A busy host's wall clock
+    stretches it (a 256^3 call read 50 ms on a loaded 2-core host, and the ceiling stayed at that size, at 0.5
+    GFLOP/s where the kernels beside it reached 130)."""
+    return time.process_time() / max(1, torch.get_num_threads())
+
+
+def _now(device: torch.device) -> float:
+    return (_clock or (time.perf_counter if device.type == "cuda" else host_clock))()
 
 
 def _sync(device: torch.device) -> None:
@@ -119,17 +130,18 @@ def matmul_sizes(device: torch.device, dtype: str) -> list[int]:
 
     Each size is called once untimed first: the first call at a size pays for what is set up once (the cuBLAS
     handle and workspace, the kernel's heuristics, a oneDNN primitive), which on a fresh GPU worker took more than
-    MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak."""
+    MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak. The host times
+    the call in CPU time (host_clock), which the neighbours of a shared host do not stretch."""
     low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
     n, sizes = low, [low]
     while n < high:
         a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
         torch.matmul(a, a)
         _sync(device)  # the operand's making and the warm-up call are done before the clock starts
-        start = _clock()
+        start = _now(device)
         torch.matmul(a, a)
         _sync(device)
-        if _clock() - start >= MATMUL_CALL_S:
+        if _now(device) - start >= MATMUL_CALL_S:
             break
         n *= 2
         sizes.append(n)

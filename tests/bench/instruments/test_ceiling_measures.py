@@ -99,8 +99,12 @@ def test_matmul_size_stops_growing_once_a_call_is_slow(monkeypatch):
     assert ceiling_measures.matmul_size(CPU, "float32") == 2048
 
 
-def test_the_real_clock_serves_matmul_size():
-    assert ceiling_measures._clock is time.perf_counter
+def test_the_real_clocks_serve_matmul_sizes_the_host_in_cpu_time_over_its_threads(monkeypatch):
+    assert ceiling_measures._clock is None  # each device's own: a GPU's wall clock after a sync, the host's CPU time
+    monkeypatch.setattr(time, "process_time", lambda: 12.0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert ceiling_measures._now(CPU) == 3.0  # a busy host's neighbours stretch its wall clock, not its CPU time
+    assert ceiling_measures._now(torch.device("cuda")) != 3.0
 
 
 def test_the_matmul_ceiling_is_the_best_of_the_sizes_a_call_allows_each_on_its_share_of_the_timer(monkeypatch):
