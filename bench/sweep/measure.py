@@ -190,13 +190,13 @@ def gate(state: CaseState, call, impl: str) -> Verdict:
 
 
 def compute_dtype(case, impl: str, device_type: str) -> str:
-    """What `impl` multiplies in on `case` (its declaration in the kernel registry: kernels.registry.Impl.compute);
-    the case's dtype for a name the registry does not hold."""
+    """What `impl` multiplies in on `case` (its declaration in the kernel registry, kernels.registry.Impl.compute,
+    given the case's row fields); the case's dtype for a name the registry does not hold."""
     try:
         chosen = get_impl(impl, case.op)
     except ValueError:
         return case.dtype
-    return chosen.compute_dtype(device_type, TORCH_DTYPES[case.dtype], case.fields())
+    return chosen.compute_dtype(device_type, TORCH_DTYPES[case.dtype], case.row_fields())
 
 
 def ceiling_dtypes(pairs, device_type: str) -> tuple[str, ...]:
