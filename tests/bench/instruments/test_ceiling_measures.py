@@ -128,8 +128,24 @@ def test_the_matmul_ceiling_is_the_best_of_the_sizes_a_call_allows_each_on_its_s
     assert shares == [(pytest.approx(0.1), pytest.approx(0.3), 3)] * 3
 
 
-def test_a_matmul_ceiling_is_its_best_sample_as_every_ceiling_is(monkeypatch):
-    samples = (9.0, 4.0, 6.5, 4.5, 12.0)  # ms; a shared host's neighbours lengthen some calls, never shorten one
-    monkeypatch.setattr(ceiling_measures, "time_call", lambda fn, device, cfg: SimpleNamespace(samples_ms=samples))
+def test_a_matmul_ceiling_is_the_best_sample_of_the_fastest_kernel_as_every_ceiling_is(monkeypatch):
+    # ms; a shared host's neighbours lengthen some calls, never shorten one
+    samples = {"matmul": (9.0, 4.0, 6.5, 4.5, 12.0), "onednn": (5.0, 3.2, 7.0)}
+    kernels = {name: (lambda name=name: name) for name in samples}
+    monkeypatch.setattr(ceiling_measures, "matmul_kernels", lambda a, b: kernels)
+    monkeypatch.setattr(ceiling_measures, "time_call",
+                        lambda fn, device, cfg: SimpleNamespace(samples_ms=samples[fn()]))
     tflops = ceiling_measures.measure_matmul(CPU, "float32", TimerConfig(), n=97)
-    assert tflops == pytest.approx(2 * 97 ** 3 / 4.0e-3 / 1e12)
+    assert tflops == pytest.approx(2 * 97 ** 3 / 3.2e-3 / 1e12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_hosts_matmul_kernels_each_compute_the_product(dtype):
+    gen = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(97, 97, generator=gen).to(ceiling_measures.TORCH_DTYPES[dtype]) for _ in range(2))
+    kernels = ceiling_measures.matmul_kernels(a, b)
+    assert set(kernels) == ({"matmul", "onednn"} if torch.backends.mkldnn.is_available() else {"matmul"})
+    want = a.double() @ b.double()
+    for out in (fn() for fn in kernels.values()):
+        out = out.to_dense() if out.is_mkldnn else out
+        assert (out.double() - want).abs().max() <= (1e-4 if dtype == "float32" else 0.02) * want.abs().max()
