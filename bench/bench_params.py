@@ -10,7 +10,7 @@ import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import CI_TARGETS, TimerConfig, Timing, l2_flush_buffer
+from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call, l2_flush_buffer
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
 from .sweep.worker import Executor, Isolation
@@ -81,7 +81,7 @@ def preflight(config, device: torch.device, pairs, ceil_of) -> dict:
     rows = {}
     with Executor(device, PREFLIGHT_TIMER, detect_contention=False, isolation=isolation) as worker:
         for case, impl in pairs:
-            row = base_row(case, impl, "pytest-benchmark", config.phasebench_suite, ceil_of(case), "preflight")
+            row = base_row(case, impl, "pytest-benchmark", config.phasebench_suite, ceil_of(case, impl), "preflight")
             rows[case, impl] = worker.measure(case, impl, row)
     return rows
 
@@ -98,17 +98,15 @@ class BenchmarkSampler:
         self.flush_l2 = self.flush is not None
         self.label = "pytest-benchmark+cold" if self.cold else "pytest-benchmark"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None) -> Timing:
-        calls, kept = list(calls), {"next": 0, "last": None, "setups": 0, "total": 0}
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None,
+                 guard_last=None) -> Timing:
+        calls, kept = list(calls), {"next": 0}
 
         def timed(fn):  # the host clock stops only once the device has finished
-            kept["last"] = fn()
+            fn()
             sync(device)
 
         def setup():  # outside the clock: the next call in turn, the L2 flush or the host eviction before it
-            kept["setups"] += 1
-            if before_last is not None and kept["setups"] == kept["total"]:
-                before_last()  # what an in-place op writes, poisoned before the last round (its output is judged)
             if self.flush is not None:
                 self.flush.zero_()
                 torch.cuda.synchronize(device)
@@ -124,10 +122,10 @@ class BenchmarkSampler:
             t0 = time.perf_counter()
             timed(*setup()[0])
             rounds, warmup = max(MIN_ROUNDS, min(500, int(BUDGET_S / max(time.perf_counter() - t0, 1e-6)))), 1
-        # pedantic calls setup once per round, its warm-up rounds included (once in all when disabled)
-        kept.update(setups=0, total=1 if self.benchmark.disabled else rounds + warmup)
         with nvtx_range(range_name, payload=payload):
             self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warmup, iterations=1)
         data = self.benchmark.stats.stats.data
         target = 0.0 if interpreter else CI_TARGETS[device.type]  # fixed rounds: converged says whether they sufficed
-        return Timing(tuple(s * 1e3 for s in data), self.label, kept["last"], target)
+        # the checked call after the rounds, the next in turn, untimed (its output is judged)
+        last = checked_call(calls[kept["next"] % len(calls)], lambda: sync(device), before_last, guard_last)
+        return Timing(tuple(s * 1e3 for s in data), self.label, last, target)

@@ -9,13 +9,13 @@ from phasebench.bench.bench_params import BenchmarkSampler, preflight, suite_cei
 from phasebench.bench.instruments.contention import ContentionProbe
 from phasebench.bench.instruments.roofline import on_device
 from phasebench.bench.spec.interval import INTERVAL_COLUMNS
-from phasebench.bench.sweep.measure import CaseState, base_row, measure
+from phasebench.bench.sweep.measure import CaseState, base_row, ceiling_dtypes, measure
 
 EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "model", "suite", "device", "device_kind",
                 "flops", "bytes", "intensity", "read_bytes", "write_bytes", "tflops", "gbps", "peak_tflops",
-                "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound", "roof_model",
-                "above_roof", "cache_state", "roof_level", "level_read_gbps", "level_write_gbps", "level_copy_gbps",
-                "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason",
+                "compute_dtype", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound",
+                "roof_model", "above_roof", "cache_state", "roof_level", "level_read_gbps", "level_write_gbps",
+                "level_copy_gbps", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason",
                 *INTERVAL_COLUMNS)
 _states: dict = {}
 
@@ -41,7 +41,8 @@ def probe(device):
 
 
 def _ceilings(device):
-    return lambda case: suite_ceilings(device, (case.dtype,))
+    """(case, impl) -> the ceilings that hold the matmul ceiling of what the impl multiplies in on the case."""
+    return lambda case, impl: suite_ceilings(device, ceiling_dtypes([(case, impl)], device.type))
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +54,7 @@ def first_calls(device, request):
 
 
 def test_kernel(benchmark, case, impl, device, probe, first_calls, pytestconfig):
-    ceil = _ceilings(device)(case)
+    ceil = _ceilings(device)(case, impl)
     sampler = BenchmarkSampler(benchmark, device, cold=pytestconfig.phasebench_cold)
     row = base_row(case, impl, "pytest-benchmark", pytestconfig.phasebench_suite, ceil, sampler.label)
     first = first_calls.get((case, impl), {"status": "ok"})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .registry import CALLERS, OPS, Impl, PlannedCall
+from .registry import CALLERS, OPS, Impl, PlannedCall, check_compute, dtype_name
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                "float64": torch.float64}
@@ -27,9 +27,18 @@ def _dtypes(dtypes: Iterable) -> frozenset[torch.dtype]:
     return frozenset(out)
 
 
+def _compute(compute):
+    """A plugin's compute declaration: None (its inputs' dtype), a dtype or its name, or a function as Impl takes."""
+    if compute is None or callable(compute):
+        return compute
+    if isinstance(compute, torch.dtype):
+        compute = dtype_name(compute)
+    return check_compute(compute.removeprefix("torch.") if isinstance(compute, str) else compute, "a plugin")
+
+
 def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu", "cuda"),
              dtypes: Iterable = DEFAULT_DTYPES, summary: str = "", paged: bool = False, window: bool = False,
-             sinks: bool = False) -> Impl:
+             sinks: bool = False, compute=None) -> Impl:
     """Register `fn` as implementation `name` of `op`; it is then gated and timed like the built-ins.
 
     `fn` takes the operator's arguments (attention: `fn(q, k, v, *, causal, scale, cache_seqlens)`;
@@ -38,6 +47,9 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     cache_seqlens, block_table)`; without it, paged requests are skipped as unsupported. `window=True` and
     `sinks=True` (attention) likewise: `fn` also takes `window_left=` (FlashInfer's sliding window) and `sinks=`
     (float32 [Hq]), passed only to requests that have them; without them such requests are skipped.
+    `compute`: the precision its multiply-adds run in, whose matmul ceiling is its rows' compute roof: a dtype or
+    its name ("float32" for a kernel that upcasts bf16 inputs), or `fn(device_type, dtype, case_fields) -> name`;
+    by default the inputs' dtype.
     """
     from .registry import BUILTINS
 
@@ -55,6 +67,7 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     devices = frozenset(devices)
     if not devices or not devices <= {"cpu", "cuda"}:
         raise ValueError(f"devices: must be a non-empty subset of cpu, cuda, got {sorted(devices)}")
+    compute = _compute(compute)
     call = CALLERS[op]
     backend = f"plugin:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', name)}"
 
@@ -63,7 +76,7 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
 
     impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
                 devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16, paged=paged,
-                window=window, sinks=sinks, backends=lambda device_type: backend)
+                window=window, sinks=sinks, backends=lambda device_type: backend, compute=compute)
     OPS[op][name] = impl
     return impl
 

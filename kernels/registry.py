@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +18,21 @@ class PlannedCall:
     impl: str
     backend: str
     run: Callable[[], torch.Tensor]
+
+
+COMPUTE_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what an implementation's arithmetic may run in
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_compute(found, who: str) -> str:
+    """A compute declaration's answer: dtype names joined by '+', each a floating dtype; else a one-line ValueError."""
+    if not isinstance(found, str) or not found or not set(found.split("+")) <= set(COMPUTE_DTYPES):
+        raise ValueError(f"compute: {who} must name the dtype(s) its arithmetic runs in ({', '.join(COMPUTE_DTYPES)},"
+                         f" joined by '+' for equal shares), got {found!r}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,18 @@ class Impl:
     # the concrete backend name(s) it would use on a device type, for `phasebench list`
     backends: Callable[[str], str] = field(default=lambda device_type: "")
     op: str = "attention"  # the operator whose calling convention `plan` serves
+    # The precision its multiply-adds run in, whose matmul ceiling is its rows' compute roof: a dtype name, or a
+    # function (device type, the request's dtype, the case's fields such as m and scheme) -> a name; names joined by
+    # '+' take equal shares of the FLOPs (naive attention: fp32 scores, P.V in the input dtype). None: the request's
+    # dtype (what a kernel that multiplies its inputs as they come computes in).
+    compute: str | Callable[[str, torch.dtype, Mapping], str] | None = None
+
+    def compute_dtype(self, device_type: str, dtype: torch.dtype, fields: Mapping | None = None) -> str:
+        """The precision of this implementation's arithmetic on a request of `dtype` on `device_type` (see compute)."""
+        if self.compute is None:
+            return dtype_name(dtype)
+        found = self.compute if isinstance(self.compute, str) else self.compute(device_type, dtype, dict(fields or {}))
+        return check_compute(found, f"{self.op} implementation {self.name!r}")
 
     def why_not(self, device_type: str) -> str | None:
         if device_type not in self.devices:

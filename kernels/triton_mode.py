@@ -31,6 +31,12 @@ def mode() -> str:
     return "interpreter" if interpreted() else "compiled"
 
 
+def compute(device_type: str, dtype: torch.dtype, fields) -> str:
+    """What the project's Triton kernels multiply in (an Impl's `compute`): the input dtype when compiled (tl.dot
+    on its operands as they come, fp32 without TF32), fp32 in the interpreter (the operands upcast first)."""
+    return "float32" if interpreted() else str(dtype).removeprefix("torch.")
+
+
 def device_types() -> frozenset[str]:
     """Where Triton kernels can take their tensors: the host in the interpreter, CUDA when compiled."""
     return frozenset({"cpu"}) if interpreted() else frozenset({"cuda"})

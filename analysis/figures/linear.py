@@ -76,8 +76,12 @@ def _median(rows: pd.DataFrame, column: str) -> float:
 
 def _roofs(rows: pd.DataFrame) -> dict:
     """Measured ceilings and the panel's shape: peak TFLOP/s, read, write and copy GB/s, elem, N, K, the M where
-    it turns compute-bound (crossing), the intensity there (ridge) and the read ceiling that weights stream at."""
-    found = {"tflops": _median(rows, "peak_tflops"), "read": _median(rows, "read_gbps"),
+    it turns compute-bound (crossing), the intensity there (ridge) and the read ceiling that weights stream at. The
+    compute ceiling is the highest of the rows' own (each the matmul ceiling of what its kernel multiplies in: naive
+    upcasts to fp32 where F.linear multiplies bf16), the roof none of them can pass."""
+    peaks = floats(rows["peak_tflops"]) if "peak_tflops" in rows.columns else np.array([])
+    peaks = peaks[np.isfinite(peaks) & (peaks > 0)]
+    found = {"tflops": float(peaks.max()) if len(peaks) else np.nan, "read": _median(rows, "read_gbps"),
              "write": _median(rows, "write_gbps"), "copy": _median(rows, "peak_gbps")}
     elem = float(np.nanmedian(element_bytes(rows)))
     n, k = float(rows["n"].iloc[0]), float(rows["k"].iloc[0])

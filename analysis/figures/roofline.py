@@ -49,7 +49,7 @@ def roofline(
 
     Interpreter-mode and noisy rows are left out (the title counts them); rows above their roof are
     drawn hollow, labelled with their share of it (gid "above_roof"). Each point's bar is its TFLOP/s at
-    the ends of the 95% interval of its median latency (gid "interval"). For each (device, dtype) in a
+    the ends of the 95% interval of its median latency (gid "interval"). For each (device, compute dtype) in a
     panel the measured ceilings (medians of the rows' read_gbps, write_gbps, peak_gbps (the copy) and
     peak_tflops) are drawn as three roofs: read solid with its ridge point marked (the roof of decode and
     GEMV), write dotted and copy dash-dotted, lighter (files before schema 5 have the copy alone, solid);
@@ -163,9 +163,10 @@ def _ops(rows: pd.DataFrame) -> pd.Series:
 
 
 def ceilings_of(rows: pd.DataFrame, datasheet: dict | None) -> list[dict]:
-    """Measured and datasheet ceilings per (device, dtype) of the plotted rows."""
+    """Measured and datasheet ceilings per (device, precision the rows' kernels multiply in) of the plotted rows."""
     found = []
-    for (device, dtype), group in rows.groupby(["device", "dtype"], sort=True):
+    key = "compute_dtype" if "compute_dtype" in rows.columns else "dtype"  # before schema 7: the rows' dtype
+    for (device, dtype), group in rows.groupby(["device", key], sort=True):
         sheet_gbps, sheet_tflops = _datasheet_for(group, device, dtype, datasheet)
         found.append({
             "device": device or "(unknown device)",

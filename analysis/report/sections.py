@@ -265,7 +265,9 @@ CEILINGS_NOTE = ("Measured on the machine past its last-level cache (L2 on a GPU
                  "a probe (GPU): read_gbps a reduction (the roof of decode and GEMV), write_gbps a fill, copy_gbps a "
                  "copy counting the bytes read and written (peak_gbps). A row's memory floor is read bytes / "
                  "read_gbps + write bytes / write_gbps (a read-and-write pair at the copy's rate where that is "
-                 "faster), its roof min(peak_tflops, FLOPs / floor); copy_roof_rows have the copy roof instead (all "
+                 "faster), its roof min(peak_tflops, FLOPs / floor), peak_tflops the matmul ceiling of what its "
+                 "kernel multiplies in (compute_dtype: torch's host weight-only kernels multiply bf16 inputs in "
+                 "fp32; '+' joins equal shares); copy_roof_rows have the copy roof instead (all "
                  "their bytes at copy_gbps): rows of files before schema 5, or of an operator whose cost model "
                  "gives no read/write split. `phasebench ceilings` prints each figure with when, how long and under "
                  "what load it was measured.")

@@ -123,23 +123,26 @@ def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
     return _flagged(rows, rows["reason"] if "reason" in rows else "")
 
 
-CEILING_COLUMNS = ("device", "run_id", "dtype", "read_gbps", "write_gbps", "copy_gbps", "peak_tflops", "rows",
+CEILING_COLUMNS = ("device", "run_id", "compute_dtype", "read_gbps", "write_gbps", "copy_gbps", "peak_tflops", "rows",
                    "copy_roof_rows")
 
 
 def ceilings_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The ceilings the rows were judged against, per device, run and dtype: read-only, write-only and copy GB/s
-    (medians of the rows' read_gbps, write_gbps and peak_gbps), the matmul TFLOP/s, the rows, and how many of them
-    have the copy roof (a file before schema 5, or an operator whose cost model gives no read/write split)."""
+    """The ceilings the rows were judged against, per device, run and the precision their kernels multiply in
+    (compute_dtype, whose matmul TFLOP/s is peak_tflops): read-only, write-only and copy GB/s (medians of the rows'
+    read_gbps, write_gbps and peak_gbps), the matmul TFLOP/s, the rows, and how many of them have the copy roof (a
+    file before schema 5, or an operator whose cost model gives no read/write split)."""
     rows = df[~interpreter(df)] if len(df) else df
     if rows.empty or "peak_gbps" not in rows.columns:
         return pd.DataFrame(columns=list(CEILING_COLUMNS))
     copied = rows["roof_model"] == "copy" if "roof_model" in rows.columns else pd.Series(True, index=rows.index)
     rows = rows.assign(copy_gbps=rows["peak_gbps"], _copy=copied)
+    if "compute_dtype" not in rows.columns:  # a frame not conformed: each row held to its own dtype's ceiling
+        rows["compute_dtype"] = rows["dtype"]
     for name in ("read_gbps", "write_gbps"):
         if name not in rows.columns:
             rows[name] = float("nan")
-    table = rows.groupby(["device", "run_id", "dtype"], dropna=False, sort=True).agg(
+    table = rows.groupby(["device", "run_id", "compute_dtype"], dropna=False, sort=True).agg(
         read_gbps=("read_gbps", "median"), write_gbps=("write_gbps", "median"), copy_gbps=("copy_gbps", "median"),
         peak_tflops=("peak_tflops", "median"), rows=("status", "size"), copy_roof_rows=("_copy", "sum"))
     table = table.reset_index()

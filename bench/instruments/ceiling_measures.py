@@ -1,9 +1,10 @@
 """What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU) and, on
-the host, resident in its L2 and in its last-level cache, and a square matmul per dtype sized after a warm-up call;
+the host, resident in its L2 and in its last-level cache, and square matmuls per dtype at the sizes a call allows;
 each measurement with when, how long and under what load, and every one kept by the same statistic (`best_ms`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime, timezone
 
@@ -172,7 +173,18 @@ def measure_levels(device: torch.device, cfg: TimerConfig) -> dict[str, dict]:
 
 MATMUL_SIZES = {"cuda": (1024, 8192), "cpu": (256, 2048)}  # square sizes tried, smallest to largest
 MATMUL_CALL_S = 0.05  # the size grows while one call takes less than this
-_clock = time.perf_counter  # what matmul_size times a call with (a test gives it a clock of its own)
+_clock = None  # what matmul_sizes times a call with: None for the device's own (a test gives it a clock of its own)
+
+
+def host_clock() -> float:
+    """The process's CPU seconds over its threads: how long a call takes on a quiet host. A busy host's wall clock
+    stretches it (a 256^3 call read 50 ms on a loaded 2-core host, and the ceiling stayed at that size, at 0.5
+    GFLOP/s where the kernels beside it reached 130)."""
+    return time.process_time() / max(1, torch.get_num_threads())
+
+
+def _now(device: torch.device) -> float:
+    return (_clock or (time.perf_counter if device.type == "cuda" else host_clock))()
 
 
 def _sync(device: torch.device) -> None:
@@ -180,32 +192,68 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_size(device: torch.device, dtype: str) -> int:
-    """The largest square size, doubling from the smallest, whose one call still takes under MATMUL_CALL_S (or the
-    largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3.
+def matmul_sizes(device: torch.device, dtype: str) -> list[int]:
+    """The square sizes, doubling from the smallest, up to the first whose one call takes MATMUL_CALL_S or more (or
+    the largest size): a host without fast bfloat16 matmuls (0.3 GFLOP/s here) would spend minutes on 2048^3.
 
     Each size is called once untimed first: the first call at a size pays for what is set up once (the cuBLAS
     handle and workspace, the kernel's heuristics, a oneDNN primitive), which on a fresh GPU worker took more than
-    MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak."""
+    MATMUL_CALL_S at 1024 and kept the ceiling at the smallest size, far under the device's peak. The host times
+    the call in CPU time (host_clock), which the neighbours of a shared host do not stretch."""
     low, high = MATMUL_SIZES["cuda" if device.type == "cuda" else "cpu"]
-    n = low
+    n, sizes = low, [low]
     while n < high:
         a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
         torch.matmul(a, a)
         _sync(device)  # the operand's making and the warm-up call are done before the clock starts
-        start = _clock()
+        start = _now(device)
         torch.matmul(a, a)
         _sync(device)
-        if _clock() - start >= MATMUL_CALL_S:
+        if _now(device) - start >= MATMUL_CALL_S:
             break
         n *= 2
-    return n
+        sizes.append(n)
+    return sizes
+
+
+def matmul_size(device: torch.device, dtype: str) -> int:
+    """The largest of matmul_sizes."""
+    return matmul_sizes(device, dtype)[-1]
+
+
+def matmul_kernels(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """The square matmuls a @ b that the device offers: torch.matmul (the vendor BLAS: cuBLAS, or MKL on the host),
+    and on the host oneDNN's matmul where it takes the dtype (MKL's fp32 SGEMM ran 20% under it on an AMD EPYC)."""
+    calls = {"matmul": lambda: torch.matmul(a, b)}
+    if a.device.type == "cpu" and torch.backends.mkldnn.is_available():
+        try:
+            am, bm = a.to_mkldnn(), b.t().contiguous().to_mkldnn()  # mkldnn_linear multiplies by its second's .T
+            torch.ops.aten.mkldnn_linear(am, bm, None)
+        except RuntimeError:  # a dtype this CPU's oneDNN refuses (fp16 without avx512_fp16)
+            return calls
+        calls["onednn"] = lambda: torch.ops.aten.mkldnn_linear(am, bm, None)
+    return calls
 
 
 def measure_matmul(device: torch.device, dtype: str, cfg: TimerConfig, n: int | None = None) -> float:
-    """TFLOP/s of a large square matmul in `dtype` (fp32 without TF32), of size `n` (default matmul_size)."""
+    """TFLOP/s of the fastest square matmul in `dtype` (fp32 without TF32) of size `n` (default matmul_size), each
+    kernel on its share of the timer and from its best sample, as every ceiling is: the least time the device took is
+    what it can do."""
     n = n or matmul_size(device, dtype)
     a = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(TORCH_DTYPES[dtype])
-    timing = time_call(lambda: torch.matmul(a, b), device, cfg)
-    return 2 * n**3 / (best_ms(timing) / 1e3) / 1e12
+    kernels = matmul_kernels(a, b)
+    share = dataclasses.replace(cfg, warmup_s=cfg.warmup_s / len(kernels), budget_s=cfg.budget_s / len(kernels))
+    fastest = min(best_ms(time_call(fn, device, share)) for fn in kernels.values())
+    return 2 * n**3 / (fastest / 1e3) / 1e12
+
+
+def best_matmul(device: torch.device, dtype: str, cfg: TimerConfig) -> tuple[float, int]:
+    """(TFLOP/s, its size) of the fastest of the square matmuls at matmul_sizes, each measured on
+    its share of the timer's warm-up and budget: a host BLAS can peak below its largest size (its blocking, a
+    cache), and one size alone reads it low."""
+    sizes = matmul_sizes(device, dtype)
+    share = dataclasses.replace(cfg, warmup_s=cfg.warmup_s / len(sizes), budget_s=cfg.budget_s / len(sizes))
+    found = {n: measure_matmul(device, dtype, share, n=n) for n in sizes}
+    best = max(found, key=found.get)
+    return found[best], best

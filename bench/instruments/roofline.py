@@ -21,6 +21,7 @@ from .ceiling_measures import (
     STREAMS,
     TORCH_DTYPES,
     StreamBuffers,
+    best_matmul,
     cache_sizes,
     matmul_size,
     measure_levels,
@@ -97,7 +98,7 @@ class Ceilings:
     warnings: list[str] = field(default_factory=list)
     added: dict[str, dict] = field(default_factory=dict)
     checked: str = ""  # how a cached entry was held against a probe now, or why the figures were measured
-    matmul_n: dict[str, int] = field(default_factory=dict)  # the square size each dtype's matmul was measured at
+    matmul_n: dict[str, int] = field(default_factory=dict)  # the square size of the best of each dtype's matmuls
     read_gbps: float = math.nan  # NaN: not measured (a row's roof then puts its bytes at the copy bandwidth)
     write_gbps: float = math.nan
     bandwidth: dict[str, dict] = field(default_factory=dict)  # stream -> its figures and provenance
@@ -311,8 +312,8 @@ def _kept(path: Path, current: dict) -> tuple[dict | None, str]:
 
 
 def _measure_dtype(device: torch.device, dtype: str, timer: TimerConfig, with_probe: bool) -> tuple:
-    n = matmul_size(device, dtype)
-    tflops = measure_matmul(device, dtype, timer, n=n)
+    """(the best TFLOP/s of the matmul sizes tried, its size, the probe's figure at half that size or None)."""
+    tflops, n = best_matmul(device, dtype, timer)
     return tflops, n, (measure_matmul(device, dtype, PROBE_TIMER, n=max(n // 2, 1)) if with_probe else None)
 
 

@@ -2,10 +2,12 @@
 in batches until the median's confidence interval is narrow enough or a time limit passes.
 
 A timer takes one call or several equivalent ones (the same op on copies of its streamed operands, taken in
-turn so that none is still cached when it is read again), an optional `evict` run before each call and an optional
-`before_last` run before the last call of each batch, outside the clock. It keeps the output of the last timed call,
-so the gate can check what was timed as well as the first call (`before_last` poisons what an in-place op must
-rewrite, so that the check sees that call's writes and not an earlier one's; sampling may stop after any batch).
+turn so that none is still cached when it is read again) and an optional `evict` run before each call, outside the
+clock. Given a `before_last` or a `guard_last`, after the samples it makes the checked call: one more call in turn,
+untimed, whose output it keeps (`Timing.last`) so that the gate judges what the timed loop computes as well as the
+first call; `before_last` runs before it (it poisons what an in-place op must rewrite) and `guard_last` around it
+(the measuring path poisons its fresh allocations there, so that its torch.empty cannot find the previous call's
+right answer; a poisoned call is not a sample: the poison's fill would lengthen it).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Timing:
 
     samples_ms: tuple[float, ...]
     method: str
-    last: object = field(default=None, compare=False, repr=False)  # the last timed call's output
+    last: object = field(default=None, compare=False, repr=False)  # the checked call's output (None: not asked)
     target: float = 0.0  # the relative half-width the sampling aimed at (0: none)
 
     @property
@@ -164,34 +166,42 @@ def _samples_range(range_name: str | None, payload):
     return contextlib.nullcontext() if range_name is None else nvtx_range(range_name, payload=payload)
 
 
+Guard = Callable[[], contextlib.AbstractContextManager]
+
+
+def checked_call(call: Callable[[], object], sync: Callable[[], None], before_last: Callable[[], None] | None = None,
+                 guard_last: Guard | None = None) -> object:
+    """The call after the samples whose output the gate judges: `before_last` first, then the call under
+    `guard_last`, completed on the device; untimed. None, without a call, when neither is given (nothing checks)."""
+    if before_last is None and guard_last is None:
+        return None
+    if before_last is not None:
+        before_last()
+    with guard_last() if guard_last is not None else contextlib.nullcontext():
+        out = call()
+        sync()
+    return out
+
+
 def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: TimerConfig = TimerConfig(),
              range_name: str | None = None, payload=None, evict: Callable[[], None] | None = None,
-             before_last: Callable[[], None] | None = None) -> Timing:
-    """perf_counter_ns around each call after warm-up, the calls taken in turn, `evict` run before each one and
-    `before_last` before the last of each batch (outside the clock); range_name: NVTX range around the samples
-    only."""
+             before_last: Callable[[], None] | None = None, guard_last: Guard | None = None) -> Timing:
+    """perf_counter_ns around each call after warm-up, the calls taken in turn, `evict` run before each one (outside
+    the clock), then the checked call (the next in turn); range_name: NVTX range around the samples only."""
     calls = _calls(fn)
     per_call, offset = _warm_up(calls, cfg, lambda: None, evict)
-    kept = {"next": offset, "last": None}
+    turn = {"next": offset}
 
     def take(k: int) -> list[float]:
         samples = []
-        for j in range(k):
-            call = calls[kept["next"] % len(calls)]
-            kept["next"] += 1
-            if before_last is not None and j == k - 1:
-                before_last()
+        for _ in range(k):
+            call = calls[turn["next"] % len(calls)]
+            turn["next"] += 1
             if evict is not None:
                 evict()
-            if j < k - 1:
-                t0 = time.perf_counter_ns()
-                call()
-                samples.append((time.perf_counter_ns() - t0) / 1e6)
-            else:  # the batch's last output is kept for the gate (the earlier batch's is let go)
-                kept["last"] = None
-                t0 = time.perf_counter_ns()
-                kept["last"] = call()
-                samples.append((time.perf_counter_ns() - t0) / 1e6)
+            t0 = time.perf_counter_ns()
+            call()
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
         return samples
 
     gc_was_on = gc.isenabled()
@@ -202,7 +212,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
     finally:
         if gc_was_on:
             gc.enable()
-    return Timing(tuple(samples), "perf_counter_ns", kept["last"], cfg.target)
+    last = checked_call(calls[turn["next"] % len(calls)], lambda: None, before_last, guard_last)
+    return Timing(tuple(samples), "perf_counter_ns", last, cfg.target)
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
@@ -213,56 +224,53 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor:
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
-              stream: torch.cuda.Stream | None = None, before_last: Callable[[], None] | None = None) -> Timing:
+              stream: torch.cuda.Stream | None = None, before_last: Callable[[], None] | None = None,
+              guard_last: Guard | None = None) -> Timing:
     """CUDA events around each call; an L2 flush (outside the events) before each one.
 
     range_name: NVTX range (with payload) around the samples only, after warm-up and graph capture,
     closed once the last sample has finished on the GPU; each flush sits in a nested 'l2flush' range.
-    With several calls each is taken in turn (each captured in a graph of its own with cuda_graph); the last
-    output kept is the last call's, or the graph's output after its last replay.
+    With several calls each is taken in turn (each captured in a graph of its own with cuda_graph); the output kept
+    is the checked call's, the next in turn after the samples (with cuda_graph, the graph's output after one more
+    replay: a replay allocates nothing, it reruns the captured kernels into the graph's own output).
     stream: run, record and wait on that stream only (a call timed beside work on other streams); by default the
     current stream, and waits synchronise the whole device.
-    before_last: run before the flush and start event of each batch's last sample (enqueued, outside the events).
+    before_last, guard_last: run before and around the checked call (enqueued work outside the events).
     """
     if stream is not None:
         with torch.cuda.stream(stream):
-            return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize, before_last)
-    return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize, before_last)
+            return _time_cuda(fn, device, cfg, range_name, payload, stream.synchronize, before_last, guard_last)
+    return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize, before_last, guard_last)
 
 
 class EventBatches:
-    """Timed calls on a GPU, a batch at a time: the L2 flush (outside the events) and events around each call,
-    `before_last` before the batch's last flush, then one wait for the batch; keeps the last call's output (the
-    graph's static output after its replay). `event` makes a timing event (a fake one in the host's tests)."""
+    """Timed calls on a GPU, a batch at a time: the L2 flush (outside the events) and events around each call, then
+    one wait for the batch; `next` counts the calls taken (the checked call after the samples is the next in turn).
+    `event` makes a timing event (a fake one in the host's tests)."""
 
-    def __init__(self, runs, static, flush, sync: Callable[[], None], before_last=None, graph: bool = False,
+    def __init__(self, runs, flush, sync: Callable[[], None],
                  event: Callable[[], object] = lambda: torch.cuda.Event(enable_timing=True)):
-        self.runs, self.static, self.flush, self.sync = runs, static, flush, sync
-        self.before_last, self.graph, self.event = before_last, graph, event
-        self.next, self.last = 0, None
+        self.runs, self.flush, self.sync, self.event = runs, flush, sync, event
+        self.next = 0
 
     def __call__(self, k: int) -> list[float]:
         starts, ends = [self.event() for _ in range(k)], [self.event() for _ in range(k)]
-        for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
-            if self.before_last is not None and j == k - 1:
-                self.before_last()
+        for start, end in zip(starts, ends, strict=True):
             if self.flush is not None:
                 with nvtx_range(L2FLUSH):
                     self.flush.zero_()
             at = self.next % len(self.runs)
             self.next += 1
             start.record()
-            out = self.runs[at]()
+            self.runs[at]()
             end.record()
-            if j == k - 1:
-                self.last = self.static[at] if self.graph else out
-            del out
         self.sync()
         return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
 def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | None, payload,
-               sync: Callable[[], None], before_last: Callable[[], None] | None = None) -> Timing:
+               sync: Callable[[], None], before_last: Callable[[], None] | None = None,
+               guard_last: Guard | None = None) -> Timing:
     calls = _calls(fn)
     per_call, _ = _warm_up(calls, cfg, sync)
     runs, static = calls, [None] * len(calls)
@@ -279,21 +287,25 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
                 runs.append(graph.replay)
         torch.cuda.current_stream(device).wait_stream(stream)
     flush = l2_flush_buffer(device) if cfg.flush_l2 else None
-    take = EventBatches(runs, static, flush, sync, before_last, cfg.cuda_graph)
+    take = EventBatches(runs, flush, sync)
     sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
     with _samples_range(range_name, payload):
         samples = adaptive_samples(take, cfg, per_call)
-    return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", take.last, cfg.target)
+    at = take.next % len(runs)
+    last = checked_call(runs[at], sync, before_last, guard_last)
+    if cfg.cuda_graph and (before_last is not None or guard_last is not None):
+        last = static[at]
+    return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last, cfg.target)
 
 
 def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
               evict: Callable[[], None] | None = None, stream=None,
-              before_last: Callable[[], None] | None = None) -> Timing:
+              before_last: Callable[[], None] | None = None, guard_last: Guard | None = None) -> Timing:
     """Time `fn` (or several equivalent calls in turn) on the device its tensors live on; range_name (if given) is
     the NVTX range of the samples; `evict` runs before each host call, outside the clock (a GPU flushes L2);
-    `before_last` before the last call of each batch, outside the clock; `stream`: a CUDA stream to time on alone (see
-    time_cuda)."""
+    `before_last` and `guard_last` before and around the checked call after the samples (its output is kept);
+    `stream`: a CUDA stream to time on alone (see time_cuda)."""
     if device.type == "cuda":
-        return time_cuda(fn, device, cfg, range_name, payload, stream, before_last)
-    return time_cpu(fn, cfg, range_name, payload, evict, before_last)
+        return time_cuda(fn, device, cfg, range_name, payload, stream, before_last, guard_last)
+    return time_cpu(fn, cfg, range_name, payload, evict, before_last, guard_last)

@@ -8,6 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...kernels import get_impl
+from ..instruments.ceiling_measures import TORCH_DTYPES
+from ..instruments.gate import CAP_UNITS
+
 if TYPE_CHECKING:
     import torch
 
@@ -42,6 +46,9 @@ class Operator:
     # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
     # bandwidth (its rows say so in roof_model)
     moved_bytes: Callable[[object], tuple[float, float]] | None = None
+    # the most its sound baseline errs, in units of the dtype's roundoff: no fp16/bf16 limit reaches past FACTOR x it
+    # (bench.instruments.gate), so it must stay under the error of the smallest bug the gate must catch
+    baseline_cap: float = CAP_UNITS
 
 
 OPERATORS: dict[str, Operator] = {}
@@ -75,3 +82,18 @@ def operator_of(case) -> Operator:
         return operators()[case.op]
     except (AttributeError, KeyError):
         raise ValueError(f"case: {case!r} is not a case of a known operator ({', '.join(OPERATORS)})") from None
+
+
+def compute_dtype(case, impl: str, device_type: str) -> str:
+    """What `impl` multiplies in on `case` (its declaration in the kernel registry, kernels.registry.Impl.compute,
+    given the case's row fields); the case's dtype for a name the registry does not hold."""
+    try:
+        chosen = get_impl(impl, case.op)
+    except ValueError:
+        return case.dtype
+    return chosen.compute_dtype(device_type, TORCH_DTYPES[case.dtype], case.row_fields())
+
+
+def ceiling_dtypes(pairs, device_type: str) -> tuple[str, ...]:
+    """The dtypes whose matmul ceilings the (case, impl) pairs are held to: every dtype their kernels multiply in."""
+    return tuple(sorted({part for case, impl in pairs for part in compute_dtype(case, impl, device_type).split("+")}))

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         return 2
     from ...profiles.capture import cuda_profiler_range
     from ..instruments.roofline import on_device
-    from ..sweep.measure import CaseState, gate, poison_written, sync
+    from ..sweep.measure import CaseState, gate, judged_call, poison_written, sync
 
     with on_device(device):
         state = CaseState(case, device)
@@ -52,11 +52,14 @@ def main(argv=None) -> int:
         sync(device)
         with cuda_profiler_range() if device.type == "cuda" else contextlib.nullcontext():
             for _ in range(args.calls):
-                out = call.run()
+                call.run()
             sync(device)
-        last = state.standard.judge(out)  # and the last profiled call's output, outside the range
+        # and one more call after them, outside the range, its allocations poisoned: its output cannot be a profiled
+        # call's right answer left in a free block
+        last = judged_call(state, state.standard, call.run)
         if not last.ok:
-            print(f"ncu_target: error: {args.impl}'s last profiled call is incorrect: {last.reason}", file=sys.stderr)
+            print(f"ncu_target: error: {args.impl}'s call after the profiled ones is incorrect: {last.reason}",
+                  file=sys.stderr)
             return 1
     info = {"case": case.row_fields(), "impl": args.impl, "backend": call.backend, "key": op.key(case, args.impl),
             "max_rel_err": verdict.error,

@@ -60,6 +60,14 @@ def roof(flops, floor_s, peak_tflops) -> tuple:
     return roof_tflops, np.fmax(compute_s, floor_s), bound
 
 
+def compute_peak(peaks, compute: str) -> float:
+    """The compute ceiling of arithmetic in `compute` from the matmul TFLOP/s measured per dtype (`peaks`): one dtype's
+    own, or, for dtypes joined by '+' that take equal shares of the FLOPs, n / sum(1 / peak), the rate at which the
+    shares run one after the other. KeyError for a dtype not measured."""
+    parts = compute.split("+")
+    return len(parts) / sum(1.0 / float(peaks[p]) for p in parts)
+
+
 def pct_of_roof(roof_s, latency_ms):
     """100 · the least time the roof allows / the measured time: % of the roof for any op, arithmetic or not."""
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -28,6 +28,8 @@ from .roof import COPY, MEMORY
 #    window_left (an attention case's sliding window, FlashInfer's; -1: none, and in older files and other operators),
 #    sinks (a sink logit per query head in the softmax denominator; False in older files), head_dim_v (the value's
 #    head dim where it differs from head_dim: MLA's 512 of a 576-wide latent; blank otherwise).
+#    compute_dtype (the precision the row's kernel multiplies in, whose measured matmul ceiling is its peak_tflops:
+#    fp32 for torch's host weight-only kernels on bf16 activations; older rows, held to their dtype's, read it).
 SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -65,6 +67,7 @@ RESULT_COLUMNS = (
     "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops",
+    "compute_dtype",  # what the kernel multiplies in ('+' joins equal shares): peak_tflops is that matmul ceiling
     "peak_gbps",  # the copy bandwidth (read + write bytes), as before schema 5
     "read_gbps", "write_gbps",  # read-only and write-only bandwidth past the last-level cache
     "roof_tflops", "pct_roofline", "bound",
@@ -104,8 +107,8 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "bound",
-    "roof_model", "status", "reason", "cache_state", "roof_level",
+    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "compute_dtype",
+    "bound", "roof_model", "status", "reason", "cache_state", "roof_level",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -287,6 +290,8 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
             out.loc[out[name] == "", name] = value
         else:
             out[name] = out[name].fillna(value)
+    held = out["compute_dtype"] == ""  # before schema 7 every row was held to its own dtype's matmul ceiling
+    out.loc[held, "compute_dtype"] = out.loc[held, "dtype"]
     dense = out["kv_tokens"].isna() & (out["seqlens"] == "")
     out.loc[dense, "kv_tokens"] = out.loc[dense, "batch"] * out.loc[dense, "kv_len"]
     known = list(RESULT_COLUMNS + RUN_COLUMNS)

@@ -22,12 +22,14 @@ from ..instruments.memory.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
+from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
 from ..spec import roof as states
 from ..spec.interval import interval_columns
-from ..spec.roof import COPY, L2, LLC, MEMORY, WARM, level_ceilings, pct_of_roof, roof_level, roof_of_row
+from ..spec.roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, pct_of_roof, roof_level, roof_of_row
 from ..spec.schema import ABOVE_ROOF_PCT, cell_float
 
-INTERPRETER_SAMPLES = 1  # interpreter timings prove nothing about speed: one call, after the gate's, no warm-up
+# interpreter timings prove nothing about speed: one sample, after the gate's call, no warm-up (then the checked call)
+INTERPRETER_SAMPLES = 1
 
 
 def impl_mode(impl: str) -> str:
@@ -50,8 +52,9 @@ def one_line(err: BaseException) -> str:
 
 
 class Sampler(Protocol):
-    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one and
-    `before_last` before the last one, outside the clock; `label` names the clock (it goes in the row's `timer`
+    """Times planned calls taken in turn (copies of one call on cold operands), `evict` run before each one outside
+    the clock, then makes the checked call (the next in turn, untimed: its output is `Timing.last`) with
+    `before_last` before it and `guard_last` around it; `label` names the clock (it goes in the row's `timer`
     column), `cold` whether host operands that a forward pass streams are timed cold, `flush_l2` whether a GPU's L2
     is flushed before each call."""
 
@@ -61,7 +64,7 @@ class Sampler(Protocol):
 
     def __call__(self, calls: Sequence[Callable[[], object]], device: torch.device, *, range_name: str,
                  payload: float, interpreter: bool, evict: Callable[[], None] | None = None,
-                 before_last: Callable[[], None] | None = None) -> Timing: ...
+                 before_last: Callable[[], None] | None = None, guard_last=None) -> Timing: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +88,14 @@ class HarnessSampler:
             return "perf_counter_ns+cold" if self.config.cold else "perf_counter_ns"
         return "cuda-graph+events" if self.config.cuda_graph else "cuda-events"
 
-    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None):
+    def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None,
+                 guard_last=None):
         cfg = self.config
         if interpreter:  # the gate's call warmed it; no interval to aim at
             cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES,
                                       warmup_s=0.0, warmup_calls=0, target=0.0, min_time_s=0.0)
         return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict,
-                         before_last=before_last)
+                         before_last=before_last, guard_last=guard_last)
 
 
 class Checked:
@@ -120,7 +124,7 @@ class Checked:
         return self._baseline[0]
 
     def judge(self, out) -> Verdict:
-        return judge(out, self.reference, self.case.dtype, self.baseline_error)
+        return judge(out, self.reference, self.case.dtype, self.baseline_error, self.op.baseline_cap)
 
 
 class CaseState:
@@ -198,10 +202,12 @@ def gate(state: CaseState, call, impl: str) -> Verdict:
 def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: str) -> dict:
     """A row with the case, its cost and the ceilings filled, no figures yet, status ok. Its roof is the floor of
     the bytes it reads and writes at the measured read and write ceilings (bench.spec.roof); an operator whose cost
-    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"). Until `measure` knows how its
-    operands are prepared (with_state) it is judged against memory; "_levels" (not a column) carries the ceilings of
-    a warm row at each cache level (bench.spec.roof.level_ceilings) to it."""
+    model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"); its compute ceiling is the
+    matmul ceiling of what its kernel multiplies in (compute_dtype), which `ceil` must hold (ceiling_dtypes). Until
+    `measure` knows how its operands are prepared (with_state) it is judged against memory; "_levels" (not a column)
+    carries the ceilings of a warm row at each cache level (bench.spec.roof.level_ceilings) to it."""
     op = operator_of(case)
+    compute = compute_dtype(case, impl, ceil.kind)
     flops = op.flops(case)
     if op.moved_bytes is not None:
         read, written = op.moved_bytes(case)
@@ -216,7 +222,8 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "latency_ci_low_ms": math.nan, "latency_ci_high_ms": math.nan, "latency_ci_rel": math.nan,
         "converged": None, "outliers": None, "samples": 0,
         "timer": timer, "noisy": False, "noise_reason": "",
-        "tflops": math.nan, "gbps": math.nan, "peak_tflops": ceil.peak_tflops[case.dtype],
+        "tflops": math.nan, "gbps": math.nan, "peak_tflops": compute_peak(ceil.peak_tflops, compute),
+        "compute_dtype": compute,
         "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
         "pct_roofline": math.nan, "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "",
         "profiled": False, "cache_state": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
@@ -351,19 +358,22 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
                                        flush_l2=getattr(sampler, "flush_l2", False))
         row = with_state(row, timed.state, levels)
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
-        with watch as seen:  # the last timed call must rewrite what an in-place op writes: poisoned before it
+        # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
+        # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
+        with watch as seen:
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
                              interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                             before_last=functools.partial(poison_written, state, *timed.inputs))
+                             before_last=functools.partial(poison_written, state, *timed.inputs),
+                             guard_last=poisoned_allocations)
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)
-        with nvtx_range(stage_name(CHECK, key)):  # what was timed is checked too, not only the first call
+        with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
             last = state.standard.judge(timing.last)
             scrub(timing.last, keep=timed.inputs)
         del timed
         if not last.ok:
             return {**row, "status": last.status, "max_rel_err": last.error,
-                    "reason": f"the last timed call: {last.reason}"}
+                    "reason": f"the call after the samples: {last.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:

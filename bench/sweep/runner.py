@@ -19,7 +19,15 @@ from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitution
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec.files import WriteError
-from .measure import INTERPRETER_SAMPLES, HarnessSampler, base_row, one_line, rejudged, with_ceiling_load
+from .measure import (
+    INTERPRETER_SAMPLES,
+    HarnessSampler,
+    base_row,
+    ceiling_dtypes,
+    one_line,
+    rejudged,
+    with_ceiling_load,
+)
 from .results import ResultsStore
 from .worker import IN_PROCESS, Executor, Isolation
 
@@ -233,7 +241,13 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
     when the sweep stops: on a full disk or a read-only folder the rows written before stay, and run.json says why,
     where it can still be written)."""
     device = cfg.device
-    dtypes = sorted({c.dtype for c in cfg.cases})
+    cases = list(cfg.cases)
+    if cfg.time_budget_s is not None:
+        cases = [cases[i] for i in spread_order(len(cases))]
+    plan = [(case, impls_for(case, cfg.impls)) for case in cases]
+    # a matmul ceiling per dtype the kernels multiply in (torch's host weight-only kernels: fp32 on bf16 inputs)
+    dtypes = ceiling_dtypes([(c, i) for c, impls in plan for i in impls], device.type) or sorted(
+        {c.dtype for c in cases})
     state_before = _snapshot(device)
     executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
     meta: dict = {}
@@ -249,10 +263,6 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
         store.write_run(meta)
         label = HarnessSampler(timer, device.type).label
         budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
-        cases = list(cfg.cases)
-        if budget is not None:
-            cases = [cases[i] for i in spread_order(len(cases))]
-        plan = [(case, impls_for(case, cfg.impls)) for case in cases]
         total = cfg.rounds * sum(len(impls) for _, impls in plan)
         index = 0
         def measure_one(case, impl: str, base: dict) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Impl, PlannedCall, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
@@ -77,6 +77,12 @@ def _plan(req: AttentionRequest) -> PlannedCall:
     return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
+def _compute(device_type: str, dtype: torch.dtype, fields) -> str:
+    """Half of its FLOPs (the scores) in fp32, half (P.V) in the input dtype."""
+    name = dtype_name(dtype)
+    return name if dtype in (torch.float32, torch.float64) else f"float32+{name}"
+
+
 NAIVE = add_builtin(Impl(
     name="naive",
     summary="fp32 score matmul, fp32 softmax, matmul; materialises the [Sq, Sk] scores; GQA folds query heads "
@@ -89,4 +95,5 @@ NAIVE = add_builtin(Impl(
     sinks=True,
     max_head_dim=1 << 16,
     backends=lambda device_type: "torch-matmul",
+    compute=_compute,
 ))

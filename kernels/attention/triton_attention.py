@@ -74,4 +74,5 @@ TRITON = add_builtin(Impl(
     sinks=True,
     unavailable=triton_mode.why_unavailable,
     backends=lambda device_type: f"triton-prefill, triton-splitkv ({mode()})",
+    compute=triton_mode.compute,
 ))

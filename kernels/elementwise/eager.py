@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..registry import Impl, PlannedCall, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .request import ElementwiseRequest
 
 
@@ -73,4 +73,6 @@ TORCH_ELEMENTWISE = add_builtin(Impl(
     plan=_plan,
     backends=lambda device_type: BACKEND,
     op="elementwise",
+    # torch's elementwise kernels compute half inputs in fp32 (their opmath type) and round the result once
+    compute=lambda device_type, dtype, fields: dtype_name(torch.promote_types(dtype, torch.float32)),
 ))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Impl, PlannedCall, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .request import LinearRequest
 
 # Each step materialises at most this many products (rows x cols x K elements of x[i, k] * w[j, k]).
@@ -38,4 +38,5 @@ NAIVE_LINEAR = add_builtin(Impl(
     plan=_plan,
     backends=lambda device_type: "elementwise-sum",
     op="linear",
+    compute=lambda device_type, dtype, fields: dtype_name(torch.promote_types(dtype, torch.float32)),
 ))

@@ -9,7 +9,7 @@ import triton.language as tl
 from .. import buffers
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
-from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
+from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import LinearRequest, validate_linear
 
 GEMV_MAX_M = 64  # up to this many rows the weights dominate the bytes: split-K skinny GEMM
@@ -265,4 +265,5 @@ TRITON_LINEAR = add_builtin(Impl(
     unavailable=why_unavailable,
     backends=lambda device_type: f"{BACKENDS['gemv']}, {BACKENDS['gemm']} ({mode()})",
     op="linear",
+    compute=compute,
 ))

@@ -24,7 +24,7 @@ from ..linear.triton_linear import (
 )
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
-from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
+from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import QLinearRequest, validate_qlinear
 from .schemes import padded_k
 
@@ -193,6 +193,11 @@ def _plan(req: QLinearRequest) -> PlannedCall:
     return PlannedCall("triton", backend_name(path), lambda: _run(req, path, None))
 
 
+def _compute(device_type: str, dtype: torch.dtype, fields) -> str:
+    """One token (BLOCK_M == 1) multiplies in fp32 on the vector units; more, tl.dot on x's dtype (triton_mode)."""
+    return "float32" if fields.get("m") == 1 else compute(device_type, dtype, fields)
+
+
 TRITON_QLINEAR = add_builtin(Impl(
     name="triton",
     summary=f"phasebench's Triton kernels, dequantizing in the K loop: split-K GEMV for M <= {GEMV_MAX_M}, tiled GEMM",
@@ -202,4 +207,5 @@ TRITON_QLINEAR = add_builtin(Impl(
     unavailable=why_unavailable,
     backends=lambda device_type: f"{BACKENDS['gemv']}, {BACKENDS['gemm']} ({mode()})",
     op="qlinear",
+    compute=_compute,
 ))

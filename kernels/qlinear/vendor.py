@@ -10,6 +10,11 @@
   K is not a multiple of the group, x is padded with zeros on each call (counted in its time).
 - fp8-e4m3: unsupported. torch._scaled_mm multiplies fp8 by fp8 (W8A8): it refuses a float activation, and
   quantizing x would change the math that the gate checks; torch 2.13 has no weight-only fp8 GEMM.
+
+What they compute in (their rows' compute roof, `compute` below; docs/quantized.md cites the sources): on the host
+every weight-only kernel turns x and the dequantized weights into fp32 and multiplies in fp32 (AVX-512 FMAs for bf16
+x, a scalar loop for fp16 and fp32 x), with or without the CPU's bf16 instructions; on CUDA the int8 kernel runs fp32
+FMAs on the CUDA cores, and the int4 kernel (tinygemm) bf16 MMAs on the tensor cores.
 """
 
 from __future__ import annotations
@@ -103,6 +108,11 @@ def _plan(req: QLinearRequest) -> PlannedCall:
                       "by fp8 weights (W8A8) and refuses float activations")
 
 
+def compute(device_type: str, dtype: torch.dtype, fields) -> str:
+    """The precision of torch's weight-only kernels' multiply-adds (the module docstring)."""
+    return "bfloat16" if device_type == "cuda" and str(fields.get("scheme", "")).startswith("int4") else "float32"
+
+
 def backends(device_type: str) -> str:
     int4 = "torch._weight_int4pack_mm" if device_type == "cuda" else "torch._weight_int4pack_mm_for_cpu"
     return f"torch._weight_int8pack_mm, {int4}"
@@ -116,4 +126,5 @@ TORCH_QLINEAR = add_builtin(Impl(
     plan=_plan,
     backends=backends,
     op="qlinear",
+    compute=compute,
 ))

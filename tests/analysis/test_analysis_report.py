@@ -183,6 +183,18 @@ def test_the_ceilings_table_shows_all_three_and_which_rows_keep_the_copy_roof(rn
     assert np.isnan(table.loc["v4", "read_gbps"])
 
 
+def test_the_ceilings_table_gives_each_precision_the_rows_multiply_in_its_own_matmul_ceiling(rng, helpers):
+    from phasebench.analysis.report import ceilings_table
+
+    rows = helpers.with_read_write(helpers.make_rows(rng, not_ok=False, run_id="v7"))
+    upcast = rows["impl"] == "naive"  # a kernel that multiplies bf16 inputs in fp32, held to the fp32 ceiling
+    rows["compute_dtype"] = rows["dtype"].where(~upcast, "float32")
+    rows.loc[upcast, "peak_tflops"] = 67.0
+    table = ceilings_table(conform(rows)).set_index("compute_dtype")
+    assert table.loc["float32", "peak_tflops"] == 67.0 and table.loc["float32", "rows"] == upcast.sum()
+    assert table.loc["bfloat16", "rows"] == (~upcast).sum() and table.loc["bfloat16", "peak_tflops"] != 67.0
+
+
 def test_the_report_shows_the_three_ceilings(tmp_path, rng, helpers):
     rows = helpers.with_read_write(helpers.make_rows(rng, not_ok=False), above=2, rng=rng)
     write_report(conform(rows), tmp_path)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phasebench.kernels import IMPLS, Unsupported, attention, available_impls, backend_for, describe_impls, triton_mode
+from phasebench.kernels import (
+    IMPLS,
+    OPS,
+    Unsupported,
+    attention,
+    available_impls,
+    backend_for,
+    describe_impls,
+    register,
+    triton_mode,
+)
 
 from ..conftest import REPO
 from .reference import make_qkv
@@ -88,3 +98,60 @@ def test_every_operator_plans_a_planned_call_still_importable_by_its_old_name():
     users = [str(path.relative_to(REPO)) for folder in ("kernels", "bench", "analysis", "profiles")
              for path in (REPO / folder).rglob("*.py") if "AttentionCall" in path.read_text()]
     assert users == ["kernels/__init__.py"]
+
+
+# what each implementation multiplies in: the matmul ceiling its rows are held to (bench.sweep.measure.base_row)
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+COMPUTE = [  # (op, impl, device type, dtype, case fields, what it multiplies in)
+    ("attention", "naive", "cpu", BF16, {}, "float32+bfloat16"),  # fp32 scores, P.V in bf16
+    ("attention", "naive", "cuda", F32, {}, "float32"),
+    ("attention", "flash", "cpu", BF16, {}, "bfloat16"),
+    ("attention", "cudnn", "cuda", F16, {}, "float16"),
+    ("linear", "naive", "cuda", F16, {}, "float32"),  # elementwise products upcast, fp32 sums
+    ("linear", "torch", "cpu", BF16, {}, "bfloat16"),
+    ("elementwise", "torch", "cuda", BF16, {"kind": "rmsnorm"}, "float32"),  # torch's opmath
+    ("qlinear", "naive", "cpu", BF16, {"m": 7, "scheme": "int8"}, "bfloat16"),  # dequantized, then F.linear
+    ("qlinear", "torch", "cpu", BF16, {"m": 7, "scheme": "int4-g128"}, "float32"),  # int4mm_kernel.cpp: fp32 FMAs
+    ("qlinear", "torch", "cpu", F16, {"m": 7, "scheme": "int8"}, "float32"),  # int8mm_kernel.cpp: a scalar loop
+    ("qlinear", "torch", "cuda", BF16, {"m": 7, "scheme": "int8"}, "float32"),  # int8mm.cu: CUDA cores
+    ("qlinear", "torch", "cuda", BF16, {"m": 7, "scheme": "int4-g32"}, "bfloat16"),  # int4mm.cu: bf16 MMA
+]
+
+
+@pytest.mark.parametrize("op,impl,device,dtype,fields,expected", COMPUTE,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}" for c in COMPUTE])
+def test_each_implementation_declares_what_it_multiplies_in(op, impl, device, dtype, fields, expected):
+    assert OPS[op][impl].compute_dtype(device, dtype, fields) == expected
+
+
+def test_the_triton_kernels_multiply_in_fp32_in_the_interpreter_else_in_their_inputs_dtype(monkeypatch):
+    tritons = [OPS[op]["triton"] for op in ("attention", "linear", "qlinear") if "triton" in OPS[op]]
+    for interpreted, expected in ((True, "float32"), (False, "bfloat16")):
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreted else "0")
+        assert {impl.compute_dtype("cuda", BF16, {"m": 16}) for impl in tritons} <= {expected}
+    if "triton" in OPS["qlinear"]:  # one token: its BLOCK_M == 1 path multiplies on the vector units, in fp32
+        assert OPS["qlinear"]["triton"].compute_dtype("cuda", BF16, {"m": 1}) == "float32"
+
+
+def test_a_plugin_declares_what_it_multiplies_in_or_is_held_to_its_inputs_dtype():
+    added = []
+    try:
+        def by_m(device, dtype, fields):
+            return "float32" if fields.get("m") == 1 else "bfloat16"
+
+        for name, compute in (("p_default", None), ("p_name", "float32"), ("p_dtype", torch.float32), ("p_fn", by_m)):
+            register("linear", name, lambda x, w: x @ w.T, compute=compute)
+            added.append(name)
+        found = {name: OPS["linear"][name].compute_dtype("cpu", BF16, {"m": 1}) for name in added}
+        assert found == {"p_default": "bfloat16", "p_name": "float32", "p_dtype": "float32", "p_fn": "float32"}
+        assert OPS["linear"]["p_fn"].compute_dtype("cpu", BF16, {"m": 8}) == "bfloat16"
+        for bad in ("int8", "", "float32+tf32", 4):
+            with pytest.raises(ValueError, match="compute: a plugin must name the dtype"):
+                register("linear", "p_bad", lambda x, w: x @ w.T, compute=bad)
+        register("linear", "p_bad_fn", lambda x, w: x @ w.T, compute=lambda device, dtype, fields: "fp32")
+        added.append("p_bad_fn")
+        with pytest.raises(ValueError, match="compute: linear implementation 'p_bad_fn' must name"):
+            OPS["linear"]["p_bad_fn"].compute_dtype("cpu", BF16, {})
+    finally:
+        for name in added:
+            OPS["linear"].pop(name, None)

@@ -17,7 +17,8 @@ def poisoned_allocations():
     """While the block runs, every uninitialised allocation torch makes (torch.empty in a kernel, a plugin or an op's
     own output) comes back filled: NaN for floating dtypes, the largest value for integers. This is torch's own
     fill_uninitialized_memory, which acts under use_deterministic_algorithms; warn_only, so that no op refuses to run
-    (an op with a deterministic variant may take it here: the last timed call is judged outside this block)."""
+    (an op with a deterministic variant may take it here). The gate's first calls run inside it, and so does the
+    checked call after the timed samples (bench.instruments.timing), which is not a sample: the fill takes time."""
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_filling = torch.utils.deterministic.fill_uninitialized_memory

@@ -1,5 +1,5 @@
-"""The float64 (host) / float32 (GPU) reference of an elementwise case; tuple and index outputs reach the gate through
-a view of them (gate.Viewed), outside the timing."""
+"""The float64 reference of an elementwise case, on every device (in fp32 on a GPU it was the eager code under test);
+tuple and index outputs reach the gate through a view of them (gate.Viewed), outside the timing."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def rotate(x, cos, sin):
 
 
 def reference_dtype(device: torch.device) -> torch.dtype:
-    return torch.float64 if device.type == "cpu" else torch.float32
+    return torch.float64
 
 
 def _what(out) -> str:
@@ -77,7 +77,7 @@ def _pick_view(logits):
 
 
 def reference(case: ElementwiseCase, inputs: ElementwiseInputs, device: torch.device):
-    """The kind's math in float64 on the host, float32 on a GPU; a gate.Viewed for tuple and index outputs."""
+    """The kind's math in float64; a gate.Viewed for tuple and index outputs."""
     r = reference_dtype(device)
     t = inputs.tensors
     if case.kind == "rmsnorm":

@@ -11,6 +11,9 @@ from .cases import LinearCase
 from .inputs import LinearInputs
 from .reference import blocked_product
 
+# The most this baseline errs, in units of roundoff: its output rounded once (0.5-1.0 u on the CPU suites).
+CAP_UNITS = 2.0
+
 
 def linear_in_dtype(case: LinearCase, inputs: LinearInputs, device: torch.device) -> torch.Tensor:
     """x @ w.T as a GEMM kernel does it in the case's dtype: the low-precision operands multiplied exactly in fp32

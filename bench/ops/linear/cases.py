@@ -71,18 +71,20 @@ def weight_bytes(case: LinearCase) -> float:
 
 @dataclass(frozen=True)
 class LinearSweep:
-    """Each named projection of the given models at each M, standing for one phase."""
+    """Each named projection of the given models at each M, standing for one phase; in the run's dtype, or in
+    `dtype` where the sweep names one (a row that means something in one dtype only)."""
 
     models: tuple[str, ...]
     m: tuple[int, ...]
     phase: str
     projections: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
+    dtype: str | None = None
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[LinearCase]:
         out = []
         for model, proj, m in itertools.product(models or self.models, self.projections, self.m):
             n, k = model_config(model).projections()[proj]
-            out.append(LinearCase(m, n, k, dtype, self.phase, model, proj))
+            out.append(LinearCase(m, n, k, self.dtype or dtype, self.phase, model, proj))
         return out
 
 

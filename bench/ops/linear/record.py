@@ -10,5 +10,5 @@ LINEAR = register_operator(Operator(
     name="linear", case_type=LinearCase, flops=cases.flops, min_bytes=cases.min_bytes, moved_bytes=cases.moved_bytes,
     make_inputs=inputs.make_inputs, reference=reference.reference, baseline_error=baseline.baseline_error,
     prepare=lambda case, x, impl: prepare_linear(x.x, x.w, impl=impl),
-    does_not_fit=memory.does_not_fit, key=linear_key_for, streamed=("w",),
+    does_not_fit=memory.does_not_fit, key=linear_key_for, streamed=("w",), baseline_cap=baseline.CAP_UNITS,
 ))

@@ -79,23 +79,27 @@ def min_bytes(case: QLinearCase) -> float:
 
 @dataclass(frozen=True)
 class QLinearSweep:
-    """Each named projection of the given models at each M, for each scheme, standing for one phase."""
+    """Each named projection of the given models at each M, for each scheme, standing for one phase; in the run's
+    dtype, or in `dtype` where the sweep names one."""
 
     models: tuple[str, ...]
     m: tuple[int, ...]
     phase: str
     projections: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
     schemes: tuple[str, ...] = tuple(QUANT_SCHEMES)
+    dtype: str | None = None
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[QLinearCase]:
         out = []
         for model, proj, m, scheme in itertools.product(models or self.models, self.projections, self.m, self.schemes):
             n, k = model_config(model).projections()[proj]
-            out.append(QLinearCase(m, n, k, scheme, dtype, self.phase, model, proj))
+            out.append(QLinearCase(m, n, k, scheme, self.dtype or dtype, self.phase, model, proj))
         return out
 
 
 def quant_sweeps(models: tuple[str, ...], m: tuple[int, ...], projections: tuple[str, ...],
-                 schemes: tuple[str, ...] = tuple(QUANT_SCHEMES)) -> list:
-    """The same projections unquantized (linear cases, `scheme` blank in their rows) and packed by each scheme."""
-    return [LinearSweep(models, m, "decode", projections), QLinearSweep(models, m, "decode", projections, schemes)]
+                 schemes: tuple[str, ...] = tuple(QUANT_SCHEMES), dtype: str | None = None) -> list:
+    """The same projections unquantized (linear cases, `scheme` blank in their rows) and packed by each scheme, in
+    the run's dtype or in `dtype`."""
+    return [LinearSweep(models, m, "decode", projections, dtype),
+            QLinearSweep(models, m, "decode", projections, schemes, dtype)]

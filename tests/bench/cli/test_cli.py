@@ -206,7 +206,10 @@ def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
     assert list(csv.columns) == COLUMNS and set(ISSUE_COLUMNS) <= set(csv.columns)
     assert len(csv) == len(parquet) == sum(len(impls[c.op]) for c in cases)
     assert (parquet.status == "ok").all(), parquet[["impl", "status", "reason"]]
-    assert set(parquet.phase) == {"prefill", "chunked_prefill", "decode"} and set(parquet.dtype) == {dtype}
+    assert set(parquet.phase) == {"prefill", "chunked_prefill", "decode"} and set(parquet.dtype) == {dtype, "bfloat16"}
+    assert (parquet[parquet.op == "qlinear"].dtype == "bfloat16").all()  # beside its GEMV unquantized, in bf16
+    measured = json.loads((quick_run / "run.json").read_text())["ceilings"]["peak_tflops"]
+    assert {p for c in parquet.compute_dtype for p in c.split("+")} <= set(measured)  # each row's own ceiling
     assert set(parquet.op) == {"attention", "linear", "qlinear"} and (parquet.device_kind == device.type).all()
     for op, names in impls.items():
         assert set(parquet[parquet.op == op].impl) == set(names)

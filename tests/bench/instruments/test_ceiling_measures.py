@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -132,5 +133,53 @@ def test_matmul_size_stops_growing_once_a_call_is_slow(monkeypatch):
     assert ceiling_measures.matmul_size(CPU, "float32") == 2048
 
 
-def test_the_real_clock_serves_matmul_size():
-    assert ceiling_measures._clock is time.perf_counter
+def test_the_real_clocks_serve_matmul_sizes_the_host_in_cpu_time_over_its_threads(monkeypatch):
+    assert ceiling_measures._clock is None  # each device's own: a GPU's wall clock after a sync, the host's CPU time
+    monkeypatch.setattr(time, "process_time", lambda: 12.0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert ceiling_measures._now(CPU) == 3.0  # a busy host's neighbours stretch its wall clock, not its CPU time
+    assert ceiling_measures._now(torch.device("cuda")) != 3.0
+
+
+def test_the_matmul_ceiling_is_the_best_of_the_sizes_a_call_allows_each_on_its_share_of_the_timer(monkeypatch):
+    clock = FakeClock(first_ever=0.0, first_at_size=0.0,
+                      slow=lambda a: a.dtype == torch.bfloat16 and a.shape[0] >= 1024)
+    monkeypatch.setattr(ceiling_measures, "_clock", clock)
+    monkeypatch.setattr(torch, "matmul", clock.matmul)
+    assert ceiling_measures.matmul_sizes(CPU, "bfloat16") == [256, 512, 1024]  # up to the first slow call
+    # a host BLAS that peaks below its largest size (its blocking, a cache): the best size is kept, not the largest
+    figures = {256: 0.11, 512: 0.43, 1024: 0.29}
+    timers = []
+
+    def measured(device, dtype, cfg, n=None):
+        timers.append(cfg)
+        return figures[n]
+
+    monkeypatch.setattr(ceiling_measures, "measure_matmul", measured)
+    cfg = TimerConfig(warmup_s=0.3, budget_s=0.9, min_samples=3, max_samples=50, flush_l2=False)
+    assert ceiling_measures.best_matmul(CPU, "bfloat16", cfg) == (0.43, 512)
+    shares = [(t.warmup_s, t.budget_s, t.min_samples) for t in timers]
+    assert shares == [(pytest.approx(0.1), pytest.approx(0.3), 3)] * 3
+
+
+def test_a_matmul_ceiling_is_the_best_sample_of_the_fastest_kernel_as_every_ceiling_is(monkeypatch):
+    # ms; a shared host's neighbours lengthen some calls, never shorten one
+    samples = {"matmul": (9.0, 4.0, 6.5, 4.5, 12.0), "onednn": (5.0, 3.2, 7.0)}
+    kernels = {name: (lambda name=name: name) for name in samples}
+    monkeypatch.setattr(ceiling_measures, "matmul_kernels", lambda a, b: kernels)
+    monkeypatch.setattr(ceiling_measures, "time_call",
+                        lambda fn, device, cfg: SimpleNamespace(samples_ms=samples[fn()]))
+    tflops = ceiling_measures.measure_matmul(CPU, "float32", TimerConfig(), n=97)
+    assert tflops == pytest.approx(2 * 97 ** 3 / 3.2e-3 / 1e12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_hosts_matmul_kernels_each_compute_the_product(dtype):
+    gen = torch.Generator().manual_seed(5)
+    a, b = (torch.randn(97, 97, generator=gen).to(ceiling_measures.TORCH_DTYPES[dtype]) for _ in range(2))
+    kernels = ceiling_measures.matmul_kernels(a, b)
+    assert set(kernels) == ({"matmul", "onednn"} if torch.backends.mkldnn.is_available() else {"matmul"})
+    want = a.double() @ b.double()
+    for out in (fn() for fn in kernels.values()):
+        out = out.to_dense() if out.is_mkldnn else out
+        assert (out.double() - want).abs().max() <= (1e-4 if dtype == "float32" else 0.02) * want.abs().max()

@@ -69,7 +69,8 @@ def fake_measure(monkeypatch, tmp_path):
         monkeypatch.setattr(module, "StreamBuffers", NoBuffers)
     monkeypatch.setattr(roofline, "measure_matmul", fake.matmul)
     monkeypatch.setattr(roofline, "measure_levels", lambda device, cfg: {})  # measure_levels has tests of its own
-    monkeypatch.setattr(roofline, "matmul_size", lambda device, dtype: 2048)
+    monkeypatch.setattr(roofline, "best_matmul",
+                        lambda device, dtype, cfg: (fake.matmul(device, dtype, cfg, n=2048), 2048))
     # instant measurements make windows of a few /proc/stat ticks, where one tick of another process reads as load:
     # the machine counts as quiet unless a test says otherwise
     monkeypatch.setattr(roofline, "load_warnings", lambda conditions, what="ceilings": [])

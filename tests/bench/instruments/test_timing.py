@@ -124,7 +124,7 @@ class FakeEvent:
         return (end.at - self.at) * 1e3
 
 
-def test_event_batches_flush_before_each_call_and_poison_before_each_batchs_last():
+def test_event_batches_flush_before_each_call_and_take_the_calls_in_turn_across_batches():
     clock, log = {"now": 0.0}, []
 
     def run(i):
@@ -138,24 +138,15 @@ def test_event_batches_flush_before_each_call_and_poison_before_each_batchs_last
         def zero_(self):
             log.append(("flush",))
 
-    take = EventBatches([run(0), run(1), run(2)], [None] * 3, Flush(), lambda: log.append(("sync",)),
-                        before_last=lambda: log.append(("last",)), event=lambda: FakeEvent(clock))
+    take = EventBatches([run(0), run(1), run(2)], Flush(), lambda: log.append(("sync",)),
+                        event=lambda: FakeEvent(clock))
     first = take(4)
     assert first == pytest.approx([1.0, 2.0, 3.0, 1.0])  # the calls in turn, each between its own events
     assert log == [("flush",), ("call", 0), ("flush",), ("call", 1), ("flush",), ("call", 2),
-                   ("last",), ("flush",), ("call", 0), ("sync",)]
-    assert take.last == "out0"
+                   ("flush",), ("call", 0), ("sync",)]
     log.clear()
-    assert take(2) == pytest.approx([2.0, 3.0]) and take.last == "out2"  # the turn goes on across batches
-    assert log == [("flush",), ("call", 1), ("last",), ("flush",), ("call", 2), ("sync",)]
-
-
-def test_event_batches_keep_a_graphs_static_output():
-    clock = {"now": 0.0}
-    take = EventBatches([lambda: None, lambda: None], ["static0", "static1"], None, lambda: None, graph=True,
-                        event=lambda: FakeEvent(clock))
-    take(3)
-    assert take.last == "static0"
+    assert take(2) == pytest.approx([2.0, 3.0]) and take.next == 6  # the turn goes on across batches
+    assert log == [("flush",), ("call", 1), ("flush",), ("call", 2), ("sync",)]
 
 
 def test_cpu_timer_warms_up_then_samples_each_call():
@@ -166,7 +157,7 @@ def test_cpu_timer_warms_up_then_samples_each_call():
     assert all(s >= 0 for s in timing.samples_ms) and timing.method == "perf_counter_ns"
 
 
-def test_cpu_timer_takes_the_calls_in_turn_evicts_before_each_and_keeps_the_last_output():
+def test_cpu_timer_takes_the_calls_in_turn_and_evicts_before_each():
     log = []
     calls = [lambda i=i: log.append(("call", i)) or i for i in range(3)]
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=7, max_samples=7)
@@ -174,24 +165,35 @@ def test_cpu_timer_takes_the_calls_in_turn_evicts_before_each_and_keeps_the_last
     made = [e[1] for e in log if e[0] == "call"]
     assert made == [i % 3 for i in range(8)]  # one warm-up call, then the samples go on in turn from the next
     assert all(log[2 * i] == ("evict",) for i in range(8)) and len(log) == 16  # an eviction before every call
-    assert timing.count == 7 and timing.last == made[-1]  # the last timed call's own output
+    assert timing.count == 7 and timing.last is None  # nothing asked for a checked call: none was made
 
 
-def test_cpu_timer_keeps_only_the_last_output():
+def test_the_checked_call_comes_after_the_samples_in_turn_and_keeps_its_output():
     outputs = iter(range(100))
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5)
-    assert time_cpu(lambda: next(outputs), cfg).last == 5  # warm-up 0, samples 1..5
+    timing = time_cpu(lambda: next(outputs), cfg, guard_last=contextlib.nullcontext)
+    assert timing.last == 6 and timing.count == 5  # warm-up 0, samples 1..5, the checked call 6
     with pytest.raises(ValueError, match="calls: need at least one"):
         time_cpu([], cfg)
 
 
-def test_before_last_runs_once_before_the_last_call_outside_the_clock():
+def test_before_last_and_the_guard_wrap_the_checked_call_only_outside_the_clock():
     log = []
+
+    @contextlib.contextmanager
+    def guard():
+        log.append(("enter",))
+        yield
+        log.append(("exit",))
+
     calls = [lambda i=i: log.append(("call", i)) or i for i in range(2)]
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5)
-    timing = time_cpu(calls, cfg, evict=lambda: log.append(("evict",)), before_last=lambda: log.append(("last",)))
-    assert log.count(("last",)) == 1 and log[-3:] == [("last",), ("evict",), ("call", timing.last)]
-    assert [e for e in log if e[0] == "call"] == [("call", i % 2) for i in range(6)]
+    timing = time_cpu(calls, cfg, evict=lambda: log.append(("evict",)), before_last=lambda: log.append(("last",)),
+                      guard_last=guard)
+    assert log.count(("last",)) == log.count(("enter",)) == 1 and timing.count == 5
+    # the checked call is the next in turn after the five samples, the poison's guard around it alone
+    assert log[-4:] == [("last",), ("enter",), ("call", timing.last), ("exit",)] and timing.last == 0
+    assert [e for e in log if e[0] == "call"] == [("call", i % 2) for i in range(7)]
 
 
 @pytest.mark.cuda
@@ -206,7 +208,7 @@ def test_cuda_before_last_rewrites_what_only_the_last_replay_must_write_again(gr
     cfg = TimerConfig(warmup_s=0.002, budget_s=0.0, min_samples=6, max_samples=6, cuda_graph=graph)
     timing = time_cuda(call, device, cfg, before_last=lambda: out.fill_(float("nan")))
     torch.cuda.synchronize()
-    assert torch.equal(timing.last, x * 2)  # poisoned before the last replay, rewritten by it
+    assert torch.equal(timing.last, x * 2)  # poisoned before the checked call (or replay), rewritten by it
 
 
 @pytest.fixture
@@ -318,7 +320,7 @@ def test_a_call_timed_on_its_own_stream_waits_for_that_stream_only():
     with torch.cuda.stream(other):
         torch.cuda._sleep(2_000_000_000)  # about a second of a spinning kernel
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=5, max_samples=5, flush_l2=False)
-    t = time_call(lambda: x.sum(), device, cfg, stream=mine)
+    t = time_call(lambda: x.sum(), device, cfg, stream=mine, guard_last=contextlib.nullcontext)
     assert not other.query()  # the spin is still running: nothing waited for it
     assert t.count == 5
     torch.testing.assert_close(t.last.cpu(), x.sum().cpu())

@@ -109,3 +109,17 @@ def test_a_warm_rows_level_is_never_held_slower_than_a_farther_one():
     assert found["l2"] == {"read_gbps": 159.5, "write_gbps": 92.0, "copy_gbps": 126.8}
     assert roof.level_ceilings({"l2": levels["l2"]}, memory) == {"l2": levels["l2"]}
     assert roof.level_ceilings({}, memory) == {}
+
+
+def test_a_compute_ceiling_is_the_matmul_ceiling_of_what_the_kernel_multiplies_in():
+    peaks = {"float32": 0.263, "bfloat16": 0.0391}  # a host whose bf16 matmul is emulated: 7x slower than fp32
+    assert roof.compute_peak(peaks, "float32") == 0.263 and roof.compute_peak(peaks, "bfloat16") == 0.0391
+    # equal shares of the FLOPs in each run one after the other: 2 / (1/a + 1/b), below the faster, above the slower
+    mixed = roof.compute_peak(peaks, "float32+bfloat16")
+    assert mixed == pytest.approx(2 / (1 / 0.263 + 1 / 0.0391)) and 0.0391 < mixed < 0.263
+    # a GEMV held to the fp32 ceiling where its kernel multiplies in fp32: its roof is 6.7x the bf16 one's
+    flops, floor_s = 2 * 16 * 2048 * 5632, 0.0
+    fp32_roof = roof.roof(flops, floor_s, roof.compute_peak(peaks, "float32"))[0]
+    assert fp32_roof / roof.roof(flops, floor_s, peaks["bfloat16"])[0] == pytest.approx(0.263 / 0.0391)
+    with pytest.raises(KeyError):
+        roof.compute_peak(peaks, "float16")  # a dtype the run did not measure is never guessed

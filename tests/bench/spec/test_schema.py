@@ -68,6 +68,13 @@ def test_a_row_without_a_window_or_sinks_keys_like_one_written_before_the_column
     assert schema.sample_key({**new, "sinks": True}) != schema.sample_key(new)
 
 
+def test_rows_before_schema_7_were_held_to_their_own_dtype_and_newer_rows_keep_what_they_multiply_in():
+    rows = pd.DataFrame({"dtype": ["bfloat16", "float16", "bfloat16"], "compute_dtype": ["", None, "float32"]})
+    out = schema.conform(rows)
+    assert out["compute_dtype"].tolist() == ["bfloat16", "float16", "float32"]
+    assert schema.conform(rows.drop(columns="compute_dtype"))["compute_dtype"].tolist() == list(rows["dtype"])
+
+
 def test_conform_keeps_what_rows_say():
     rows = pd.DataFrame({"op": ["attention", "linear"], "seqlens": ["97,1025,3", ""], "kv_tokens": [1125, np.nan],
                          "batch": [3, 5], "kv_len": [1025, 80], "noisy": ["True", ""], "profiled": [None, "1"]})

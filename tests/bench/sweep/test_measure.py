@@ -144,7 +144,7 @@ def test_a_bf16_kernel_without_max_subtraction_fails_on_large_logits_at_decode(t
     assert 2 * fp32_scores < err < 2 * bf16_scores  # caught by the fp32-score limit, forgiven by the old one
 
 
-# ---- the last timed call rewrites what an in-place op writes -----------------------------------------------------
+# ---- the call after the samples rewrites what an in-place op writes ----------------------------------------------
 
 
 def skips_last_rows_after_its_first_call():
@@ -166,7 +166,8 @@ def test_a_kv_append_whose_timed_calls_skip_rows_is_incorrect(tmp_path, plugins)
     rows = rows_of(tmp_path, [case], ["torch", "stale_append"])
     assert rows["torch"].status == "ok", rows["torch"].reason
     bad = rows["stale_append"]
-    assert bad.status == "incorrect" and bad.reason.startswith("the last timed call: output holds NaN"), bad.reason
+    assert bad.status == "incorrect", bad.reason
+    assert bad.reason.startswith("the call after the samples: output holds NaN"), bad.reason
 
 
 # ---- no right answer lingers in recycled memory ----------------------------------------------------------------
@@ -190,6 +191,34 @@ def test_a_kernel_that_skips_its_last_block_on_a_recycled_buffer_is_incorrect(tm
     assert rows["torch"].status == "ok", rows["torch"].reason
     bad = rows["skips_block"]
     assert bad.status == "incorrect" and "NaN" in bad.reason, (bad.status, bad.reason)
+
+
+def right_twice_then_skips_its_last_block():
+    calls = []
+
+    def kernel(x, w):
+        """Right on its first two calls (the gate's and the first timed one); afterwards it leaves its last 64
+        columns unwritten in a fresh torch.empty, which the allocator fills with the block the previous call freed:
+        its right answer."""
+        calls.append(1)
+        out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+        cols = w.shape[0] if len(calls) <= 2 else w.shape[0] - 64
+        out[:, :cols] = x @ w[:cols].T
+        return out
+    return kernel
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_kernel_whose_timed_calls_skip_a_block_is_incorrect_though_its_buffer_holds_the_answer(tmp_path, plugins,
+                                                                                                   device):
+    # the old gate judged the last timed call, whose torch.empty got the previous call's right answer back: it passed.
+    # The call after the samples allocates poisoned memory, so the block it never writes holds NaN.
+    plugins("linear", "stale_tail", right_twice_then_skips_its_last_block())
+    case = LinearCase(m=16, n=1024, k=257, dtype="bfloat16", phase="decode")  # a 32 KiB output
+    bad = rows_of(tmp_path, [case], ["stale_tail"], torch.device(device))["stale_tail"]
+    assert bad.status == "incorrect", (bad.status, bad.reason)
+    assert bad.reason.startswith("the call after the samples: output holds NaN"), bad.reason
+    assert math.isnan(bad.latency_ms)
 
 
 # ---- the right kernels pass ------------------------------------------------------------------------------------

@@ -223,3 +223,32 @@ def test_a_stored_warm_row_is_judged_again_at_its_levels_higher_ceilings():
     assert again["pct_roofline"] < 100 and again["reason"] == "" and again["read_gbps"] == before.read_gbps
     other = {**text, "read_gbps": "29.9", "write_gbps": "13.0", "peak_gbps": "21.0"}
     assert measure_mod.rejudged(other, subs, used) is other
+
+
+def test_a_rows_compute_roof_is_the_ceiling_of_what_its_kernel_multiplies_in():
+    from phasebench.bench.ops.qlinear.cases import QLinearCase
+
+    # the host: bf16 matmuls emulated by oneDNN at 0.039 TF/s, fp32 at 0.26
+    ceil = Ceilings(device="host", kind="cpu", peak_tflops={"float32": 0.263, "bfloat16": 0.0391}, **COPY_FASTER)
+    down = QLinearCase(16, 2048, 5632, "int8", "bfloat16", "decode")
+    attn = AttentionCase(1, 8, 2, 512, 512, 64, True, "bfloat16")
+    gemm = LinearCase(512, 2048, 2048, "bfloat16", "prefill")
+    pairs = [(down, "torch"), (down, "naive"), (attn, "naive"), (attn, "flash"), (gemm, "torch"), (gemm, "naive")]
+    found = {(c.op, i): base_row(c, i, "r", "s", ceil, "clock") for c, i in pairs}
+    held = {key: (row["compute_dtype"], row["peak_tflops"]) for key, row in found.items()}
+    assert held[("qlinear", "torch")] == ("float32", 0.263)  # torch's host int8 kernel: fp32 FMAs on bf16 x
+    assert held[("qlinear", "naive")] == ("bfloat16", 0.0391)  # dequantized to bf16, then F.linear in bf16
+    assert held[("attention", "flash")] == ("bfloat16", 0.0391) and held[("linear", "torch")][0] == "bfloat16"
+    assert held[("linear", "naive")] == ("float32", 0.263)  # products and sums upcast to fp32
+    assert held[("attention", "naive")] == ("float32+bfloat16", pytest.approx(2 / (1 / 0.263 + 1 / 0.0391)))
+    row = found[("qlinear", "torch")]
+    assert row["roof_tflops"] == pytest.approx(min(0.263, row["flops"] / hand_floor(
+        row["read_bytes"], row["write_bytes"], COPY_FASTER) / 1e12))
+    # the run measures exactly the matmul ceilings its rows are held to
+    assert measure_mod.ceiling_dtypes(pairs, "cpu") == ("bfloat16", "float32")
+    assert measure_mod.ceiling_dtypes([(down, "torch")], "cpu") == ("float32",)
+    assert measure_mod.ceiling_dtypes([(down, "torch")], "cuda") == ("float32",)  # int8 on CUDA: fp32 CUDA cores
+    int4 = replace(down, scheme="int4-g128")
+    assert measure_mod.ceiling_dtypes([(int4, "torch")], "cuda") == ("bfloat16",)  # tinygemm: bf16 tensor cores
+    with pytest.raises(KeyError):
+        base_row(down, "torch", "r", "s", ceilings(COPY_FASTER, "bfloat16"), "clock")  # never a guessed ceiling

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import json
 import math
@@ -144,8 +146,11 @@ def test_an_interpreter_row_is_one_call_without_warm_up():
     sampler = measure_mod.HarnessSampler(runner.CPU_TIMER, "cpu")
     timing = sampler([lambda: calls.append(1) or len(calls)], torch.device("cpu"), range_name=None, payload=0.0,
                      interpreter=True)
-    assert calls == [1] and timing.count == 1 and timing.last == 1
+    assert calls == [1] and timing.count == 1 and timing.last is None  # nothing asked for a checked call
     assert math.isnan(timing.interval.low) and not timing.converged
+    checked = sampler([lambda: calls.append(1) or len(calls)], torch.device("cpu"), range_name=None, payload=0.0,
+                      interpreter=True, guard_last=contextlib.nullcontext)
+    assert calls == [1, 1, 1] and checked.count == 1 and checked.last == 3  # one sample, then the checked call
 
 
 def test_cases_that_do_not_fit_are_skipped_with_a_reason(tmp_path, monkeypatch):

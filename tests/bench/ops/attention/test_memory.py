@@ -58,7 +58,8 @@ def test_the_top_prefill_case_fits_for_tiled_kernels_and_not_for_naive(card, mod
     assert fits(top, "flash", CARDS[card]) and fits(top, "triton", CARDS[card])
     # the score matrices alone are B x Hq x Sq x Sk x 8 bytes (fp32 scores and softmax): 256 GiB and more
     assert not fits(top, "naive", CARDS[card])
-    assert memory.impl_bytes(top, "triton", CUDA) < 4 * 2**30
+    # its output and the check's two fp64 temporaries the size of the reference (4 GiB here), no score matrices
+    assert memory.impl_bytes(top, "triton", CUDA) < 5 * 2**30
 
 
 def test_a_long_decode_batch_fits_on_an_h200_for_every_impl(no_cuda_calls):

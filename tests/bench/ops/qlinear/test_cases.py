@@ -64,9 +64,13 @@ def test_decode_quant_pairs_each_scheme_with_the_unquantized_projection():
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_quick_has_exactly_one_int4_gemv_row(device):
-    quant = [c for c in suite_cases("quick", device, "float32") if c.op == "qlinear"]
+def test_quick_has_exactly_one_int4_gemv_row_in_bf16_beside_the_same_gemv_unquantized(device):
+    cases = suite_cases("quick", device, "float32")  # whatever the run's dtype: the vendor path a server runs
+    quant = [c for c in cases if c.op == "qlinear"]
     assert len(quant) == 1 and quant[0].scheme.startswith("int4") and quant[0].m == 1
+    dense = [c for c in cases if c.op == "linear" and (c.m, c.n, c.k) == (quant[0].m, quant[0].n, quant[0].k)]
+    assert quant[0].dtype == "bfloat16" and [c.dtype for c in dense] == ["bfloat16"]
+    assert {c.dtype for c in cases if c.op == "attention"} == {"float32"}
 
 
 def test_the_row_fields_carry_the_scheme_and_the_record_is_found():

@@ -50,7 +50,7 @@ def verdict(case, impl):
     return gate(state, operator_of(case).prepare(case, state.inputs, impl), impl)
 
 
-AWKWARD = [(3, 37, 300, "float32"), (1, 64, 200, "bfloat16")]  # K no multiple of 32 or 128; N odd or not
+AWKWARD = [(3, 37, 300, "float32"), (1, 64, 200, "bfloat16"), (2, 48, 161, "float16")]  # K no multiple of 32 or 128
 
 
 @pytest.mark.parametrize("scheme", ["int4-g128", "int4-g32"])
