@@ -60,7 +60,10 @@ def cmd_list(args) -> int:
         print(f"  {name:<15} {counts}")
     print("model presets (hidden / intermediate / layers / q heads / kv heads / head dim / vocab):")
     for name, m in MODELS.items():
-        print(f"  {name:<12} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}")
+        mixture = f" ({m.experts} experts of that intermediate, top {m.top_k}" + (
+            f", shared {m.shared_intermediate})" if m.shared_intermediate else ")") if m.is_moe else ""
+        print(f"  {name:<16} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}"
+              f"{mixture}")
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for op in OPS:
             print(f"{op} implementations on {device}:")

@@ -18,7 +18,10 @@ from .roof import COPY
 #    writes (bench.spec.roof); rows of older files keep their copy-bandwidth roof, roof_model "copy" says so.
 # 6: scheme (a quantized linear case's weight scheme: int8, int4-g128, ...; blank for every other row, and in older
 #    files, whose rows all had unquantized weights).
-SCHEMA_VERSION = 6
+# 7: experts, top_k, touched_experts, routing, routing_seed (a routed-experts case: m tokens through each one's top_k
+#    of `experts` experts, n and k the expert's intermediate and hidden sizes; touched_experts the distinct experts its
+#    routing reads; blank for every other row and in older files).
+SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 105.0  # a row past this share of its measured roof is a finding (a bug detector), never a result
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -29,6 +32,8 @@ LINEAR_COLUMNS = ("m", "n", "k", "projection")
 QLINEAR_COLUMNS = (*LINEAR_COLUMNS, "scheme")
 # The fields of an elementwise case (bench.ops.elementwise.cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
 ELEMENTWISE_COLUMNS = ("kind", "cache_len")
+# A routed-experts case (bench.ops.moe.cases.MoeCase) has the linear fields and these; touched_experts is derived.
+MOE_COLUMNS = ("experts", "top_k", "touched_experts", "routing", "routing_seed")
 
 # One row per (case, impl), in the order the runner writes them.
 RESULT_COLUMNS = (
@@ -42,6 +47,7 @@ RESULT_COLUMNS = (
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
+    *MOE_COLUMNS,  # a routed-experts case: E experts, top-k per token, the experts its routing touches, the routing
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
     "latency_ms", "latency_p20_ms", "latency_p80_ms", "samples", "timer",
@@ -66,7 +72,8 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "page_size", "m", "n", "k", "projection", "scheme", "kind", "cache_len")
+               "page_size", "m", "n", "k", "projection", "scheme", "kind", "cache_len", "experts", "top_k", "routing",
+               "routing_seed")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -80,7 +87,7 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "bound",
+    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason", "bound",
     "roof_model", "status", "reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
@@ -88,7 +95,7 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "phasebench_version", "git_commit", "datasheet_name",
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
-               "m", "n", "k", "cache_len")
+               "m", "n", "k", "cache_len", "experts", "top_k", "touched_experts", "routing_seed")
 BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
@@ -104,7 +111,7 @@ SAMPLES_COLUMN = "samples_ms"
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
 KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", *QLINEAR_COLUMNS, "kind",
-               "cache_len", "device", "mode", "timer")
+               "cache_len", "experts", "top_k", "routing", "routing_seed", "device", "mode", "timer")
 
 
 def sample_key(row) -> tuple:

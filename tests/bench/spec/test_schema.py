@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 6
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 7
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)
@@ -113,3 +113,12 @@ def test_rows_before_schema_6_read_as_unquantized():
     out = schema.conform(old)
     assert "scheme" in schema.KEY_COLUMNS and "scheme" in schema.CASE_FIELDS
     assert out.loc[0, "scheme"] == "" and out["scheme"].dtype == out["projection"].dtype
+
+
+def test_rows_before_schema_7_read_as_no_experts():
+    old = pd.DataFrame({"impl": ["torch"], "op": ["linear"], "m": [1], "n": [97], "k": [200], "dtype": ["float32"],
+                        "phase": ["decode"], "latency_ms": [0.5], "status": ["ok"]})
+    out = schema.conform(old)
+    assert {"experts", "top_k", "routing", "routing_seed"} <= set(schema.KEY_COLUMNS) & set(schema.CASE_FIELDS)
+    assert out.loc[0, "routing"] == "" and pd.isna(out.loc[0, "touched_experts"])
+    assert str(out["experts"].dtype) == "Int64" and out["routing"].dtype == out["projection"].dtype
