@@ -7,6 +7,7 @@ from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .comparison.display import comparison_figure
 from .comparison.pairs import compare, regressions, with_samples
 from .figures.linear import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
+from .figures.moe import moe_coverage, moe_coverage_table
 from .figures.paged import paged_figure, paged_table
 from .figures.prefill_decode import phase_comparison, tokens_per_second
 from .figures.quantized import quant_speedup, quant_speedup_table
@@ -62,6 +63,8 @@ __all__ = [
     "load_interference",
     "load_phases",
     "load_profile",
+    "moe_coverage",
+    "moe_coverage_table",
     "paged_figure",
     "quant_speedup",
     "quant_speedup_table",

@@ -85,7 +85,8 @@ SUITES["quick"]["cpu"].append(QLinearSweep(("llama-3-8b",), (1,), "decode", ("o"
 # 1.2) and balanced for Qwen3's 128 experts. The host runs an awkward small mixture (12 experts, top 3, hidden 200,
 # intermediate 72: K and N multiples of 8 for torch._grouped_mm) unless --model names a preset.
 MOE_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b")
-MOE_HOST = "name=moe-host,hidden=200,intermediate=72,layers=2,q_heads=4,kv_heads=2,head_dim=16,vocab=256,experts=12,top_k=3"
+MOE_HOST = ("name=moe-host,hidden=200,intermediate=72,layers=2,q_heads=4,kv_heads=2,head_dim=16,vocab=256,experts=12,"
+            "top_k=3")
 MOE_ROUTINGS = ("uniform", "zipf-1.2", "balanced")
 SUITES["moe-decode"] = {
     "cuda": [MoeSweep(MOE_MODELS, (1, 2, 4, 8, 16, 32, 64, 128, 256), "decode"),
