@@ -77,6 +77,11 @@ def cmd_phases(args) -> int:
         model = model_config(args.model)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if model.not_composed:
+        raise UsageError(f"model: the phase model cannot compose {model.name}: {model.not_composed}")
+    if model.is_moe and args.weights:
+        raise UsageError(f"weights: {model.name}'s routed experts are not quantized by the composition; run without "
+                         "--weights")
     if args.reference_layers is not None and args.reference_layers > model.layers:
         raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
     references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))

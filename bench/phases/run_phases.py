@@ -192,7 +192,8 @@ def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
                                      tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
-                                     cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]))
+                                     cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]),
+                                     cfg.impls.get("moe", pm.DEFAULT_IMPLS["moe"]))
 
 
 def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:

@@ -10,6 +10,7 @@ import torch
 from ..registry import add_operator
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+REQUEST_DTYPES = (*MOE_DTYPES, torch.float64)  # float64: the naive impl's, for references
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ def validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids) -> MoeRequest:
     """Check the arguments of `moe` and return the request, or raise a one-line ValueError. The ids are read back
     to check their range (a device sync): validation happens when a call is planned, never inside a timed call."""
     _tensor("x", x, 2, "[M, K] matrix")
-    if x.dtype not in MOE_DTYPES:
-        raise ValueError(f"x: must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dtype not in REQUEST_DTYPES:
+        raise ValueError(f"x: must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if x.stride(-1) != 1:
         raise ValueError(f"x: its last dimension must be contiguous (stride 1), got strides {x.stride()}")
     m, k = x.shape
