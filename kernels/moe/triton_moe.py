@@ -67,7 +67,7 @@ def gate_up_kernel(X, W, Inter, Slots, BlockExpert, Used, N, K, top_k, num_slots
 
 @triton.jit
 def down_kernel(Inter, W, Part, Slots, BlockExpert, Used, Weights, N, K, num_slots,
-                stride_im, stride_in, stride_we, stride_wk, stride_wn, stride_pm, stride_pk,
+                stride_im, stride_in, stride_de, stride_dh, stride_dr, stride_pm, stride_pk,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: BLOCK_N hidden columns of routing weight x (intermediate @ W_down.T) for one block of slots,
@@ -81,14 +81,14 @@ def down_kernel(Inter, W, Part, Slots, BlockExpert, Used, Weights, N, K, num_slo
     row = tl.where(valid, slot, 0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = tl.minimum(cols, K - 1).to(tl.int64)
-    w_base = W + expert * stride_we
+    w_base = W + expert * stride_de  # w_down [E, K, N]: strides of the expert, the hidden row, the reduction
     offs_n = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for n0 in range(0, N, BLOCK_K):
         ns = n0 + offs_n
         n_ok = ns < N
         a = tl.load(Inter + row[:, None] * stride_im + ns[None, :] * stride_in, mask=n_ok[None, :], other=0.0)
-        w = tl.load(w_base + w_rows[None, :] * stride_wk + ns[:, None] * stride_wn, mask=n_ok[:, None], other=0.0)
+        w = tl.load(w_base + w_rows[None, :] * stride_dh + ns[:, None] * stride_dr, mask=n_ok[:, None], other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
@@ -99,11 +99,14 @@ def down_kernel(Inter, W, Part, Slots, BlockExpert, Used, Weights, N, K, num_slo
 
 
 # Autotune lists for Hopper: never run on a GPU here (lowered offline for sm_90), a starting point. BLOCK_M is not
-# tuned: the slots are aligned to it before the launch (choose_block_m).
-CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-           for bn, bk, w, s in [(64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32, 128, 4, 4)]]
-gate_up_tuned = triton.autotune(CONFIGS, key=["N", "K", "BLOCK_M"])(gate_up_kernel)
-down_tuned = triton.autotune(CONFIGS, key=["N", "K", "BLOCK_M"])(down_kernel)
+# tuned: the slots are aligned to it before the launch (choose_block_m). gate_up stages two weight tiles (gate and up)
+# per K step, so its widest tile keeps 2 stages: with 3 it needs 240 KiB of shared memory at 64 rows.
+TILES = [(64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32, 128, 4, 4)]
+DOWN_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in TILES]
+GATE_UP_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=2 if bn == bk == 128 else s)
+                   for bn, bk, w, s in TILES]
+gate_up_tuned = triton.autotune(GATE_UP_CONFIGS, key=["N", "K", "BLOCK_M"])(gate_up_kernel)
+down_tuned = triton.autotune(DOWN_CONFIGS, key=["N", "K", "BLOCK_M"])(down_kernel)
 # The interpreter's cost is per tile step: large fixed tiles keep host runs short (tests force small ones).
 INTERPRETER_TILES = {"BLOCK_N": 128, "BLOCK_K": 256}
 
