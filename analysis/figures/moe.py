@@ -77,13 +77,16 @@ def _style(routing: str) -> str:
 
 
 def moe_coverage(df: pd.DataFrame, *, figsize=None) -> Figure:
-    """Per group and layer (rows of panels): experts touched, bytes and latency, and % of the read roof against M."""
+    """Per group and layer (rows of panels): experts touched, bytes and latency, and % of the read roof against M;
+    the groups with timed rows only, where any has them."""
     title = "Routed experts: what a step reads as the batch grows"
     table = moe_coverage_table(df)
     if table.empty:
         return no_data(title, "no moe row ran ok")
     layers = [(label, layer) for label, group in groups(table)
               for _, layer in group.groupby([f for f in LAYER_FIELDS if f in group.columns], sort=True, dropna=False)]
+    timed = [(label, layer) for label, layer in layers if layer["timed_rows"].sum() > 0]
+    layers = timed or layers  # a group of interpreter-mode or noisy rows only repeats another's coverage
     colors = impl_colors(table["impl"].unique())
     fig, axes = new_figure(len(layers), 3, figsize=figsize)
     for row, (label, layer) in enumerate(layers):

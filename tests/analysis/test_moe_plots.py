@@ -56,8 +56,8 @@ def test_the_figure_draws_coverage_bytes_and_roof_per_layer():
 
 
 def test_the_report_section_names_where_every_expert_is_touched(tmp_path):
-    found = moe_section(Context(frame(), tmp_path))
+    found = moe_section(Context(frame(), tmp_path, dpi=30))
     page = "".join(found.body)
     assert found.title.startswith("Routed experts") and "tiny-moe uniform: from M = 21" in page
     assert "tiny-moe zipf-1.2: not within the batches measured" in page and (tmp_path / "moe_coverage.png").is_file()
-    assert moe_section(Context(frame().assign(op="linear"), tmp_path)) is None and moe_section in SECTIONS
+    assert moe_section(Context(frame().assign(op="linear"), tmp_path, dpi=30)) is None and moe_section in SECTIONS

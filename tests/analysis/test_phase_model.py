@@ -404,7 +404,7 @@ MOE = DecoderConfig(hidden=96, intermediate=40, layers=3, q_heads=6, kv_heads=2,
 
 
 def test_a_mixture_composes_its_router_routed_and_shared_experts_and_names_where_every_expert_is_touched():
-    batches = (1, 2, 4, 8, 16)
+    batches = (1, 4, 16)
     steps = [step_defs.decode_step(MOE, b, 31) for b in batches]
 
     def latency(use):  # the routed experts cost their touched experts; every other op 1 ms
