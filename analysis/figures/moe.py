@@ -111,6 +111,9 @@ def moe_coverage(df: pd.DataFrame, *, figsize=None) -> Figure:
 
 def _log2_x(ax, values) -> None:
     ax.set_xscale("log", base=2)
+    values = np.asarray(values, dtype=float)
+    if np.isfinite(values).any():  # the same span on every panel, drawn or empty
+        ax.set_xlim(np.nanmin(values) / 1.25, np.nanmax(values) * 1.25)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("M (tokens in the step)")
     ax.grid(True, which="major", alpha=0.3)
