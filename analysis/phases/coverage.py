@@ -31,8 +31,10 @@ def coverage_lines(decode: pd.DataFrame) -> list[str]:
     drawn = (f"every one from batch {every[0]}" if len(every) else
              f"not every one up to batch {batches[-1]} ({touched[-1]:.0f} there)")
     saturated = rows.loc[rows["saturated"].astype(str).str.lower().isin(("true", "1")), "batch"]
-    knee = f"throughput saturates at batch {int(saturated.iloc[0])}" if len(saturated) else \
-        f"throughput still grows up to batch {batches[-1]}"
+    composed = np.isfinite(pd.to_numeric(rows["tokens_per_s"], errors="coerce").to_numpy(float))
+    knee = (f"throughput saturates at batch {int(saturated.iloc[0])}" if len(saturated) else
+            f"throughput still grows up to batch {batches[composed][-1]}" if composed.any() else
+            "no batch's throughput composed (its ops missing or every row noisy)")
     first = f"{touched[0]:.0f} of {experts} at batch {batches[0]}"
     return [f"Routed experts (top {top_k} of {experts}, uniform routing): a step touches {first}, {drawn}; "
             f"E·(1 - (1 - k/E)^B) passes {experts - 0.5:g} at batch {expected_all_batch(experts, top_k)} "

@@ -309,7 +309,8 @@ def phases_summary(tables: dict) -> str:
         decode = tables["decode"].sort_values("batch")
         marked = decode.assign(saturated=["<- saturates" if as_bool(s) else "" for s in decode["saturated"]])
         knee = decode.loc[decode["saturated"].map(as_bool), "batch"]
-        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
+        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max())) \
+            if np.isfinite(floats(decode["tokens_per_s"])).any() else "no batch composed: ops missing or noisy"
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
                 _text(marked, ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
                                "tokens_per_s_per_user", "experts_ms", "touched_experts", "expected_touched",
