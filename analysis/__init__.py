@@ -6,12 +6,12 @@ committed sample/ sit beside them. The names below are the public API."""
 from ..bench.spec.schema import RESULT_COLUMNS, RUN_COLUMNS, SCHEMA_VERSION
 from .comparison.display import comparison_figure
 from .comparison.pairs import compare, regressions, with_samples
-from .figures.decode_kinds import decode_kinds_roofline, decode_kinds_table
 from .figures.linear import layer_tokens_per_second, layer_tokens_per_second_table, linear_crossings, linear_sweep
+from .figures.moe import moe_coverage, moe_coverage_table
 from .figures.paged import paged_figure, paged_table
 from .figures.prefill_decode import phase_comparison, tokens_per_second
 from .figures.quantized import quant_speedup, quant_speedup_table
-from .figures.roofline import roofline
+from .figures.roofline import decode_kinds_roofline, decode_kinds_table, roofline
 from .figures.scaling import decode_scaling, prefill_scaling
 from .figures.speedup import speedup, speedup_table
 from .interference.figures import stretch_figure, user_rate_figure, write_interference_figures
@@ -65,6 +65,8 @@ __all__ = [
     "load_interference",
     "load_phases",
     "load_profile",
+    "moe_coverage",
+    "moe_coverage_table",
     "paged_figure",
     "quant_speedup",
     "quant_speedup_table",

@@ -1,6 +1,6 @@
 """phasebench.kernels: operator implementations behind one calling convention each, and the one registry.
 
-One package per operator (attention/, linear/, elementwise/, qlinear/, mla/: its request validation and
+One package per operator (attention/, linear/, elementwise/, qlinear/, mla/, moe/: its request validation and
 implementations);
 beside them the shared helpers: registry (operators and their implementations), plugins (users' kernels),
 errors, buffers, triton_mode (interpreter or compiled, decided before any kernel is defined) and autotune
@@ -13,12 +13,14 @@ from __future__ import annotations
 from . import triton_mode  # noqa: F401  (first: sets TRITON_INTERPRET before any kernel is defined)
 from .attention import TRITON_IMPORT_ERROR
 from . import linear as _linear, elementwise as _elementwise, qlinear as _qlinear, mla as _mla  # noqa: F401
+from . import moe as _moe  # noqa: F401  (declare, register)
 # isort: on
 from .attention.request import AttentionRequest, validate
 from .elementwise.request import validate_elementwise
 from .errors import Unsupported
 from .linear.request import LinearRequest, validate_linear
 from .mla.request import MLARequest, validate_mla
+from .moe.request import MoeRequest, route, validate_moe
 from .plugins import load_plugin, register
 from .qlinear.request import QLinearRequest, validate_qlinear
 from .qlinear.schemes import SCHEMES, QuantizedWeight, quantize
@@ -32,7 +34,7 @@ __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_i
            "register", "load_plugin", "linear", "prepare_linear", "LinearRequest", "validate_linear", "OPS",
            "elementwise", "prepare_elementwise", "add_operator", "TRITON_IMPORT_ERROR", "qlinear", "prepare_qlinear",
            "quantize", "QuantizedWeight", "QLinearRequest", "validate_qlinear", "SCHEMES", "mla_decode", "prepare_mla",
-           "MLARequest", "validate_mla"]
+           "MLARequest", "validate_mla", "moe", "prepare_moe", "route", "MoeRequest", "validate_moe"]
 
 # The facade functions below share their names with the operator packages: they are defined after the
 # packages are imported, so `phasebench.kernels.attention` is the function (import the packages' modules
@@ -124,3 +126,18 @@ def mla_decode(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_t
     dtype. `scale` is required: MLA's is 1/sqrt(qk_nope + qk_rope dims), not 1/sqrt(D)."""
     return prepare_mla(q, latent, impl=impl, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens,
                        block_table=block_table).run()
+
+
+def prepare_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, impl) -> PlannedCall:
+    """Validate and plan `moe` without running it: `.backend` names what serves it, `.run()` runs it."""
+    chosen = get_impl(impl, op="moe")
+    req = validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
+    chosen.check(req)
+    return chosen.plan(req)
+
+
+def moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, impl):
+    """Routed experts: x [M, K] through each token's experts topk_ids [M, k] (int32) weighted by topk_weights
+    (float32), w_gate_up [E, 2N, K] (gate rows first), w_down [E, K, N]: [M, K] in x's dtype, the sum over a token's
+    experts of weight x w_down[e] (SiLU(gate) * up), fp32 accumulation (`route` makes ids and weights)."""
+    return prepare_moe(x, w_gate_up, w_down, topk_weights, topk_ids, impl=impl).run()

@@ -13,9 +13,10 @@ STAGES = (SETUP, CHECK, TIMING)
 FIELDS = ("impl", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")
 LINEAR_FIELDS = ("m", "n", "k")
 ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fields kv_heads, head_dim
+MOE_FIELDS = ("experts", "top_k", "routing")  # beside m, n, k
 # parse_case_key's (None where n/a)
 ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS, "scheme", "window_left",
-              "sinks", "head_dim_v")
+              "sinks", "head_dim_v", *MOE_FIELDS)
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -42,6 +43,10 @@ _QLINEAR_KEY = re.compile(
 _ELEMENTWISE_KEY = re.compile(
     r"elementwise/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/(?P<kind>[A-Za-z0-9_]+)-m(?P<m>\d+)-n(?P<n>\d+)"
     r"(?:-hkv(?P<kv_heads>\d+))?(?:-d(?P<head_dim>\d+))?(?:-c(?P<cache_len>\d+))?-(?P<dtype>[A-Za-z0-9_]+)"
+)
+_MOE_KEY = re.compile(
+    r"moe/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
+    r"-e(?P<experts>\d+)-top(?P<top_k>\d+)-(?P<routing>[a-z]+(?:-\d+(?:\.\d+)?)?)-(?P<dtype>[A-Za-z0-9_]+)"
 )
 # (tag, field) of the dimensions an elementwise key carries after m and n, where the case has them
 _ELEMENTWISE_DIMS = (("hkv", "kv_heads"), ("d", "head_dim"), ("c", "cache_len"))
@@ -128,6 +133,20 @@ def qlinear_key_for(case, impl: str) -> str:
     return f"q{linear_key_for(case, impl)}-{scheme}"
 
 
+def moe_key_for(case, impl: str) -> str:
+    """The NVTX name of a routed-experts case: 'moe/<impl>/<phase>/m8-n768-k2048-e128-top8-uniform-bfloat16'."""
+    for field in ("experts", "top_k"):
+        value = getattr(case, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}={value!r}: must be a positive int")
+    routing = str(case.routing)
+    if not re.fullmatch(r"[a-z]+(?:-\d+(?:\.\d+)?)?", routing):
+        raise ValueError(f"routing={case.routing!r}: must be a name such as uniform or zipf-1.2")
+    dense = linear_key_for(case, impl).removeprefix("linear/")
+    head, _, dtype = dense.rpartition("-")
+    return f"moe/{head}-e{case.experts}-top{case.top_k}-{routing}-{dtype}"
+
+
 def elementwise_key_for(case, impl: str) -> str:
     """The NVTX name of an elementwise case: 'elementwise/<impl>/<phase>/rmsnorm-m8-n4096-bfloat16', with
     '-hkv8', '-d128' and '-c4096' after n where the case has kv_heads, head_dim and cache_len."""
@@ -176,6 +195,12 @@ def parse_case_key(name) -> dict | None:
     if m is not None:
         out.update(m.groupdict(), op="qlinear")
         for field in LINEAR_FIELDS:
+            out[field] = int(out[field])
+        return out
+    m = _MOE_KEY.fullmatch(name)
+    if m is not None:
+        out.update(m.groupdict(), op="moe")
+        for field in (*LINEAR_FIELDS, "experts", "top_k"):
             out[field] = int(out[field])
         return out
     m = _ELEMENTWISE_KEY.fullmatch(name)

@@ -9,9 +9,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ...bench.spec.files import write_file
 from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import ABOVE_ROOF_PCT, PHASES, cell_true
+from ...bench.spec.store.files import write_file
 
 # Figures are built without pyplot: no global state, no GUI backend, nothing to close;
 # Jupyter still renders a returned Figure inline.

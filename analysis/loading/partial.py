@@ -1,5 +1,5 @@
 """A reader's side of a folder still being written, or left by a killed run: the whole rows of results.csv only,
-why results.parquet is missing, each said in one FolderWarning (bench.spec.files writes the folder)."""
+why results.parquet is missing, each said in one FolderWarning (bench.spec.store.files writes the folder)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import warnings
 from pathlib import Path
 
-from ...bench.spec.files import FolderWarning, read_whole
+from ...bench.spec.store.files import FolderWarning, read_whole
 
 
 def say(line: str) -> None:

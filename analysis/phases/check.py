@@ -21,6 +21,10 @@ GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
 SPREAD_PCT = 10.0  # the rounds' (or brackets') errors with an interquartile range above this: they disagree
 LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
             "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
+# a mixture of experts also leaves out its router's softmax and top-k (route), and the real pass routes its own
+# tokens (a random router's: about uniform) where the composition reads rows of a drawn uniform routing
+MOE_LEFT_OUT = ("the router's softmax and top-k (the router's linear layer is composed)", "the real pass's own "
+                "routing: a random router's, about uniform, against the composed rows' drawn uniform routing")
 
 
 def goal_pct(device) -> float:
@@ -46,6 +50,7 @@ class ReferencePlan:
     page_size: int = 0  # the composition's decode attention reads pages of this many tokens (0: contiguous)
     weights: str = ""  # the layers' projections packed by this scheme ("": the activation dtype)
     weights_impl: str = "torch"  # the qlinear impl that runs them, in the composition and the real pass alike
+    moe_impl: str = "torch"  # a mixture's routed experts: the moe impl of the composition and of phasebench's pass
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -182,7 +187,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "sequence_pct": 100 * in_sequence / _total(step),
             "goal_pct": goal, "over_goal": over_goal(published_error, layer_error, goal),
             "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
-            "error": next((b["error"] for b in mine if b.get("error")), ""), "left_out": "; ".join(LEFT_OUT)})
+            "error": next((b["error"] for b in mine if b.get("error")), ""),
+            "left_out": "; ".join(LEFT_OUT + (MOE_LEFT_OUT if plan.model.is_moe else ()))})
     return pd.DataFrame(rows)
 
 
@@ -262,7 +268,7 @@ def plan_of(meta: dict) -> ReferencePlan:
     return ReferencePlan(model, int(meta["reference_layers"]), str(meta.get("device", "cpu")),
                          str(meta["dtype"]), int(meta["chunk_prompt"]), tuple(meta["reference_batches"]),
                          int(meta["context"]), tuple(meta.get("references") or ("phasebench",)),
-                         int(meta.get("page_size") or 0))
+                         int(meta.get("page_size") or 0), moe_impl=(meta.get("impls") or {}).get("moe", "torch"))
 
 
 def where(row) -> str:

@@ -11,15 +11,17 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
 from .check import check_sentence, normalised, over_goal_notes
+from .coverage import coverage_lines
 from .folder import as_bool
 from .model import SATURATION_MARGIN, USER_TARGETS
 from .remedies import remedy_lines
 
-PART_LABELS = {"weights": "weights (linear)", "attention": "KV reads (attention)", "elementwise": "elementwise",
-               "sequence": "ops in sequence (beyond alone)", "head": "head (lm_head + pick)"}
+PART_LABELS = {"weights": "weights (linear)", "experts": "routed experts (moe)", "attention": "KV reads (attention)",
+               "elementwise": "elementwise", "sequence": "ops in sequence (beyond alone)",
+               "head": "head (lm_head + pick)"}
 GAP_LABEL = "launch gaps and the rest"
-PART_COLORS = {"weights": "#1f77b4", "attention": "#d62728", "elementwise": "#2ca02c", "sequence": "#ff7f0e",
-               "head": "#9467bd", "gap": "#bbbbbb"}
+PART_COLORS = {"weights": "#1f77b4", "experts": "#17becf", "attention": "#d62728", "elementwise": "#2ca02c",
+               "sequence": "#ff7f0e", "head": "#9467bd", "gap": "#bbbbbb"}
 
 
 # ---------------------------------------------------------------- figures
@@ -307,10 +309,13 @@ def phases_summary(tables: dict) -> str:
         decode = tables["decode"].sort_values("batch")
         marked = decode.assign(saturated=["<- saturates" if as_bool(s) else "" for s in decode["saturated"]])
         knee = decode.loc[decode["saturated"].map(as_bool), "batch"]
-        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max()))
+        state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max())) \
+            if np.isfinite(floats(decode["tokens_per_s"])).any() else "no batch composed: ops missing or noisy"
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
                 _text(marked, ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
-                               "tokens_per_s_per_user", "saturated", "noisy_left_out"))]
+                               "tokens_per_s_per_user", "experts_ms", "touched_experts", "expected_touched",
+                               "saturated", "noisy_left_out"))]
+        out += coverage_lines(decode)
         out += [line for line in (check_sentence(reference, "decode"),) if line]
     if not _empty(tables, "chunked"):
         chunked = tables["chunked"].sort_values("chunk")

@@ -19,8 +19,9 @@ import pandas as pd
 from ...bench.spec import steps as step_defs
 from ...bench.spec.interference_schema import COVERED_MIN
 from ...bench.spec.models import DecoderConfig
+from ...bench.spec.routing import expected_touched, touched_experts
 
-DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch"}
+DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch"}
 PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
@@ -213,13 +214,18 @@ def saturation_batch(batches, tokens_per_s, margin: float = SATURATION_MARGIN):
 def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int,
                 margin: float = SATURATION_MARGIN, page_size: int = 0) -> pd.DataFrame:
     """Per batch at one context: TPOT, output tokens/s (batch / TPOT), tokens/s per user, the split by part,
-    and `saturated` on the batch where throughput stops growing (within `margin`)."""
+    and `saturated` on the batch where throughput stops growing (within `margin`); for a mixture of experts, the
+    experts a step's routing touches (the composed rows' draw) beside the uniform expectation E·(1 - (1 - k/E)^B)."""
     rows = []
     for batch in batches:
         t = tpot(measured, config, batch, context, page_size)
+        mixture = {"experts": config.experts, "top_k": config.top_k,
+                   "touched_experts": touched_experts(batch, config.experts, config.top_k, step_defs.MOE_ROUTING),
+                   "expected_touched": float(expected_touched(config.experts, config.top_k, batch))} \
+            if config.is_moe else {}
         rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
                      "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
-                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
+                     **{f"{p}_ms": v for p, v in t.parts.items()}, **mixture, "missing": len(t.missing),
                      "noisy_left_out": t.noisy})
     table = pd.DataFrame(rows)
     knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None

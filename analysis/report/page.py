@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...bench.spec.files import write_file
-from ...bench.spec.folder_lock import holding
+from ...bench.spec.store.files import write_file
+from ...bench.spec.store.folder_lock import holding
 from .context import Context, Section
 from .sections import SECTIONS
 from .tables import profiled, report_rows, runs_table

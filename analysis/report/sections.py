@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import html
 
-from ...bench.spec.files import write_table
+from ...bench.spec.store.files import write_table
 from ..comparison.pairs import VERDICTS
 from ..figures.kit import op_rows
 from ..figures.linear import linear_crossings
+from ..figures.moe import CAPTION as MOE_CAPTION
+from ..figures.moe import all_touched_batch, moe_coverage, moe_coverage_table
 from ..figures.quantized import CAPTION as QUANT_CAPTION
 from ..figures.quantized import quant_speedup, quant_speedup_table
 from ..phases.check import check_sentence
@@ -213,6 +215,26 @@ def quant_section(ctx: Context) -> Section | None:
     return Section("quantized", "Quantized weights: speedup against the bytes they save", body)
 
 
+MOE_NOTE = ("touched_experts: the distinct experts the case's seeded routing sends a token to, beside expected_touched "
+            "= E·(1 - (1 - k/E)^M) under uniform routing; read_bytes: those experts' weights, x and the routing "
+            "weights and ids (never the untouched experts). latency_ms (median, with p20/p80) and pct_roofline come "
+            "from the rows neither interpreter-mode, noisy nor above their roof (timed_rows of them); blank where "
+            "none.")
+
+
+def moe_section(ctx: Context) -> Section | None:
+    """Routed experts against the batch (coverage, bytes, latency, % of roof), only for rows with moe ones."""
+    table = moe_coverage_table(ctx.df)
+    if table.empty:
+        return None
+    every = "; ".join(f"{model} {routing}: " + (f"from M = {m}" if m else "not within the batches measured")
+                      for (model, routing), m in all_touched_batch(table).items())
+    body = [f'<p class="note">{html.escape(MOE_NOTE)}</p>', f"<p>Every expert touched: {html.escape(every)}.</p>",
+            folded("Coverage, bytes and latency per batch", table),
+            figure_grid([ctx.figure("moe_coverage", moe_coverage(ctx.df), MOE_CAPTION)])]
+    return Section("moe", "Routed experts: the experts a step reads as the batch grows", body)
+
+
 def comparison_section(ctx: Context) -> Section | None:
     """New against base (analysis.comparison), only when a comparison was made: its figure, the pairs, the status
     changes, and the rows on one side only as counts with their lists folded."""
@@ -319,6 +341,7 @@ SECTIONS = [
     paged_section,
     linear_section,
     quant_section,
+    moe_section,
     comparison_section,
     ceilings_section,
     summary_section,

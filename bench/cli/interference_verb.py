@@ -41,7 +41,7 @@ def cmd_interference(args) -> int:
           f"{cfg.out_dir}", file=sys.stderr, flush=True)
     from ...analysis.interference.figures import write_interference_figures
     from ...analysis.interference.rows import interference_summary
-    from ..spec.folder_lock import holding
+    from ..spec.store.folder_lock import holding
 
     figures = []
     cfg.on_written = lambda table: figures.extend(write_interference_figures(table, cfg.out_dir))  # before the close

@@ -11,8 +11,8 @@ import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..spec.files import FolderWarning, WriteError
-from ..spec.folder_lock import FolderBusy, holding
+from ..spec.store.files import FolderWarning, WriteError
+from ..spec.store.folder_lock import FolderBusy, holding
 from ..sweep.selection import (
     UsageError,
     build_cases,
@@ -66,7 +66,10 @@ def cmd_list(args) -> int:
         print(f"  {name:<15} {counts}")
     print("model presets (hidden / intermediate / layers / q heads / kv heads / head dim / vocab):")
     for name, m in MODELS.items():
-        print(f"  {name:<12} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}")
+        mixture = f" ({m.experts} experts of that intermediate, top {m.top_k}" + (
+            f", shared {m.shared_intermediate})" if m.shared_intermediate else ")") if m.is_moe else ""
+        print(f"  {name:<16} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}"
+              f"{mixture}")
     print("attention presets (the mla-decode, window-decode and sink-prefill suites' --model):")
     for name, p in ATTENTION_PRESETS.items():
         kind = (f"MLA: {p.q_heads} heads over a {p.latent_dim}-wide latent (value {p.v_dim}), {p.layers} layers"

@@ -87,6 +87,11 @@ def cmd_phases(args) -> int:
         model = model_config(args.model)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if model.not_composed:
+        raise UsageError(f"model: the phase model cannot compose {model.name}: {model.not_composed}")
+    if model.is_moe and args.weights:
+        raise UsageError(f"weights: {model.name}'s routed experts are not quantized by the composition; run without "
+                         "--weights")
     if args.reference_layers is not None and args.reference_layers > model.layers:
         raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
     references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
@@ -137,7 +142,7 @@ def cmd_phases(args) -> int:
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
     from ...analysis.phases.speculative_figures import speculative_summary, write_speculative_figures
-    from ..spec.folder_lock import holding
+    from ..spec.store.folder_lock import holding
 
     with holding(out):  # one writer per folder, the figures included
         tables = run_phases(cfg, reuse)

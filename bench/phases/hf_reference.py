@@ -1,5 +1,6 @@
-"""A real model implementation as the phase model's second check: Hugging Face transformers' Llama of a model's dims,
-random weights (nothing downloaded), a static (preallocated) KV cache as a server keeps it."""
+"""A real model implementation as the phase model's second check: Hugging Face transformers' Llama of a model's dims
+(Mixtral for a mixture of experts: Llama's attention with routed experts), random weights (nothing downloaded), a
+static (preallocated) KV cache as a server keeps it."""
 
 from __future__ import annotations
 
@@ -56,28 +57,46 @@ def available() -> bool:
     return True
 
 
-class HFLlama:
-    """`layers` layers of LlamaForCausalLM with `config`'s dims, fed hidden states (the embedding skipped, as the
-    phasebench decoder does), the lm_head on each sequence's last token and a greedy pick; a StaticCache per
-    shape, written in place at fixed positions, so every timed call does the same work."""
+def architecture(tf, config: DecoderConfig) -> tuple[type, type, dict]:
+    """(config class, model class, the fields beyond Llama's) of the transformers model with `config`'s layer:
+    Llama for a dense model, Mixtral (softmax top-k renormalized, no router noise) for a mixture of experts;
+    ValueError, with one line, for shared experts, which Mixtral lacks."""
+    if not config.is_moe:
+        return tf.LlamaConfig, tf.LlamaForCausalLM, {}
+    if config.shared_intermediate:
+        raise ValueError(f"reference: {config.name} has shared experts, which transformers' Mixtral has not")
+    return tf.MixtralConfig, tf.MixtralForCausalLM, dict(num_local_experts=config.experts, router_jitter_noise=0.0,
+                                                         num_experts_per_tok=config.top_k, sliding_window=None)
 
-    def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, seed: int = 0):
+
+class HFLlama:
+    """`layers` layers of LlamaForCausalLM (MixtralForCausalLM for a mixture of experts, its `experts`
+    implementation or transformers' default) with `config`'s dims, fed hidden states (the embedding skipped, as the
+    phasebench decoder does), the lm_head on each sequence's last token and a greedy pick; a StaticCache per shape,
+    written in place at fixed positions, so every timed call does the same work."""
+
+    def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, seed: int = 0,
+                 experts: str | None = None):
         tf = transformers_module()
         self.version, self.device, self.dtype = tf.__version__, torch.device(device), dtype
+        config_class, model_class, extra = architecture(tf, config)
         fields = dict(hidden_size=config.hidden, intermediate_size=config.intermediate, num_hidden_layers=layers,
                       num_attention_heads=config.q_heads, num_key_value_heads=config.kv_heads,
                       head_dim=config.head_dim, vocab_size=config.vocab, max_position_embeddings=1 << 20,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False)
-        params = inspect.signature(tf.LlamaConfig.__init__).parameters
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, **extra)
+        if experts:  # the experts implementation (transformers' default: grouped_mm, torch._grouped_mm)
+            fields["experts_implementation"] = experts
+        params = inspect.signature(config_class.__init__).parameters
         if "rope_parameters" in params:  # transformers 5
             fields["rope_parameters"] = {"rope_theta": ROPE_BASE, "rope_type": "default"}
         else:
             fields["rope_theta"] = ROPE_BASE
-        self.config = tf.LlamaConfig(**fields)
+        self.config = config_class(**fields)
         self.config._attn_implementation = "sdpa"
         torch.manual_seed(seed)
         with torch.device(self.device):
-            self.model = tf.LlamaForCausalLM(self.config).to(dtype).eval()
+            self.model = model_class(self.config).to(dtype).eval()
+        self.experts = getattr(self.model.config, "_experts_implementation", None) if config.is_moe else None
         self._static_cache = tf.StaticCache
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self._caches: dict[tuple[int, int], object] = {}
@@ -86,7 +105,8 @@ class HFLlama:
 
     @property
     def name(self) -> str:
-        return f"transformers {self.version} LlamaForCausalLM ({self.attention}, static cache)"
+        experts = f", experts {self.experts}" if self.experts else ""
+        return f"transformers {self.version} {type(self.model).__name__} ({self.attention}{experts}, static cache)"
 
     def _cache(self, batch: int, tokens: int):
         """One cache at a time (a cache sizes itself to the batch of its first call)."""

@@ -1,6 +1,6 @@
-"""The phase model's check: real forward passes of the model's dims (phasebench's own decoder, and transformers' Llama
-where asked for) timed in brackets interleaved with rounds of the ops they compose to, on the ops' own worker, so
-that both sides see the same machine."""
+"""The phase model's check: real forward passes of the model's dims (phasebench's own decoder, and transformers' Llama,
+or Mixtral for a mixture of experts, where asked for) timed in brackets interleaved with rounds of the ops they
+compose to, on the ops' own worker, so that both sides see the same machine."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _decoder(kind: str, plan: ReferencePlan):
 
     return ReferenceDecoder(plan.cut(deep), deep, torch.device(plan.device), TORCH_DTYPES[plan.dtype],
                             max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches),
-                            weights=plan.weights, weights_impl=plan.weights_impl)
+                            weights=plan.weights, weights_impl=plan.weights_impl, moe_impl=plan.moe_impl)
 
 
 _BUILT: dict = {}  # (kind, plan) -> the decoder (or why it cannot be built), kept across one check's brackets

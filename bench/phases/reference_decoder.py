@@ -13,6 +13,8 @@ from torch import nn
 from ...kernels import qlinear, quantize
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..spec.models import DecoderConfig
+from .moe_block import MoeBlock, experts_op, mlp_projections
+from .moe_block import bare_linear as _linear
 
 ROPE_BASE = 500000.0
 NORM_EPS = 1e-6
@@ -81,12 +83,6 @@ class Greedy(nn.Module):
         return logits.argmax(-1)
 
 
-def _linear(k: int, n: int, device, dtype) -> nn.Linear:
-    layer = torch.nn.utils.skip_init(nn.Linear, k, n, bias=False, device=device, dtype=dtype)
-    layer.weight.requires_grad_(False)
-    return layer
-
-
 class QuantizedLinear(nn.Module):
     """A projection whose weight is packed by a scheme (kernels.quantize), multiplied by kernels.qlinear's `impl`."""
 
@@ -113,9 +109,9 @@ def rope_tables(positions: int, head_dim: int, device, dtype) -> tuple[torch.Ten
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and SwiGLU MLP blocks with residual adds, and this layer's KV cache."""
+    """Pre-norm attention and SwiGLU MLP (or MoeBlock) blocks with residual adds, and this layer's KV cache."""
 
-    def __init__(self, config: DecoderConfig, max_batch: int, max_tokens: int, device, dtype):
+    def __init__(self, config: DecoderConfig, max_batch: int, max_tokens: int, device, dtype, moe_impl="torch"):
         super().__init__()
         c, d = config, config.head_dim
         self.q_heads, self.kv_heads, self.head_dim = c.q_heads, c.kv_heads, d
@@ -124,8 +120,10 @@ class DecoderLayer(nn.Module):
         self.attention = Attention()
         self.o = _linear(c.q_heads * d, c.hidden, device, dtype)
         self.mlp_norm = RMSNorm(c.hidden, device, dtype)
-        self.gate_up = _linear(c.hidden, 2 * c.intermediate, device, dtype)
-        self.down = _linear(c.intermediate, c.hidden, device, dtype)
+        self.mixture = MoeBlock(c, device, dtype, moe_impl) if c.is_moe else None
+        if not c.is_moe:  # a mixture's live in MoeBlock
+            self.gate_up = _linear(c.hidden, 2 * c.intermediate, device, dtype)
+            self.down = _linear(c.intermediate, c.hidden, device, dtype)
         cache_shape = (max_batch, c.kv_heads, max_tokens, d)
         self.register_buffer("k_cache", torch.empty(cache_shape, device=device, dtype=dtype))
         self.register_buffer("v_cache", torch.empty(cache_shape, device=device, dtype=dtype))
@@ -146,6 +144,8 @@ class DecoderLayer(nn.Module):
         self.v_cache[:b, :, start:end] = v
         attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], t > 1)
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, hq * d))
+        if self.mixture is not None:
+            return x + self.mixture(self.mlp_norm(x))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -157,7 +157,7 @@ class ReferenceDecoder(nn.Module):
     device='meta' builds it without memory, for tracing shapes."""
 
     def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, max_tokens: int,
-                 max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch"):
+                 max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch", moe_impl="torch"):
         super().__init__()
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= config.layers:
             raise ValueError(f"layers: must be an int in 1..{config.layers} for {config.name}, got {layers!r}")
@@ -166,9 +166,11 @@ class ReferenceDecoder(nn.Module):
                 raise ValueError(f"{name}: must be a positive int, got {value!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
+        if weights and config.is_moe:
+            raise ValueError(f"weights: {config.name}'s routed experts are never quantized here: run unquantized")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.max_tokens, self.max_batch, self.seed = max_tokens, max_batch, seed
-        self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype, moe_impl)
                                     for _ in range(layers))
         self.final_norm = RMSNorm(config.hidden, self.device, dtype)
         self.lm_head = _linear(config.hidden, config.vocab, self.device, dtype)
@@ -208,6 +210,8 @@ class ReferenceDecoder(nn.Module):
                 self._fill_random(module.weight, module.in_features ** -0.5, gen)
             elif isinstance(module, RMSNorm):
                 self._fill_random(module.weight, 0.1, gen, mean=1.0)
+            elif isinstance(module, MoeBlock):
+                module.fill(self._fill_random, gen)
 
     def _fill_cache(self):
         """Seeded random keys and values in every cache row, once, so decode needs no prefill before it."""
@@ -319,8 +323,10 @@ class ReferenceDecoder(nn.Module):
                         "n": logits.shape[-1]})
 
         for layer in self.layers:
-            for name in ("qkv", "o", "gate_up", "down"):
-                handles.append(getattr(layer, name).register_forward_hook(on_linear(name, "layer")))
+            for name, module in (("qkv", layer.qkv), ("o", layer.o), *mlp_projections(layer)):
+                handles.append(module.register_forward_hook(on_linear(name, "layer")))
+            if layer.mixture is not None:
+                handles.append(layer.mixture.experts.register_forward_hook(lambda m, a, o: ops.append(experts_op(a))))
             handles.append(layer.attention.register_forward_hook(on_attention))
         handles.append(self.lm_head.register_forward_hook(on_linear("lm_head", "step")))
         handles.append(self.greedy.register_forward_hook(on_greedy))

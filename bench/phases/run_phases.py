@@ -20,9 +20,9 @@ from ...analysis.phases import speculative as sp
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
-from ..spec.files import write_file, write_table
-from ..spec.folder_lock import holding
 from ..spec.models import DecoderConfig
+from ..spec.store.files import write_file, write_table
+from ..spec.store.folder_lock import holding
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
 from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
 from . import op_sequence, speculative_loop
@@ -200,7 +200,8 @@ def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     """The real forward passes keep a contiguous cache: with page_size, the gap includes what the pages cost."""
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
                                      tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
-                                     cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]))
+                                     cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]),
+                                     cfg.impls.get("moe", pm.DEFAULT_IMPLS["moe"]))
 
 
 def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:

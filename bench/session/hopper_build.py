@@ -75,7 +75,9 @@ class Build:
     error: str | None = None
 
 
-_UNIT = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_xk", "stride_wk", "stride_on", "stride_dn"}
+# contiguous inner strides are 1 at launch, which the JIT turns into a constant
+_UNIT = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_xk", "stride_wk", "stride_on", "stride_dn",
+         "stride_in", "stride_dr", "stride_pk"}
 _DIVISIBLE = {"D", "N", "K", "total", "DV", "DR"}  # multiples of 16 in every model shape (head dims, hidden sizes)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 _MODULES = {"prefill_kernel": "triton_prefill", "split_kv_kernel": "triton_decode", "reduce_kernel": "triton_decode",
             "gemm_kernel": "triton_linear", "splitk_gemv_kernel": "triton_linear",
             "splitk_reduce_kernel": "triton_linear", "qlinear_kernel": "triton_qlinear",
-            "mla_split_kernel": "triton_mla"}
+            "mla_split_kernel": "triton_mla", "gate_up_kernel": "triton_moe", "down_kernel": "triton_moe"}
 _PRECISION = {"bf16": "tf32", "fp16": "tf32", "fp32": "ieee"}  # what triton_attention passes per dtype
 
 
@@ -61,6 +61,7 @@ def variants(full: bool = False) -> list[Variant]:
     from ...kernels.attention import triton_prefill as pre
     from ...kernels.linear import triton_linear as lin
     from ...kernels.mla import triton_mla as mlak
+    from ...kernels.moe import triton_moe
     from ...kernels.qlinear import triton_qlinear as qlin
 
     out: dict[tuple, Variant] = {}
@@ -107,8 +108,21 @@ def variants(full: bool = False) -> list[Variant]:
             add("qlinear_kernel", dt, f"{scheme} M{block_m or cfg['BLOCK_M']}" + " split" * bool(dst), "autotune",
                 {**({"BLOCK_M": block_m} if block_m else {}), **cfg}, w, s, cx, types)
 
+    def moe(kernel, dt, block_m, configs):  # routed experts: slot ids and block experts int32, fp32 weights/partials
+        types = {"X": f"*{dt}", "W": f"*{dt}", "Inter": f"*{dt}", "Part": "*fp32", "Weights": "*fp32",
+                 "Slots": "*i32", "BlockExpert": "*i32", "Used": "*i32"}
+        cx = dict(UPCAST=False, PRECISION="ieee" if dt == "fp32" else None, BLOCK_M=block_m)
+        for cfg, w, s in configs:
+            add(kernel, dt, f"M{block_m}", "autotune", cfg, w, s, cx, types)
+
     gemm, gemv = _configs(lin.GEMM_CONFIGS), _configs(lin.GEMV_CONFIGS)
     one = slice(0, 1)
+    # routed experts: decode's 16-row blocks and prefill's 64, every config in bf16; one fp16 and one fp32 each
+    for kernel, tuned in (("gate_up_kernel", triton_moe.GATE_UP_CONFIGS), ("down_kernel", triton_moe.DOWN_CONFIGS)):
+        for block_m in (16, 64):
+            moe(kernel, "bf16", block_m, _configs(tuned))
+        moe(kernel, "fp16", 16, _configs(tuned)[one])
+        moe(kernel, "fp32", 16, _configs(tuned)[one])
     # quantized weights: each scheme's one-token GEMV (no dot) and 16-row split GEMV, every config for int4-g128
     # (the others one each: they differ only in how a tile is decoded), and the GEMM for int4-g128
     for scheme in qlin.QMODES:

@@ -30,6 +30,9 @@ from .roof import COPY, MEMORY
 #    head dim where it differs from head_dim: MLA's 512 of a 576-wide latent; blank otherwise).
 #    compute_dtype (the precision the row's kernel multiplies in, whose measured matmul ceiling is its peak_tflops:
 #    fp32 for torch's host weight-only kernels on bf16 activations; older rows, held to their dtype's, read it).
+#    experts, top_k, touched_experts, routing, routing_seed (a routed-experts case: m tokens through each one's top_k
+#    of `experts` experts, n and k the expert's intermediate and hidden sizes; touched_experts the distinct experts its
+#    routing reads; blank for every other row and in older files).
 SCHEMA_VERSION = 7
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -41,6 +44,8 @@ LINEAR_COLUMNS = ("m", "n", "k", "projection")
 QLINEAR_COLUMNS = (*LINEAR_COLUMNS, "scheme")
 # The fields of an elementwise case (bench.ops.elementwise.cases.ElementwiseCase) beside m, n, head_dim and kv_heads.
 ELEMENTWISE_COLUMNS = ("kind", "cache_len")
+# A routed-experts case (bench.ops.moe.cases.MoeCase) has the linear fields and these; touched_experts is derived.
+MOE_COLUMNS = ("experts", "top_k", "touched_experts", "routing", "routing_seed")
 
 # One row per (case, impl), in the order the runner writes them.
 RESULT_COLUMNS = (
@@ -57,6 +62,7 @@ RESULT_COLUMNS = (
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
+    *MOE_COLUMNS,  # a routed-experts case: E experts, top-k per token, the experts its routing touches, the routing
     "flops", "bytes", "intensity",
     "read_bytes", "write_bytes",  # the bytes the cost model reads and writes (bytes is their sum); blank: no split
     "latency_ms", "latency_p20_ms", "latency_p80_ms",
@@ -93,7 +99,7 @@ RUN_COLUMNS = (
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
                "page_size", "window_left", "sinks", "head_dim_v", "m", "n", "k", "projection", "scheme", "kind",
-               "cache_len")
+               "cache_len", "experts", "top_k", "routing", "routing_seed")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -107,15 +113,16 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "timer", "noise_reason", "compute_dtype",
-    "bound", "roof_model", "status", "reason", "cache_state", "roof_level",
+    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
+    "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "roof_level",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
     "phasebench_version", "git_commit", "datasheet_name",
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
-               "window_left", "head_dim_v", "m", "n", "k", "cache_len", "outliers")
+               "window_left", "head_dim_v", "m", "n", "k", "cache_len", "outliers", "experts", "top_k",
+               "touched_experts", "routing_seed")
 BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged", "sinks")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
@@ -133,7 +140,8 @@ SAMPLES_COLUMN = "samples_ms"
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
 KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", "window_left", "sinks",
-               "head_dim_v", *QLINEAR_COLUMNS, "kind", "cache_len", "device", "mode", "timer")
+               "head_dim_v", *QLINEAR_COLUMNS, "kind", "cache_len", "experts", "top_k", "routing", "routing_seed",
+               "device", "mode", "timer")
 # Values that key as blank: what rows written before their column, and rows of other operators, hold
 _BLANK_KEYS = {"page_size": "0", "window_left": "-1", "sinks": "False"}
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from .models import DecoderConfig
 
-PARTS = ("weights", "attention", "elementwise", "head")  # where a step's time goes (the stacked bar)
+PARTS = ("weights", "experts", "attention", "elementwise", "head")  # where a step's time goes (stacked bars)
+MOE_ROUTING = "uniform"  # the routing a composed mixture-of-experts layer is measured with (a random router's)
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,15 @@ def _use(op: str, count: int, part: str, label: str, **fields) -> OpUse:
 def _layer(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, cache_len: int,
            attention: list[dict]) -> list[OpUse]:
     """One decoder layer over `tokens` rows, times config.layers: norms, projections, rotary, the KV-cache
-    append, the attention calls given, SiLU-and-multiply and the residual adds."""
+    append, the attention calls given, the MLP (SiLU-and-multiply between gate_up and down; a mixture's router, its
+    routed experts and any shared experts) and the residual adds."""
     n_layers = config.layers
     proj = config.projections()
     ew = dict(m=tokens, phase=phase)
     uses = [_use("elementwise", 2 * n_layers, "elementwise", "rmsnorm", kind="rmsnorm", n=config.hidden, **ew)]
-    for name in ("qkv", "o", "gate_up", "down"):
+    for name in ("qkv", "o", "router", "gate_up", "down"):
+        if name not in proj:  # a mixture has a router, and gate_up / down only for its shared experts
+            continue
         n, k = proj[name]
         uses.append(_use("linear", n_layers, "weights", name, m=tokens, n=n, k=k, phase=linear_phase,
                          projection=name))
@@ -54,10 +58,13 @@ def _layer(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, ca
     for shape in attention:
         uses.append(_use("attention", n_layers, "attention", "attention", q_heads=config.q_heads,
                          kv_heads=config.kv_heads, head_dim=config.head_dim, causal=True, **shape))
-    uses += [
-        _use("elementwise", n_layers, "elementwise", "silu_mul", kind="silu_mul", n=config.intermediate, **ew),
-        _use("elementwise", 2 * n_layers, "elementwise", "residual_add", kind="residual_add", n=config.hidden, **ew),
-    ]
+    if config.is_moe:  # the routed experts fuse their SiLU-and-multiply; the shared ones have their own
+        uses.append(_use("moe", n_layers, "experts", "experts", m=tokens, n=config.intermediate, k=config.hidden,
+                         experts=config.experts, top_k=config.top_k, routing=MOE_ROUTING, phase=linear_phase))
+    if "gate_up" in proj:
+        uses.append(_use("elementwise", n_layers, "elementwise", "silu_mul", kind="silu_mul", n=proj["down"][1], **ew))
+    uses.append(_use("elementwise", 2 * n_layers, "elementwise", "residual_add", kind="residual_add", n=config.hidden,
+                     **ew))
     return uses
 
 

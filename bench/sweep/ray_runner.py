@@ -93,7 +93,7 @@ class ShardWorker:
         return Plan(cases, suite, impls, sweep_options(options), worker_env(device))
 
     def run_shard(self, job: ShardJob) -> dict:
-        from ..spec.folder_lock import holding
+        from ..spec.store.folder_lock import holding
 
         with holding(job.folder):  # a second worker or a `--shard K/N` run on this folder is refused
             return self._run_shard(job)
@@ -203,7 +203,7 @@ def run_sweep(cfg: RaySweep) -> int:
     1 when a shard failed (its rows are kept: --resume continues it)."""
     import ray
 
-    from ..spec.folder_lock import holding
+    from ..spec.store.folder_lock import holding
 
     started = not ray.is_initialized()
     if started:
@@ -349,7 +349,7 @@ def _measure(ray, cfg: RaySweep, jobs: list, actors: list, done_rows: dict, tota
 
 def _store(folder: Path, files: dict) -> None:
     """A worker that did not see the driver's folder sent its shard's files back: write them here."""
-    from ..spec.files import write_file
+    from ..spec.store.files import write_file
 
     if files:
         folder.mkdir(parents=True, exist_ok=True)

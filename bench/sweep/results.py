@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..spec import folder_lock, schema
-from ..spec.files import WriteError, append_row, note, read_whole, replaced, set_aside_torn, write_file
+from ..spec import schema
+from ..spec.store import folder_lock
+from ..spec.store.files import WriteError, append_row, note, read_whole, replaced, set_aside_torn, write_file
 
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 CASE_COLUMNS = list(schema.CASE_COLUMNS)
@@ -40,8 +41,8 @@ class ResultsStore:
 
     An ok row's raw samples go to DIR/samples.jsonl (one synced line per row, before its CSV line) and
     join the CSV rows in results.parquet's `samples_ms` column, so a killed run loses none of them.
-    The store holds DIR (bench.spec.folder_lock) until `close`: a second writer is refused. A row that a kill or a
-    full disk cut short is set aside in NAME.torn when the folder is opened again (bench.spec.files), and the
+    The store holds DIR (bench.spec.store.folder_lock) until `close`: a second writer is refused. A row that a kill or a
+    full disk cut short is set aside in NAME.torn when the folder is opened again (bench.spec.store.files), and the
     derived files (results.parquet, run.json) are renamed into place whole; results.parquet goes when rows are added
     to a folder, and comes back at the end of the run.
 

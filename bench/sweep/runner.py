@@ -18,7 +18,7 @@ from ...kernels import OPS, triton_mode
 from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitutions
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
-from ..spec.files import WriteError
+from ..spec.store.files import WriteError
 from .measure import (
     INTERPRETER_SAMPLES,
     HarnessSampler,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..spec.files import note, read_whole, replaced, write_file
-from ..spec.folder_lock import holding
+from ..spec.store.files import note, read_whole, replaced, write_file
+from ..spec.store.folder_lock import holding
 from .results import COLUMNS, KEY_COLUMNS, SAMPLES, read_results_csv, read_samples, sample_key
 
 SHARD_JSON = "shard.json"

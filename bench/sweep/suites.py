@@ -7,6 +7,7 @@ import itertools
 from ..ops.attention.cases import RaggedSweep, Sweep, WindowSweep
 from ..ops.linear.cases import LinearSweep
 from ..ops.mla.cases import MLASweep
+from ..ops.moe.cases import MoeSweep
 from ..ops.qlinear.cases import quant_sweeps
 from ..spec.attention_presets import ATTENTION_PRESETS
 from ..spec.models import model_config
@@ -110,6 +111,24 @@ SUITES["sink-prefill"] = {
 SUITES["decode-kinds"] = {dev: [*SUITES["mla-decode"][dev], *SUITES["window-decode"][dev],
                                 Sweep(("llama-3-8b",), KIND_BATCH[dev], kv=KIND_CONTEXT[dev])]
                           for dev in ("cuda", "cpu")}
+# Routed experts (moe): decode batches from 1 to 256 tokens, where the experts a step reads grow with the batch until
+# every one is touched, and prefill's thousands of tokens; uniform routing for every preset, skewed (Zipf, exponent
+# 1.2) and balanced for Qwen3's 128 experts. The host runs an awkward small mixture (12 experts, top 3, hidden 200,
+# intermediate 72: K and N multiples of 8 for torch._grouped_mm) unless --model names a preset.
+MOE_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b")
+MOE_HOST = ("name=moe-host,hidden=200,intermediate=72,layers=2,q_heads=4,kv_heads=2,head_dim=16,vocab=256,experts=12,"
+            "top_k=3")
+MOE_ROUTINGS = ("uniform", "zipf-1.2", "balanced")
+SUITES["moe-decode"] = {
+    "cuda": [MoeSweep(MOE_MODELS, (1, 2, 4, 8, 16, 32, 64, 128, 256), "decode"),
+             MoeSweep(("qwen3-30b-a3b",), (1, 4, 16, 64, 256), "decode", MOE_ROUTINGS[1:])],
+    "cpu": [MoeSweep((MOE_HOST,), (1, 3, 8, 21, 64, 256), "decode", MOE_ROUTINGS)],
+}
+SUITES["moe-prefill"] = {
+    "cuda": [MoeSweep(MOE_MODELS, (512, K, 2 * K, 4 * K, 8 * K, 16 * K), "prefill"),
+             MoeSweep(("qwen3-30b-a3b",), (2 * K, 8 * K), "prefill", MOE_ROUTINGS[1:])],
+    "cpu": [MoeSweep((MOE_HOST,), (100, 257), "prefill", MOE_ROUTINGS)],
+}
 FULL = ("prefill", "chunked", "decode", "verify", "ragged", "paged", "decode-linear", "prefill-linear")
 SUITES["full"] = {dev: [s for name in FULL for s in SUITES[name][dev]]
                   for dev in ("cuda", "cpu")}

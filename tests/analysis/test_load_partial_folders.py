@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from phasebench.analysis import load
 from phasebench.bench.cli.main import main
-from phasebench.bench.spec.files import FolderWarning
+from phasebench.bench.spec.store.files import FolderWarning
 
 from ..conftest import REPO
 

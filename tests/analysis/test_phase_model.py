@@ -8,10 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases.coverage import coverage_lines
 from phasebench.analysis.phases.remedies import remedy_lines
 from phasebench.bench.spec import steps as step_defs
+from phasebench.bench.spec.models import DecoderConfig
+from phasebench.bench.spec.routing import touched_experts
 
-from .phase_rows import TINY, op_rows
+from .phase_rows import IMPLS, TINY, op_rows
 
 # Exact in binary floating point: each op's latency is a power of two times its rows (attention: its pairs / 2).
 BASE = {"rmsnorm": 1, "rotary": 2, "kv_append": 4, "silu_mul": 8, "residual_add": 16, "greedy_pick": 32,
@@ -48,7 +51,7 @@ def test_ttft_and_tpot_are_the_hand_sums():
     for prompt in prompts:
         t = pm.ttft(m, TINY, prompt)
         assert t.complete and t.total_ms == hand_ttft(prompt)
-        assert t.parts == {"weights": 3 * 960 * prompt, "attention": 3 * 0.5 * prompt ** 2,
+        assert t.parts == {"weights": 3 * 960 * prompt, "attention": 3 * 0.5 * prompt ** 2, "experts": 0.0,
                            "elementwise": 3 * 48 * prompt, "head": 1057, "sequence": 0.0}  # none measured
     for batch, context in cases:
         t = pm.tpot(m, TINY, batch, context)
@@ -394,3 +397,31 @@ def test_a_quantized_sweep_is_set_beside_the_float_sweep_of_the_same_rows():
         assert row.weights_speedup == pytest.approx(hand_tpot(batch, context) / row.tpot_ms)
     # a batch the float sweep lacks reads empty, not a gain of 1
     assert np.isnan(pm.beside_unquantized(quant, dense[dense["batch"] == 1])["weights_speedup"].iloc[1])
+
+
+MOE = DecoderConfig(hidden=96, intermediate=40, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97,
+                    name="tiny", experts=12, top_k=3, shared_intermediate=64)
+
+
+def test_a_mixture_composes_its_router_routed_and_shared_experts_and_names_where_every_expert_is_touched():
+    batches = (1, 4, 16)
+    steps = [step_defs.decode_step(MOE, b, 31) for b in batches]
+
+    def latency(use):  # the routed experts cost their touched experts; every other op 1 ms
+        f = use.field_dict
+        return touched_experts(f["m"], f["experts"], f["top_k"], f["routing"]) if use.op == "moe" else 1.0
+
+    m = pm.Measured(op_rows(step_defs.distinct_uses(steps), latency, config=MOE,
+                            impls={**IMPLS, "moe": "torch"}), model="tiny", dtype="float32")
+    labels = [u.label for u in steps[0] if u.part != "head"]
+    assert {"router", "experts", "gate_up", "down", "silu_mul"} <= set(labels) and "moe" in {u.op for u in steps[0]}
+    table = pm.batch_sweep(m, MOE, batches, 31)
+    drawn = [touched_experts(b, 12, 3, "uniform") for b in batches]
+    assert table["touched_experts"].tolist() == drawn and table["experts_ms"].tolist() == [3.0 * t for t in drawn]
+    ops = sum(u.count for u in steps[0] if u.op != "moe")
+    assert table["tpot_ms"].tolist() == [ops + 3.0 * t for t in drawn] and (table["missing"] == 0).all()
+    assert table["expected_touched"].tolist() == pytest.approx([12 * (1 - 0.75 ** b) for b in batches])
+    every = next(b for b, t in zip(batches, drawn, strict=True) if t == 12)
+    (line,) = coverage_lines(table)
+    assert f"every one from batch {every}" in line and "passes 11.5 at batch 12" in line  # 12 · 0.75^12 < 1/2
+    assert coverage_lines(pm.batch_sweep(measured([step_defs.decode_step(TINY, 1, 8)]), TINY, (1,), 8)) == []

@@ -117,3 +117,17 @@ def test_stages():
     assert is_timed_case(key) and not is_timed_case(f"check: {key}")
     with pytest.raises(ValueError, match="stage"):
         stage_name("warmup", key)
+
+
+def test_moe_keys_round_trip():
+    from phasebench.profiles.names import moe_key_for
+
+    case = SimpleNamespace(m=8, n=768, k=2048, experts=128, top_k=8, routing="zipf-1.2", phase="decode",
+                           dtype="bfloat16")
+    key = moe_key_for(case, "triton")
+    assert key == "moe/triton/decode/m8-n768-k2048-e128-top8-zipf-1.2-bfloat16"
+    parsed = parse_case_key(key)
+    assert (parsed["op"], parsed["experts"], parsed["top_k"], parsed["routing"], parsed["dtype"], parsed["m"]) == \
+        ("moe", 128, 8, "zipf-1.2", "bfloat16", 8)
+    with pytest.raises(ValueError, match="routing="):
+        moe_key_for(SimpleNamespace(**{**vars(case), "routing": "zipf 1"}), "triton")

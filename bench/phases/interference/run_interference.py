@@ -18,10 +18,10 @@ import torch
 from ...instruments.contention import ContentionProbe, snapshot
 from ...instruments.roofline import TORCH_DTYPES
 from ...instruments.timing import TimerConfig, time_call
-from ...spec.files import write_file, write_table
-from ...spec.folder_lock import holding
 from ...spec.interference_schema import CSV_NAME, INTERFERENCE_SCHEMA, RUN_JSON, WHOLE, conform_interference
 from ...spec.models import DecoderConfig
+from ...spec.store.files import write_file, write_table
+from ...spec.store.folder_lock import holding
 from ...sweep.measure import one_line
 from ...sweep.metadata import run_metadata
 from ...sweep.runner import new_run_id, now

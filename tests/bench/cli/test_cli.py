@@ -55,6 +55,10 @@ def test_run_by_hand_shape(tmp_path):
     (["phases", "--page-size", "-16", "--out", "x"], "page-size: must be a non-negative number of tokens"),
     (["phases", "--weights", "int4-g128", "--reference", "transformers", "--out", "x"],
      "reference: transformers' Llama has unquantized weights"),
+    (["phases", "--model", "deepseek-v2-lite", "--out", "x"], "model: the phase model cannot compose deepseek-v2-lite"),
+    (["phases", "--model", "qwen3-30b-a3b", "--weights", "int8", "--out", "x"],
+     "weights: qwen3-30b-a3b's routed experts are not quantized"),
+    (["run", "--suite", "moe-decode", "--model", "llama-3-8b"], "model: llama-3-8b is dense"),
 ])
 def test_bad_command_lines(args, message, capsys):
     assert main(args) == 2

@@ -116,3 +116,45 @@ def test_transformers_imports_from_a_clone_root_despite_the_kernels_folder():
             "from phasebench.bench.phases.hf_reference import available; print(available())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+
+
+TINY_MOE = DecoderConfig(hidden=64, intermediate=40, layers=2, q_heads=4, kv_heads=2, head_dim=16, vocab=89,
+                         name="tiny-moe-hf", experts=6, top_k=2)
+
+
+def test_a_mixture_is_transformers_mixtral_and_matches_phasebench_decoder_in_float64():
+    """The same weights in phasebench's MoE layer (router, kernels.moe's naive experts) and Mixtral's: the same hidden
+    states (the routing weights are fp32 softmaxes in both) and the same tokens, prefill and decode."""
+    ours = ReferenceDecoder(TINY_MOE, 1, "cpu", torch.float64, max_tokens=40, max_batch=3, seed=3, moe_impl="naive")
+    theirs = HFLlama(TINY_MOE, 1, "cpu", torch.float64, experts="eager")  # torch._grouped_mm takes no float64
+    assert type(theirs.model).__name__ == "MixtralForCausalLM" and "experts eager" in theirs.name
+    c, d = TINY_MOE, TINY_MOE.head_dim
+    with torch.no_grad():
+        for mine, layer in zip(ours.layers, theirs.model.model.layers, strict=True):
+            q, k, v = mine.qkv.weight.split((c.q_heads * d, c.kv_heads * d, c.kv_heads * d))
+            attn, mlp = layer.self_attn, layer.mlp
+            for target, source in ((attn.q_proj.weight, q), (attn.k_proj.weight, k), (attn.v_proj.weight, v),
+                                   (attn.o_proj.weight, mine.o.weight), (mlp.gate.weight, mine.mixture.router.weight),
+                                   (mlp.experts.gate_up_proj, mine.mixture.w_gate_up),
+                                   (mlp.experts.down_proj, mine.mixture.w_down),
+                                   (layer.input_layernorm.weight, mine.attn_norm.weight),
+                                   (layer.post_attention_layernorm.weight, mine.mlp_norm.weight)):
+                target.copy_(source)
+        theirs.model.model.norm.weight.copy_(ours.final_norm.weight)
+        theirs.model.lm_head.weight.copy_(ours.lm_head.weight)
+    embedding = theirs.model.model.embed_tokens.weight.numel()
+    assert sum(p.numel() for p in theirs.model.parameters()) - embedding == sum(p.numel() for p in ours.parameters())
+    x = torch.randn(3, 13, c.hidden, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    _, hidden = ours.prefill(3, 13, x=x, return_hidden=True)
+    with torch.inference_mode():
+        out = theirs.model.model(inputs_embeds=x, use_cache=False)
+    torch.testing.assert_close(out.last_hidden_state, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+    theirs._inputs = {(3, 13): x}
+    assert torch.equal(theirs.prefill(3, 13), ours.prefill(3, 13, x=x))
+
+
+def test_shared_experts_have_no_transformers_reference():
+    shared = DecoderConfig(**{**TINY_MOE.__dict__, "shared_intermediate": 32, "name": "tiny-shared"})
+    with pytest.raises(ValueError, match="reference: tiny-shared has shared experts") as err:
+        HFLlama(shared, 1, "cpu", torch.float32)
+    assert "\n" not in str(err.value)

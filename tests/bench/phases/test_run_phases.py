@@ -115,3 +115,28 @@ def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_goin
                                                          for d in (2, 4)}
     assert all(r["samples_ms"] and r["ms"] > 0 and r["bracket"] in (0, 1) for r in first + second)
     assert not rc._BUILT  # freed after the last
+
+
+@pytest.mark.slow
+def test_phases_on_a_tiny_mixture_of_experts_composes_its_experts_and_checks_them(tmp_path):
+    references = ["transformers"] if importlib.util.find_spec("transformers") else []
+    out = tmp_path / "moe"
+    spec = "name=tiny-moe-phases,hidden=128,intermediate=96,layers=3,q_heads=4,kv_heads=2,head_dim=32,vocab=211," \
+           "experts=12,top_k=3"
+    proc = run_cli("phases", "--model", spec, "--prompt", "16", "--batch", "1", "4", "16", "--context", "31",
+                   "--chunk", "16", "--chunk-batch", "2", "--reference-batch", "1", "4", "--sample-time", "0.02",
+                   "--reference-rounds", "1", "--warm", *(["--reference", *references] if references else []),
+                   "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decode = pd.read_csv(out / "decode.csv")
+    assert decode["touched_experts"].tolist() == [3, 7, 12] and (decode["experts"] == 12).all()
+    assert "experts_ms" in decode and "Routed experts (top 3 of 12, uniform routing)" in proc.stdout
+    ops = pd.read_csv(out / "ops" / "results.csv")
+    moe = ops[ops["op"] == "moe"]
+    assert set(moe["m"]) >= {1, 4, 16, 2 + 16} and (moe["routing"] == "uniform").all()
+    reference = pd.read_csv(out / "reference.csv")
+    assert set(reference["reference"]) == {"phasebench", *references} and (reference["reference_ms"] > 0).all()
+    assert reference["left_out"].str.contains("router's softmax and top-k").all()
+    if references:
+        assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
+            "MixtralForCausalLM").all()

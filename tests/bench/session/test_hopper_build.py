@@ -132,3 +132,15 @@ def test_problems_flags_spills_and_overruns_outside_the_allow_lists():
     assert any("prefill_kernel bf16 : no config fits" in line for line in found)
     # a group with one config that fits is launchable: only the spill is left
     assert hopper_build.problems([spill]) == [found[0]]
+
+
+@pytest.mark.slow
+def test_the_moe_kernels_build_every_config_at_decode_and_prefill_blocks(report):
+    from phasebench.kernels.moe import triton_moe
+
+    for kernel, configs in (("gate_up_kernel", triton_moe.GATE_UP_CONFIGS), ("down_kernel", triton_moe.DOWN_CONFIGS)):
+        for block_m, mma in ((16, "mma"), (64, "wgmma")):  # a decode batch's 16-row blocks, prefill's 64
+            built = {b["config"]: b["mma"] for b in report["builds"]
+                     if b["kernel"] == kernel and b["dtype"] == "bf16" and b["flags"] == f"M{block_m}"}
+            assert set(built) == {hopper_build._label(dict(c.kwargs), c.num_warps, c.num_stages) for c in configs}
+            assert set(built.values()) == {mma}

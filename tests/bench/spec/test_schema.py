@@ -143,3 +143,12 @@ def test_rows_before_schema_7_have_no_interval_and_say_nothing_of_convergence():
     cols = list(schema.RESULT_COLUMNS)
     at = cols.index("latency_p80_ms") + 1
     assert cols[at: at + 5] == ["latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "converged", "outliers"]
+
+
+def test_rows_before_schema_7_read_as_no_experts():
+    old = pd.DataFrame({"impl": ["torch"], "op": ["linear"], "m": [1], "n": [97], "k": [200], "dtype": ["float32"],
+                        "phase": ["decode"], "latency_ms": [0.5], "status": ["ok"]})
+    out = schema.conform(old)
+    assert {"experts", "top_k", "routing", "routing_seed"} <= set(schema.KEY_COLUMNS) & set(schema.CASE_FIELDS)
+    assert out.loc[0, "routing"] == "" and pd.isna(out.loc[0, "touched_experts"])
+    assert str(out["experts"].dtype) == "Int64" and out["routing"].dtype == out["projection"].dtype

@@ -32,7 +32,8 @@ def test_prefill_runs_every_layer_op_at_m_prompt_and_the_head_on_the_last_token(
     assert attn.field_dict == {"batch": 1, "q_heads": 6, "kv_heads": 2, "q_len": 97, "kv_len": 97, "head_dim": 16,
                                "causal": True, "page_size": 0}
     assert uses["rmsnorm"][0].count == 2 * TINY.layers and uses["residual_add"][0].count == 2 * TINY.layers
-    assert {u.part for u in steps.prefill_step(TINY, 97)} == set(steps.PARTS)
+    assert {u.part for u in steps.prefill_step(TINY, 97)} == set(steps.PARTS) - {"experts"}  # a dense model has none
+    assert {u.part for u in steps.prefill_step(MOE, 97)} == set(steps.PARTS)
 
 
 def test_decode_reads_the_cache_once_per_layer_at_m_batch():
@@ -110,28 +111,36 @@ def composed(uses, config):
             out += [{"op": "attention", "name": "attention", **f}]
         elif u.label == "greedy_pick":
             out += [{"op": "argmax", "name": "greedy", "m": f["m"], "n": f["n"]}]
+        elif u.op == "moe":  # the traced call sees no routing: it routes its own tokens
+            out += [{"op": "moe", "name": "experts", **{k: v for k, v in f.items() if k not in ("routing", "phase")}}]
     return out
 
 
+MOE = DecoderConfig(hidden=96, intermediate=40, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97, name="moe",
+                    experts=12, top_k=3, shared_intermediate=64)
+
+
+@pytest.mark.parametrize("config", [TINY, MOE], ids=["dense", "mixture"])
 @pytest.mark.parametrize("phase", ["prefill", "decode", "verify"])
-def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase):
+def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase, config):
     import torch
     from phasebench.bench.phases import reference_decoder as ref
 
     if phase == "prefill":
-        traced, uses = ref.ops_of_prefill(TINY, 1, 97), steps.prefill_step(TINY, 97)
+        traced, uses = ref.ops_of_prefill(config, 1, 97), steps.prefill_step(config, 97)
     elif phase == "verify":  # the target's pass over the last token and 4 draft tokens, the head on each
-        decoder = ref.ReferenceDecoder(TINY, 1, "meta", torch.float32, max_tokens=205, max_batch=3)
+        decoder = ref.ReferenceDecoder(config, 1, "meta", torch.float32, max_tokens=205, max_batch=3)
         with decoder.record_ops() as traced:
             decoder.extend(3, 200, 5, every_position=True)
-        uses = steps.verify_step(TINY, 3, 200, 4)
+        uses = steps.verify_step(config, 3, 200, 4)
     else:
-        traced, uses = ref.ops_of_decode(TINY, 3, 200), steps.decode_step(TINY, 3, 200)
+        traced, uses = ref.ops_of_decode(config, 3, 200), steps.decode_step(config, 3, 200)
     layer_ops = [o for o in traced if o["scope"] == "layer"]
     step_ops = [o for o in traced if o["scope"] == "step"]
-    assert comparable(layer_ops + step_ops) == comparable(composed(uses, TINY))
+    assert comparable(layer_ops + step_ops) == comparable(composed(uses, config))
     # the composition counts each layer op once per layer, as the traced decoder runs it
-    assert all(u.count == TINY.layers for u in uses if u.op in ("linear", "attention") and u.part != "head")
+    assert all(u.count == config.layers for u in uses if u.op in ("linear", "attention", "moe") and u.part != "head")
+    assert ("moe" in {o["op"] for o in traced}) == config.is_moe
 
 
 def test_with_weights_packs_the_layer_projections_only():

@@ -16,9 +16,9 @@ import warnings
 import pytest
 from phasebench.analysis import load
 from phasebench.bench.cli.main import main
-from phasebench.bench.spec import files
-from phasebench.bench.spec.files import FAULT_ENV
-from phasebench.bench.spec.folder_lock import LOCK_NAME, read_holder
+from phasebench.bench.spec.store import files
+from phasebench.bench.spec.store.files import FAULT_ENV
+from phasebench.bench.spec.store.folder_lock import LOCK_NAME, read_holder
 from phasebench.bench.sweep import shards
 from phasebench.bench.sweep.results import ResultsStore, sample_key
 
@@ -202,7 +202,7 @@ def csv_rows(data: bytes) -> list[dict]:
 
 HOLD = """
 import sys
-from phasebench.bench.spec import folder_lock
+from phasebench.bench.spec.store import folder_lock
 folder_lock.acquire(sys.argv[1], "phasebench run --impl naive --out " + sys.argv[1])
 print("held", flush=True)
 sys.stdin.read()

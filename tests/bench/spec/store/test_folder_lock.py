@@ -9,13 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from phasebench.bench.spec import folder_lock
-from phasebench.bench.spec.files import WriteError
-from phasebench.bench.spec.folder_lock import LOCK_NAME, FolderBusy
+from phasebench.bench.spec.store import folder_lock
+from phasebench.bench.spec.store.files import WriteError
+from phasebench.bench.spec.store.folder_lock import LOCK_NAME, FolderBusy
 
 HOLD = """
 import os, sys
-from phasebench.bench.spec import folder_lock
+from phasebench.bench.spec.store import folder_lock
 folder_lock.acquire(sys.argv[1], "phasebench run --impl naive --out x")
 print("held", flush=True)
 if sys.argv[2] == "die":

@@ -10,8 +10,8 @@ import json
 import random
 
 import pytest
-from phasebench.bench.spec import files
-from phasebench.bench.spec.files import FAULT_ENV, WriteError
+from phasebench.bench.spec.store import files
+from phasebench.bench.spec.store.files import FAULT_ENV, WriteError
 
 HEADER = "run_id,impl,reason,latency_ms\r\n"
 

@@ -1,0 +1,77 @@
+"""The gate on routed experts: the built-in impls pass at awkward sizes in fp32 and bf16 (M no multiple of a block,
+E no power of two, an expert with a single slot, experts with none); kernels with the classic MoE bugs, registered
+here as plugins, are judged incorrect: one ignores the routing weights, one drops the last expert, one swaps the gate
+and up halves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from phasebench.bench.ops import operator_of
+from phasebench.bench.ops.moe.cases import MoeCase
+from phasebench.bench.sweep.measure import CaseState, gate
+from phasebench.kernels import OPS, available_impls, register
+
+CPU = torch.device("cpu")
+
+
+def mixture(x, w_gate_up, w_down, weights, ids, *, use_weights=True, skip_last=False, swap=False):
+    """The experts token by token with one bug switched on."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    n, last = w_down.shape[2], w_gate_up.shape[0] - 1
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            if skip_last and e == last:
+                continue
+            h = w_gate_up[e].float() @ x[t].float()
+            gate, up = (h[n:], h[:n]) if swap else (h[:n], h[n:])
+            out[t] += (weights[t, j] if use_weights else 1.0) * (w_down[e].float() @ (F.silu(gate) * up))
+    return out.to(x.dtype)
+
+
+BROKEN = {
+    "ignores_weights": dict(use_weights=False),
+    "drops_last_expert": dict(skip_last=True),
+    "swaps_gate_up": dict(swap=True),
+}
+
+
+@pytest.fixture(scope="module")
+def broken():
+    for name, bug in BROKEN.items():
+        register("moe", name, lambda *args, bug=bug: mixture(*args, **bug))
+    yield list(BROKEN)
+    for name in BROKEN:
+        OPS["moe"].pop(name)
+
+
+def verdict(case, impl):
+    state = CaseState(case, CPU)
+    return gate(state, operator_of(case).prepare(case, state.inputs, impl), impl)
+
+
+# (m, n, k, experts, top_k, routing): 13 tokens of 7 experts, the last one picked often (balanced), a single
+# token of 12 (most experts idle, each picked one slot alone)
+AWKWARD = [(13, 24, 40, 7, 3, "balanced", "float32"), (1, 16, 72, 12, 4, "uniform", "bfloat16"),
+           (19, 24, 32, 5, 2, "zipf-1.2", "bfloat16")]
+
+
+@pytest.mark.parametrize("m, n, k, experts, top_k, routing, dtype", AWKWARD)
+def test_each_moe_bug_is_incorrect(broken, m, n, k, experts, top_k, routing, dtype):
+    case = MoeCase(m, n, k, experts, top_k, routing, dtype, "decode")
+    for name in broken:
+        if name == "drops_last_expert" and case.touched_experts < experts:  # the drawn routing never picks it
+            continue
+        found = verdict(case, name)
+        assert found.status == "incorrect", f"{name} passed the gate on {case.shape_label}: {found}"
+
+
+@pytest.mark.parametrize("m, n, k, experts, top_k, routing, dtype", AWKWARD)
+def test_the_built_in_impls_pass(m, n, k, experts, top_k, routing, dtype):
+    case = MoeCase(m, n, k, experts, top_k, routing, dtype, "decode")
+    for impl in available_impls("cpu", op="moe"):
+        if impl in BROKEN:
+            continue
+        found = verdict(case, impl)
+        assert found.ok, f"{impl} failed the gate on {case.shape_label}: {found}"
