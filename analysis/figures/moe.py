@@ -30,13 +30,13 @@ from .kit import (
 EXPECTED_GID = "expected"  # the uniform-routing coverage curve
 LAYER_FIELDS = ("model", "experts", "top_k", "n", "k", "dtype", "phase")
 COVERAGE_COLUMNS = ("routing", "m", "impl", "touched_experts", "expected_touched", "coverage_pct", "read_bytes",
-                    "read_bytes_per_token", "latency_ms", "latency_p20_ms", "latency_p80_ms", "pct_roofline",
+                    "read_bytes_per_token", "latency_ms", "latency_ci_low_ms", "latency_ci_high_ms", "pct_roofline",
                     "timed_rows")
 ROUTING_STYLES = {"uniform": "-", "balanced": ":"}  # zipf-S: dashed
 CAPTION = ("Per mixture-of-experts layer and M tokens: left, the experts the step touches (markers, per routing) "
            "beside E·(1 - (1 - k/E)^M) expected under uniform routing (dashed) and E (dotted); middle, the bytes the "
            "step reads (the touched experts' weights, x and the routing; grey, left axis) and each implementation's "
-           "median latency with its p20-p80 range (right axis); right, the share of the row's read roof (its read "
+           "median latency with the 95% interval of that median (right axis); right, the share of the row's read roof (its read "
            "bytes at the measured read bandwidth, its output at the write bandwidth). Until every expert is touched "
            "a larger batch reads more weights; only then does batching amortize them.")
 
@@ -44,14 +44,14 @@ CAPTION = ("Per mixture-of-experts layer and M tokens: left, the experts the ste
 def moe_coverage_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (group, layer, routing, M, impl) of the ok moe rows: the experts touched (the case's, in every
     row) against the uniform expectation, the read bytes (per step and per token), and the median latency, its
-    p20/p80 and % of roof over the performance rows only (NaN where none: interpreter-mode, noisy or above roof)."""
+    95% interval and % of roof over the performance rows only (NaN where none: interpreter-mode, noisy or above roof)."""
     rows = op_rows(ok_rows(df), "moe")
     keys = group_fields(rows) + [f for f in LAYER_FIELDS if f in rows.columns] + ["routing", "m", "impl"]
     columns = keys[:-3] + list(COVERAGE_COLUMNS)
     if rows.empty:
         return pd.DataFrame(columns=columns)
     timed = ~interpreter(rows) & ~flag(rows, "noisy") & ~flag(rows, "above_roof")
-    figures = ("latency_ms", "latency_p20_ms", "latency_p80_ms", "pct_roofline")
+    figures = ("latency_ms", "latency_ci_low_ms", "latency_ci_high_ms", "pct_roofline")
     rows = rows.assign(timed_rows=timed.astype(int),
                        **{f: rows[f].where(timed) for f in figures})
     table = rows.groupby(keys, dropna=False, observed=True).agg(
@@ -149,14 +149,14 @@ def _bytes_panel(ax, layer: pd.DataFrame, colors: dict) -> None:
         if rows.empty:
             continue
         mid = floats(rows["latency_ms"])
-        spread = [mid - floats(rows["latency_p20_ms"]), floats(rows["latency_p80_ms"]) - mid]
+        spread = [mid - floats(rows["latency_ci_low_ms"]), floats(rows["latency_ci_high_ms"]) - mid]
         right.errorbar(floats(rows["m"]), mid, yerr=spread, color=colors[impl], marker="o", markersize=3,
                        linestyle=_style(routing), capsize=2, gid=SERIES_GID)
     if right.lines or right.collections:
         right.set_yscale("log")
     else:
         _untimed(ax)
-    right.set_ylabel("latency (ms), p20-p80")
+    right.set_ylabel("latency (ms), 95% CI")
 
 
 def _roof_panel(ax, layer: pd.DataFrame, colors: dict) -> None:

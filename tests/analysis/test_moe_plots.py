@@ -23,7 +23,7 @@ COMMON = {"run_id": "r1", "device": "Some CPU", "device_kind": "cpu", "suite": "
 def row(impl, m, touched, latency, routing="uniform", **extra):
     read = touched * 3 * 72 * 200 * 2.0 + 2.0 * m * 200 + 8.0 * m * TOP
     return {**COMMON, "impl": impl, "m": m, "touched_experts": touched, "routing": routing, "latency_ms": latency,
-            "latency_p20_ms": 0.9 * latency, "latency_p80_ms": 1.2 * latency, "read_bytes": read,
+            "latency_ci_low_ms": 0.9 * latency, "latency_ci_high_ms": 1.2 * latency, "read_bytes": read,
             "write_bytes": 400.0 * m, "bytes": read + 400.0 * m, "pct_roofline": 40.0, **extra}
 
 
