@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
-from ...bench.spec.models import DecoderConfig
+from ...bench.spec.models import DecoderConfig, config_from_dict
 from . import model as pm
 
 # The largest |error| a published figure may carry, per device kind. The host: one op's time varies by ~15% between
@@ -25,6 +25,24 @@ LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass
 # tokens (a random router's: about uniform) where the composition reads rows of a drawn uniform routing
 MOE_LEFT_OUT = ("the router's softmax and top-k (the router's linear layer is composed)", "the real pass's own "
                 "routing: a random router's, about uniform, against the composed rows' drawn uniform routing")
+# what the attention kinds' compositions leave out, and what transformers' classes run otherwise (bench.spec.steps)
+KIND_LEFT_OUT = {
+    "mla": ("MLA's absorptions are batched matmuls over heads, composed as one linear of the same FLOPs and weights",),
+    "sinks": ("gpt-oss's attention and expert biases and its clamped SwiGLU (the moe rows run a plain SwiGLU)",)}
+TRANSFORMERS_LEFT_OUT = {
+    "mla": ("transformers' DeepseekV2 decompresses every cached latent at each decode step (kv_b over the whole "
+            "cache): its decode runs that against the composition's absorbed decode",),
+    "sinks": ("transformers' GptOss runs eager attention (the scores materialised, a sink column appended): it has "
+              "no SDPA path for sinks",)}
+
+
+def left_out(model: DecoderConfig, reference: str) -> str:
+    """What the composition of `model` leaves out against `reference`'s forward pass, in one line."""
+    kinds = [k for k in ("mla", "sinks") if (model.attention == "mla" if k == "mla" else model.sinks)]
+    notes = LEFT_OUT + (MOE_LEFT_OUT if model.is_moe else ()) + tuple(n for k in kinds for n in KIND_LEFT_OUT[k])
+    if reference == "transformers":
+        notes += tuple(n for k in kinds for n in TRANSFORMERS_LEFT_OUT[k])
+    return "; ".join(notes)
 
 
 def goal_pct(device) -> float:
@@ -51,6 +69,8 @@ class ReferencePlan:
     weights: str = ""  # the layers' projections packed by this scheme ("": the activation dtype)
     weights_impl: str = "torch"  # the qlinear impl that runs them, in the composition and the real pass alike
     moe_impl: str = "torch"  # a mixture's routed experts: the moe impl of the composition and of phasebench's pass
+    attention_impl: str = "flash"  # window and sink layers' attention in phasebench's pass (the composition's impl)
+    mla_impl: str = "torch"  # MLA's absorbed decode in phasebench's pass (the composition's mla impl)
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -188,7 +208,7 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "goal_pct": goal, "over_goal": over_goal(published_error, layer_error, goal),
             "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
             "error": next((b["error"] for b in mine if b.get("error")), ""),
-            "left_out": "; ".join(LEFT_OUT + (MOE_LEFT_OUT if plan.model.is_moe else ()))})
+            "left_out": left_out(plan.model, kind)})
     return pd.DataFrame(rows)
 
 
@@ -264,11 +284,12 @@ def recomposed(table: pd.DataFrame, ops: pd.DataFrame, meta: dict) -> pd.DataFra
 
 def plan_of(meta: dict) -> ReferencePlan:
     """The check a phases.json describes."""
-    model = DecoderConfig(**meta["model"])
+    model, impls = config_from_dict(meta["model"]), meta.get("impls") or {}
     return ReferencePlan(model, int(meta["reference_layers"]), str(meta.get("device", "cpu")),
                          str(meta["dtype"]), int(meta["chunk_prompt"]), tuple(meta["reference_batches"]),
                          int(meta["context"]), tuple(meta.get("references") or ("phasebench",)),
-                         int(meta.get("page_size") or 0), moe_impl=(meta.get("impls") or {}).get("moe", "torch"))
+                         int(meta.get("page_size") or 0), moe_impl=impls.get("moe", "torch"),
+                         attention_impl=impls.get("attention", "flash"), mla_impl=impls.get("mla", "torch"))
 
 
 def where(row) -> str:

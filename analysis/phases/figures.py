@@ -180,7 +180,9 @@ def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
     items = tables["decode_parts"]
     per_part = {part: float(items.loc[items["part"] == part, "ms"].sum()) for part in PART_LABELS}
     in_layers = items[items["part"] != "head"]
-    layers = int(floats(in_layers["count"]).min()) if len(in_layers) else 0  # the ops run once per layer or twice
+    # the model's layers (a table from before the column: the ops run once per layer or twice, all layers alike)
+    layers = int(items["layers"].iloc[0]) if "layers" in items and len(items) else \
+        int(floats(in_layers["count"]).min()) if len(in_layers) else 0
     bars = [(f"composed\n{layers} layers", per_part)]
     reference = reference_table(tables)
     decode = reference[(reference["phase"] == "decode") & (reference["reference"] == "phasebench")]
@@ -291,6 +293,22 @@ def _text(table: pd.DataFrame, columns) -> str:
     return shown.to_string(index=False, formatters={c: _number for c in shown.columns})
 
 
+KV_KINDS = {"gqa": "a K and a V head per kv head and layer", "mla": "one latent per layer",
+            "window": "window layers keep at most their window"}
+
+
+def kv_lines(decode: pd.DataFrame) -> list[str]:
+    """One sentence for a decode table with kv_bytes_per_token: the cache a token costs, by the attention kind, and
+    the largest batch's cache."""
+    if "kv_bytes_per_token" not in decode or not len(decode):
+        return []
+    last = decode.sort_values("batch").iloc[-1]
+    kind = str(last.get("attention", "gqa"))
+    return [f"KV cache ({kind.upper()}: {KV_KINDS.get(kind, kind)}): {_number(float(last['kv_bytes_per_token']))} "
+            f"bytes per token at {_number(int(last['context']) + 1)} tokens; "
+            f"{float(last['kv_cache_bytes']) / 2**20:,.1f} MiB for batch {int(last['batch'])}."]
+
+
 def phases_summary(tables: dict) -> str:
     """What `phasebench phases` prints: TTFT per prompt, the decode sweep with its saturation batch, the chunk
     table, the interactive limits and the composition's error against a real forward pass."""
@@ -315,7 +333,7 @@ def phases_summary(tables: dict) -> str:
                 _text(marked, ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
                                "tokens_per_s_per_user", "experts_ms", "touched_experts", "expected_touched",
                                "saturated", "noisy_left_out"))]
-        out += coverage_lines(decode)
+        out += coverage_lines(decode) + kv_lines(decode)
         out += [line for line in (check_sentence(reference, "decode"),) if line]
     if not _empty(tables, "chunked"):
         chunked = tables["chunked"].sort_values("chunk")
@@ -345,7 +363,7 @@ def phases_summary(tables: dict) -> str:
                                   "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", *ROUND_COLUMNS,
                                   "noisy"))]
         out += [f"OVER GOAL: {note}" for note in over_goal_notes(reference)]
-        left_out = "; ".join(dict.fromkeys(s for s in reference["left_out"] if s))
+        left_out = "; ".join(dict.fromkeys(part for s in reference["left_out"] for part in s.split("; ") if part))
         if left_out:
             out.append(f"left out of the composition: {left_out}")
     return "\n".join(out)

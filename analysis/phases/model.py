@@ -18,10 +18,11 @@ import pandas as pd
 
 from ...bench.spec import steps as step_defs
 from ...bench.spec.interference_schema import COVERED_MIN
-from ...bench.spec.models import DecoderConfig
+from ...bench.spec.models import DTYPE_BYTES, DecoderConfig
 from ...bench.spec.routing import expected_touched, touched_experts
 
-DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch"}
+DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch",
+                 "mla": "torch"}
 PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
@@ -96,15 +97,18 @@ class Measured:
 
 
 def sequence_parts(uses: list[step_defs.OpUse]) -> list[tuple[str, int, list[step_defs.OpUse]]]:
-    """A step as its sequences: ("layer", layers, one layer's uses with per-layer counts) and ("head", 1, the head's
-    uses), each present where the step has it. A layer runs each op once or twice, so the fewest runs are the
-    layers."""
-    layer = [u for u in uses if u.part != "head"]
-    head = [u for u in uses if u.part == "head"]
+    """A step as its sequences: ("layer", layers, one layer's uses with per-layer counts) for each kind of layer
+    (OpUse.group: a model whose layers differ has several), and ("head", 1, the head's uses), each present where the
+    step has it. A layer runs each op once or twice, so the fewest runs are the layers."""
+    groups: dict[str, list[step_defs.OpUse]] = {}
+    for use in uses:
+        if use.part != "head":
+            groups.setdefault(use.group, []).append(use)
     out = []
-    if layer:
+    for layer in groups.values():
         layers = min(u.count for u in layer)
         out.append(("layer", layers, [dataclasses.replace(u, count=u.count // layers) for u in layer]))
+    head = [u for u in uses if u.part == "head"]
     if head:
         out.append(("head", 1, head))
     return out
@@ -215,8 +219,11 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
                 margin: float = SATURATION_MARGIN, page_size: int = 0) -> pd.DataFrame:
     """Per batch at one context: TPOT, output tokens/s (batch / TPOT), tokens/s per user, the split by part,
     and `saturated` on the batch where throughput stops growing (within `margin`); for a mixture of experts, the
-    experts a step's routing touches (the composed rows' draw) beside the uniform expectation E·(1 - (1 - k/E)^B)."""
+    experts a step's routing touches (the composed rows' draw) beside the uniform expectation E·(1 - (1 - k/E)^B); the
+    KV-cache bytes a token costs at that context (`kv_bytes_per_token`, by the model's attention kind) and the batch's
+    cache (`kv_cache_bytes`)."""
     rows = []
+    per_token = config.kv_bytes_per_token(DTYPE_BYTES[measured.dtype], context + 1)
     for batch in batches:
         t = tpot(measured, config, batch, context, page_size)
         mixture = {"experts": config.experts, "top_k": config.top_k,
@@ -225,6 +232,8 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
             if config.is_moe else {}
         rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
                      "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
+                     "attention": config.attention, "kv_bytes_per_token": per_token,
+                     "kv_cache_bytes": per_token * batch * (context + 1),
                      **{f"{p}_ms": v for p, v in t.parts.items()}, **mixture, "missing": len(t.missing),
                      "noisy_left_out": t.noisy})
     table = pd.DataFrame(rows)

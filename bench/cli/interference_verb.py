@@ -21,6 +21,9 @@ def cmd_interference(args) -> int:
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("interference-%Y%m%d-%H%M%S")
     try:
         model = model_config(args.model or (HOST_MODEL if device.type == "cpu" else "llama-3-8b"))
+        if model.attention != "gqa" or model.sinks:
+            raise ValueError(f"model: the interference decoder's hybrid step runs GQA attention over a full cache; "
+                             f"{model.name} has {model.attention.upper()}{' with sinks' if model.sinks else ''}")
         cfg = InterferenceConfig.defaults(model, device, out, dtype=args.dtype,
                                           prompts=tuple(args.prompt) if args.prompt else None,
                                           batches=tuple(args.batch) if args.batch else None, context=args.context,

@@ -50,11 +50,25 @@ def package_version() -> str:
         return "unknown"
 
 
+def described(m) -> str:
+    """What a preset's line adds to its dims: its mixture and its attention kind."""
+    out = ""
+    if m.is_moe:
+        out += f" ({m.experts} experts of that intermediate, top {m.top_k}" + (
+            f", shared {m.shared_intermediate}" if m.shared_intermediate else "") + (
+            f", the first {m.dense_layers} layers dense of {m.dense_intermediate}" if m.dense_layers else "") + ")"
+    if m.attention == "mla":
+        out += (f"; MLA: {m.q_heads} heads of {m.qk_head_dim} (value {m.head_dim}) over a {m.latent_dim}-wide latent"
+                + (f", q_lora {m.q_lora_rank}" if m.q_lora_rank else ""))
+    elif m.attention == "window":
+        out += f"; window_left {m.window_left} on every other layer"
+    return out + (", sinks" if m.sinks else "")
+
+
 def cmd_list(args) -> int:
     import torch
 
     from ...kernels import OPS, describe_impls
-    from ..spec.attention_presets import ATTENTION_PRESETS, MLAPreset
     from ..spec.models import MODELS
     from ..sweep.suites import SUITES, suite_cases
 
@@ -66,16 +80,8 @@ def cmd_list(args) -> int:
         print(f"  {name:<15} {counts}")
     print("model presets (hidden / intermediate / layers / q heads / kv heads / head dim / vocab):")
     for name, m in MODELS.items():
-        mixture = f" ({m.experts} experts of that intermediate, top {m.top_k}" + (
-            f", shared {m.shared_intermediate})" if m.shared_intermediate else ")") if m.is_moe else ""
         print(f"  {name:<16} {m.hidden}/{m.intermediate}/{m.layers}/{m.q_heads}/{m.kv_heads}/{m.head_dim}/{m.vocab}"
-              f"{mixture}")
-    print("attention presets (the mla-decode, window-decode and sink-prefill suites' --model):")
-    for name, p in ATTENTION_PRESETS.items():
-        kind = (f"MLA: {p.q_heads} heads over a {p.latent_dim}-wide latent (value {p.v_dim}), {p.layers} layers"
-                if isinstance(p, MLAPreset) else f"GQA {p.q_heads}/{p.kv_heads}, head dim {p.head_dim}, window_left "
-                f"{p.window_left} every {p.window_every} layers{', sinks' if p.sinks else ''}, {p.layers} layers")
-        print(f"  {name:<16} {kind}")
+              f"{described(m)}")
     for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
         for op in OPS:
             print(f"{op} implementations on {device}:")

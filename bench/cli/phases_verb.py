@@ -50,6 +50,21 @@ def weights_scheme(args, device, impls: dict) -> str:
     return scheme
 
 
+def served_here(model, impls: dict, device, dtype: str | None) -> None:
+    """A one-line UsageError where the composition's attention or mla impl cannot serve the model's kind here (a
+    window or sinks, MLA decode), before anything is measured."""
+    if model.attention == "gqa" and not model.sinks:
+        return
+    from ..instruments.roofline import TORCH_DTYPES
+    from ..phases.attention_blocks import unserved
+    from ..sweep.selection import default_dtype
+
+    torch_dtype = TORCH_DTYPES.get(dtype or default_dtype(device))
+    why = torch_dtype is not None and unserved(model, impls, device, torch_dtype)
+    if why:
+        raise UsageError(f"impl: {why}")
+
+
 def speculate_of(args, model, device):
     """The --speculate settings (a SpeculateConfig) or None; a one-line UsageError for α outside (0, 1), γ < 1, or
     a draft of another vocabulary or not smaller than the target, before anything is written."""
@@ -87,11 +102,12 @@ def cmd_phases(args) -> int:
         model = model_config(args.model)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if model.not_composed:
-        raise UsageError(f"model: the phase model cannot compose {model.name}: {model.not_composed}")
-    if model.is_moe and args.weights:
-        raise UsageError(f"weights: {model.name}'s routed experts are not quantized by the composition; run without "
-                         "--weights")
+    if (model.is_moe or model.attention == "mla") and args.weights:
+        raise UsageError(f"weights: {model.name}'s routed experts and MLA's absorbed projections are not quantized by "
+                         "the composition; run without --weights")
+    if model.attention != "gqa" and args.speculate:
+        raise UsageError(f"speculate: the speculative loop runs GQA decoders; {model.name} has "
+                         f"{model.attention.upper()} attention")
     if args.reference_layers is not None and args.reference_layers > model.layers:
         raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
     references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
@@ -99,12 +115,13 @@ def cmd_phases(args) -> int:
 
     impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
     weights = weights_scheme(args, device, impls)
+    served_here(model, impls, device, args.dtype)
     if "transformers" in references:
-        from ..phases.hf_reference import transformers_module
+        from ..phases.hf_reference import architecture, transformers_module
 
         try:
-            transformers_module()
-        except ImportError as err:
+            architecture(transformers_module(), model)
+        except (ImportError, ValueError) as err:
             raise UsageError(str(err).removeprefix("reference: ").splitlines()[0]) from None
     speculate = speculate_of(args, model, device)
     out = Path(args.out) if args.out else Path("results") / dt.datetime.now().strftime("phases-%Y%m%d-%H%M%S")

@@ -1,6 +1,6 @@
-"""A real model implementation as the phase model's second check: Hugging Face transformers' Llama of a model's dims
-(Mixtral for a mixture of experts: Llama's attention with routed experts), random weights (nothing downloaded), a
-static (preallocated) KV cache as a server keeps it."""
+"""A real model implementation as the phase model's second check: Hugging Face transformers' class of a model's kind
+(Llama; Mixtral for a mixture of experts; DeepseekV2 for MLA; GptOss for sliding windows with sinks) at its dims,
+random weights (nothing downloaded), a static (preallocated) KV cache as a server keeps it."""
 
 from __future__ import annotations
 
@@ -58,32 +58,68 @@ def available() -> bool:
 
 
 def architecture(tf, config: DecoderConfig) -> tuple[type, type, dict]:
-    """(config class, model class, the fields beyond Llama's) of the transformers model with `config`'s layer:
-    Llama for a dense model, Mixtral (softmax top-k renormalized, no router noise) for a mixture of experts;
-    ValueError, with one line, for shared experts, which Mixtral lacks."""
+    """(config class, model class, the fields beyond Llama's) of the transformers model with `config`'s layer: Llama
+    for a dense GQA model, Mixtral (softmax top-k renormalized, no router noise) for a mixture of experts, DeepseekV2
+    for MLA (greedy softmax top-k, shared experts, the first dense layers), GptOss for sliding windows with sinks
+    (every layer a mixture); ValueError, with one line, for what none of them has."""
+    if config.attention == "mla":
+        return tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM, deepseek_fields(config)
+    if config.attention == "window" or config.sinks:
+        if not config.sinks or config.attention != "window" or not config.is_moe or config.shared_intermediate \
+                or config.dense_layers:
+            raise ValueError(f"reference: {config.name} is not a gpt-oss layer (a window with sinks on alternate "
+                             "layers, routed experts alone in every layer), which transformers' GptOss needs")
+        return tf.GptOssConfig, tf.GptOssForCausalLM, dict(
+            num_local_experts=config.experts, num_experts_per_tok=config.top_k, sliding_window=config.sliding_window,
+            layer_types=["sliding_attention" if config.layer_kind(i)[1] == "window" else "full_attention"
+                         for i in range(config.layers)])
     if not config.is_moe:
         return tf.LlamaConfig, tf.LlamaForCausalLM, {}
-    if config.shared_intermediate:
-        raise ValueError(f"reference: {config.name} has shared experts, which transformers' Mixtral has not")
+    if config.shared_intermediate or config.dense_layers:
+        raise ValueError(f"reference: {config.name} has shared experts or dense first layers, which transformers' "
+                         "Mixtral has not")
     return tf.MixtralConfig, tf.MixtralForCausalLM, dict(num_local_experts=config.experts, router_jitter_noise=0.0,
                                                          num_experts_per_tok=config.top_k, sliding_window=None)
 
 
-class HFLlama:
-    """`layers` layers of LlamaForCausalLM (MixtralForCausalLM for a mixture of experts, its `experts`
+def deepseek_fields(config: DecoderConfig) -> dict:
+    """DeepseekV2Config's fields beyond Llama's for an MLA model: its latent and head dims, and its mixture (greedy
+    top-k of a softmax, not renormalized, as DeepSeek-V2's config has it) after its first dense layers, or dense
+    layers throughout."""
+    shared, width = divmod(config.shared_intermediate, config.intermediate)
+    if width:
+        raise ValueError(f"reference: {config.name}'s shared experts ({config.shared_intermediate}) are not a whole "
+                         f"number of experts of {config.intermediate}, as DeepseekV2 builds them")
+    mixture = dict(n_routed_experts=config.experts, num_experts_per_tok=config.top_k, n_shared_experts=shared,
+                   moe_intermediate_size=config.intermediate, first_k_dense_replace=config.dense_layers,
+                   intermediate_size=config.dense_intermediate or config.intermediate, topk_method="greedy",
+                   n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False) if config.is_moe \
+        else dict(first_k_dense_replace=config.layers)
+    return dict(kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank or None,
+                qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
+                v_head_dim=config.head_dim, num_key_value_heads=config.q_heads, **mixture)
+
+
+class HFReference:
+    """`layers` layers of the transformers model of `config`'s kind (architecture; a mixture's `experts`
     implementation or transformers' default) with `config`'s dims, fed hidden states (the embedding skipped, as the
     phasebench decoder does), the lm_head on each sequence's last token and a greedy pick; a StaticCache per shape,
-    written in place at fixed positions, so every timed call does the same work."""
+    written in place at fixed positions, so every timed call does the same work. SDPA attention, or eager where the
+    class has no SDPA path (GptOss: sinks)."""
 
     def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, seed: int = 0,
                  experts: str | None = None):
         tf = transformers_module()
         self.version, self.device, self.dtype = tf.__version__, torch.device(device), dtype
-        config_class, model_class, extra = architecture(tf, config)
+        with _checkout_off_path():  # the model's modules are imported on first use
+            config_class, model_class, extra = architecture(tf, config)
         fields = dict(hidden_size=config.hidden, intermediate_size=config.intermediate, num_hidden_layers=layers,
                       num_attention_heads=config.q_heads, num_key_value_heads=config.kv_heads,
                       head_dim=config.head_dim, vocab_size=config.vocab, max_position_embeddings=1 << 20,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False, **extra)
+                      rms_norm_eps=1e-6, tie_word_embeddings=False)
+        fields.update(extra)
+        if "layer_types" in fields:
+            fields["layer_types"] = fields["layer_types"][:layers]
         if experts:  # the experts implementation (transformers' default: grouped_mm, torch._grouped_mm)
             fields["experts_implementation"] = experts
         params = inspect.signature(config_class.__init__).parameters
@@ -92,9 +128,9 @@ class HFLlama:
         else:
             fields["rope_theta"] = ROPE_BASE
         self.config = config_class(**fields)
-        self.config._attn_implementation = "sdpa"
+        self.config._attn_implementation = "sdpa" if model_class._supports_sdpa else "eager"
         torch.manual_seed(seed)
-        with torch.device(self.device):
+        with torch.device(self.device), _checkout_off_path():
             self.model = model_class(self.config).to(dtype).eval()
         self.experts = getattr(self.model.config, "_experts_implementation", None) if config.is_moe else None
         self._static_cache = tf.StaticCache
@@ -146,6 +182,8 @@ class HFLlama:
             length = getattr(layer, "cumulative_length", None)  # cache_position: every call starts at `start`
             if isinstance(length, torch.Tensor):
                 length.fill_(start)
+            if hasattr(layer, "cumulative_length_int"):  # a sliding-window layer's control flow counts in Python
+                layer.cumulative_length_int = start
         with self._first_layers(depth):
             out = self.model(inputs_embeds=self._input(batch, tokens), cache_position=positions,
                              position_ids=positions.expand(batch, -1), use_cache=True, logits_to_keep=1,

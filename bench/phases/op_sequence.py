@@ -25,13 +25,14 @@ from ..instruments.timing import TimerConfig, time_call
 from ..ops.attention.cases import AttentionCase
 from ..ops.elementwise.cases import ElementwiseCase
 from ..ops.linear.cases import LinearCase
+from ..ops.mla.cases import MLACase
 from ..ops.moe.cases import MoeCase
 from ..ops.qlinear.cases import QLinearCase
 from ..spec import steps as step_defs
 from ..sweep.measure import CaseState, impl_mode, one_line
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase,
-              "qlinear": QLinearCase, "moe": MoeCase}
+              "qlinear": QLinearCase, "moe": MoeCase, "mla": MLACase}
 TURNS = 1  # alone then in sequence, seconds apart: the sides see the same machine
 COLUMNS = ("key", "sequence", "phase", "m", "ops", "sequence_ms", "sequence_p20_ms", "sequence_p80_ms", "alone_ms",
            "term_ms", "term_pct", "samples", "copies", "cold", "noisy", "noise_reason", "status", "reason", "uses")

@@ -1,5 +1,5 @@
 """The phase model's check: real forward passes of the model's dims (phasebench's own decoder, and transformers' Llama,
-or Mixtral for a mixture of experts, where asked for) timed in brackets interleaved with rounds of the ops they
+Mixtral for a mixture of experts, DeepseekV2 for MLA or GptOss for windows and sinks, where asked for) timed in brackets interleaved with rounds of the ops they
 compose to, on the ops' own worker, so that both sides see the same machine."""
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ def _decoder(kind: str, plan: ReferencePlan):
 
     deep = max(plan.depths)  # built once at 2L layers; the L-layer pass runs the first L of them
     if kind == "transformers":
-        from .hf_reference import HFLlama
+        from .hf_reference import HFReference
 
-        return HFLlama(plan.cut(deep), deep, plan.device, TORCH_DTYPES[plan.dtype])
+        return HFReference(plan.cut(deep), deep, plan.device, TORCH_DTYPES[plan.dtype])
     from .reference_decoder import ReferenceDecoder
 
     return ReferenceDecoder(plan.cut(deep), deep, torch.device(plan.device), TORCH_DTYPES[plan.dtype],
                             max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches),
-                            weights=plan.weights, weights_impl=plan.weights_impl, moe_impl=plan.moe_impl)
+                            weights=plan.weights, weights_impl=plan.weights_impl, moe_impl=plan.moe_impl,
+                            impls={"attention": plan.attention_impl, "mla": plan.mla_impl})
 
 
 _BUILT: dict = {}  # (kind, plan) -> the decoder (or why it cannot be built), kept across one check's brackets

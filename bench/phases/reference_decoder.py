@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 
 import torch
@@ -13,67 +12,13 @@ from torch import nn
 from ...kernels import qlinear, quantize
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..spec.models import DecoderConfig
+from .attention_blocks import Attention, MLAAttention, RMSNorm, rotate_half, rotary, sdpa_has_gqa  # noqa: F401
 from .moe_block import MoeBlock, experts_op, mlp_projections
 from .moe_block import bare_linear as _linear
 
 ROPE_BASE = 500000.0
-NORM_EPS = 1e-6
 HOST_LAYERS = 2  # llama-3-8b at 2 layers in float32: ~1.7 GiB of layer weights (+2 GiB lm_head) on a 24 GiB host
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-
-@functools.cache
-def sdpa_has_gqa() -> bool:
-    """Whether this torch's scaled_dot_product_attention takes enable_gqa (torch >= 2.5)."""
-    q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 1, 4)
-    try:
-        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
-    except TypeError:
-        return False
-    return True
-
-
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 (float64 stays float64), returned in x's dtype."""
-
-    def __init__(self, hidden: int, device, dtype):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(hidden, device=device, dtype=dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
-        return (xf * self.weight.to(xf.dtype)).to(x.dtype)
-
-
-@functools.lru_cache(maxsize=128)  # a 2048-token prompt in chunks of 64 has 32 shapes: all kept
-def lower_right(t: int, kv_len: int, device: torch.device):
-    """Bottom-right causal attention of t queries over kv_len keys, as flash attention does it: on CUDA SDPA's
-    causal_lower_right (its flash kernel), on the host one boolean mask per shape, built once, not per call."""
-    if device.type == "cuda":
-        from torch.nn.attention.bias import causal_lower_right
-
-        return causal_lower_right(t, kv_len)
-    return torch.ones(t, kv_len, dtype=torch.bool, device=device).tril(kv_len - t)
-
-
-class Attention(nn.Module):
-    """SDPA over the KV cache slice, a module of its own so a forward hook sees q/k/v as they are called.
-    causal: each new token sees the cache before it and the new tokens up to itself (bottom-right aligned, so a
-    chunk at a prefix offset or a verify pass sees its whole prefix)."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        t, kv_len = q.shape[2], k.shape[2]
-        mask = None
-        if causal and 1 < t < kv_len:  # SDPA's is_causal is top-left aligned: right only when q and kv start together
-            mask = lower_right(t, kv_len, q.device)
-        is_causal = causal and mask is None and t > 1
-        if sdpa_has_gqa():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
-        # torch < 2.5: no enable_gqa, so expand the KV heads to the query heads (a copy of the cache slice)
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
 
 
 class Greedy(nn.Module):
@@ -95,11 +40,6 @@ class QuantizedLinear(nn.Module):
         return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def rope_tables(positions: int, head_dim: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [positions, head_dim] of the rotate-half rotary embedding, computed in float64."""
     inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -109,55 +49,67 @@ def rope_tables(positions: int, head_dim: int, device, dtype) -> tuple[torch.Ten
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and SwiGLU MLP (or MoeBlock) blocks with residual adds, and this layer's KV cache."""
+    """Pre-norm attention (GQA, a window and sinks where the layer has them, or MLA) and SwiGLU MLP (or MoeBlock)
+    blocks with residual adds, and this layer's KV cache (MLA's latent cache lives in its block)."""
 
-    def __init__(self, config: DecoderConfig, max_batch: int, max_tokens: int, device, dtype, moe_impl="torch"):
+    def __init__(self, config: DecoderConfig, max_batch: int, max_tokens: int, device, dtype, moe_impl="torch",
+                 index: int = 0, impls: dict | None = None):
         super().__init__()
-        c, d = config, config.head_dim
-        self.q_heads, self.kv_heads, self.head_dim = c.q_heads, c.kv_heads, d
+        c, d, impls = config, config.head_dim, impls or {}
+        mlp, kind = c.layer_kind(index)
         self.attn_norm = RMSNorm(c.hidden, device, dtype)
-        self.qkv = _linear(c.hidden, (c.q_heads + 2 * c.kv_heads) * d, device, dtype)
-        self.attention = Attention()
-        self.o = _linear(c.q_heads * d, c.hidden, device, dtype)
+        self.mla = MLAAttention(c, max_batch, max_tokens, device, dtype, impls.get("mla", "torch")) \
+            if c.attention == "mla" else None
+        if self.mla is None:
+            self.q_heads, self.kv_heads, self.head_dim = c.q_heads, c.kv_heads, d
+            self.qkv = _linear(c.hidden, (c.q_heads + 2 * c.kv_heads) * d, device, dtype)
+            self.attention = Attention(c.window_left if kind == "window" else -1, c.q_heads if c.sinks else 0,
+                                       impls.get("attention", "flash"), device)
+            self.o = _linear(c.q_heads * d, c.hidden, device, dtype)
+            cache_shape = (max_batch, c.kv_heads, max_tokens, d)
+            self.register_buffer("k_cache", torch.empty(cache_shape, device=device, dtype=dtype))
+            self.register_buffer("v_cache", torch.empty(cache_shape, device=device, dtype=dtype))
         self.mlp_norm = RMSNorm(c.hidden, device, dtype)
-        self.mixture = MoeBlock(c, device, dtype, moe_impl) if c.is_moe else None
-        if not c.is_moe:  # a mixture's live in MoeBlock
-            self.gate_up = _linear(c.hidden, 2 * c.intermediate, device, dtype)
-            self.down = _linear(c.intermediate, c.hidden, device, dtype)
-        cache_shape = (max_batch, c.kv_heads, max_tokens, d)
-        self.register_buffer("k_cache", torch.empty(cache_shape, device=device, dtype=dtype))
-        self.register_buffer("v_cache", torch.empty(cache_shape, device=device, dtype=dtype))
+        self.mixture = MoeBlock(c, device, dtype, moe_impl) if mlp == "moe" else None
+        if mlp == "dense":  # a mixture's live in MoeBlock; its first dense layers have their own width
+            width = c.dense_intermediate if c.is_moe else c.intermediate
+            self.gate_up = _linear(c.hidden, 2 * width, device, dtype)
+            self.down = _linear(width, c.hidden, device, dtype)
 
     def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        hq, hkv, d = self.q_heads, self.kv_heads, self.head_dim
-        qkv = self.qkv(self.attn_norm(x))
-        q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
-        q = q.view(b, t, hq, d).transpose(1, 2)
-        k = k.view(b, t, hkv, d).transpose(1, 2)
-        v = v.view(b, t, hkv, d).transpose(1, 2)
-        cos, sin = cos[start:start + t], sin[start:start + t]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        end = start + t
-        self.k_cache[:b, :, start:end] = k
-        self.v_cache[:b, :, start:end] = v
-        attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], t > 1)
-        x = x + self.o(attn.transpose(1, 2).reshape(b, t, hq * d))
+        if self.mla is not None:
+            x = x + self.mla(self.attn_norm(x), start, cos, sin)
+        else:
+            x = x + self._gqa(self.attn_norm(x), start, cos, sin)
         if self.mixture is not None:
             return x + self.mixture(self.mlp_norm(x))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
+    def _gqa(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        hq, hkv, d = self.q_heads, self.kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split((hq * d, hkv * d, hkv * d), dim=-1)
+        cos, sin = cos[start:start + t], sin[start:start + t]
+        q = rotary(q.view(b, t, hq, d).transpose(1, 2), cos, sin)
+        k = rotary(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)
+        end = start + t
+        self.k_cache[:b, :, start:end] = k
+        self.v_cache[:b, :, start:end] = v.view(b, t, hkv, d).transpose(1, 2)
+        attn = self.attention(q, self.k_cache[:b, :, :end], self.v_cache[:b, :, :end], t > 1)
+        return self.o(attn.transpose(1, 2).reshape(b, t, hq * d))
+
 
 class ReferenceDecoder(nn.Module):
     """`layers` decoder layers of `config`'s dimensions with seeded random weights (the layers' projections packed
     by the `weights` scheme when given, run by qlinear's `weights_impl`), a final norm, the lm_head and a greedy
-    pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden].
+    pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden]. `impls`: the
+    attention impl of window and sink layers and the mla impl of MLA's decode (the composition's).
     device='meta' builds it without memory, for tracing shapes."""
 
     def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, max_tokens: int,
-                 max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch", moe_impl="torch"):
+                 max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch", moe_impl="torch",
+                 impls: dict | None = None):
         super().__init__()
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= config.layers:
             raise ValueError(f"layers: must be an int in 1..{config.layers} for {config.name}, got {layers!r}")
@@ -166,16 +118,18 @@ class ReferenceDecoder(nn.Module):
                 raise ValueError(f"{name}: must be a positive int, got {value!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
-        if weights and config.is_moe:
-            raise ValueError(f"weights: {config.name}'s routed experts are never quantized here: run unquantized")
+        if weights and (config.is_moe or config.attention == "mla"):
+            raise ValueError(f"weights: {config.name}'s routed experts and MLA's absorbed projections are never "
+                             "quantized here: run unquantized")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.max_tokens, self.max_batch, self.seed = max_tokens, max_batch, seed
-        self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype, moe_impl)
-                                    for _ in range(layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype, moe_impl, i, impls)
+                                    for i in range(layers))
         self.final_norm = RMSNorm(config.hidden, self.device, dtype)
         self.lm_head = _linear(config.hidden, config.vocab, self.device, dtype)
         self.greedy = Greedy()
-        self.cos, self.sin = rope_tables(max_tokens, config.head_dim, self.device, dtype)
+        rope = config.qk_rope_head_dim if config.attention == "mla" else config.head_dim
+        self.cos, self.sin = rope_tables(max_tokens, rope, self.device, dtype)
         self._cache_filled = False
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._init_weights()
@@ -212,6 +166,8 @@ class ReferenceDecoder(nn.Module):
                 self._fill_random(module.weight, 0.1, gen, mean=1.0)
             elif isinstance(module, MoeBlock):
                 module.fill(self._fill_random, gen)
+            elif isinstance(module, Attention) and module.sinks is not None:
+                self._fill_random(module.sinks, 1.0, gen)
 
     def _fill_cache(self):
         """Seeded random keys and values in every cache row, once, so decode needs no prefill before it."""
@@ -219,8 +175,8 @@ class ReferenceDecoder(nn.Module):
             return
         gen = self._generator(1)
         for layer in self.layers:
-            self._fill_random(layer.k_cache, 1.0, gen)
-            self._fill_random(layer.v_cache, 1.0, gen)
+            for cache in (layer.mla.latent_cache,) if layer.mla is not None else (layer.k_cache, layer.v_cache):
+                self._fill_random(cache, 1.0, gen)
         self._cache_filled = True
 
     def _input(self, batch: int, tokens: int) -> torch.Tensor:
@@ -312,10 +268,25 @@ class ReferenceDecoder(nn.Module):
 
         def on_attention(module, args, out):
             q, k, _, causal = args
+            extra = {**({"window_left": module.window_left} if module.window_left >= 0 else {}),
+                     **({"sinks": True} if module.sinks is not None else {})}
             ops.append({"op": "attention", "name": "attention", "scope": "layer", "batch": q.shape[0],
                         "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_len": q.shape[2],
                         "kv_len": k.shape[2], "head_dim": q.shape[3], "causal": bool(causal),
-                        "page_size": 0})  # its cache is contiguous
+                        "page_size": 0, **extra})  # its cache is contiguous
+
+        def on_mla(module, args, out):
+            q, latent = args
+            ops.append({"op": "mla", "name": "attention", "scope": "layer", "batch": q.shape[0], "q_heads": q.shape[1],
+                        "q_len": q.shape[2], "kv_len": latent.shape[2], "head_dim": q.shape[3],
+                        "head_dim_v": out.shape[3], "page_size": 0})
+
+        def on_absorb(name):  # the composition's linear of the same FLOPs and weights (bench.spec.steps.mla_attention)
+            def hook(module, args, out):
+                x, w = args
+                ops.append({"op": "linear", "name": name, "scope": "layer", "m": x.shape[1],
+                            "n": w.shape[0] * w.shape[2], "k": w.shape[1]})
+            return hook
 
         def on_greedy(module, args, out):
             logits = args[0]
@@ -323,11 +294,15 @@ class ReferenceDecoder(nn.Module):
                         "n": logits.shape[-1]})
 
         for layer in self.layers:
-            for name, module in (("qkv", layer.qkv), ("o", layer.o), *mlp_projections(layer)):
+            block = layer.mla or layer
+            for name, module in (*mla_projections(layer), *mlp_projections(layer)):
                 handles.append(module.register_forward_hook(on_linear(name, "layer")))
             if layer.mixture is not None:
                 handles.append(layer.mixture.experts.register_forward_hook(lambda m, a, o: ops.append(experts_op(a))))
-            handles.append(layer.attention.register_forward_hook(on_attention))
+            handles.append(block.attention.register_forward_hook(on_attention))
+            if layer.mla is not None:
+                handles.append(layer.mla.latent_attention.register_forward_hook(on_mla))
+                handles += [getattr(layer.mla, n).register_forward_hook(on_absorb(n)) for n in ("q_absorb", "v_up")]
         handles.append(self.lm_head.register_forward_hook(on_linear("lm_head", "step")))
         handles.append(self.greedy.register_forward_hook(on_greedy))
         try:
@@ -337,23 +312,30 @@ class ReferenceDecoder(nn.Module):
                 handle.remove()
 
 
-def _one_layer_on_meta(config: DecoderConfig, batch: int, tokens: int) -> ReferenceDecoder:
-    return ReferenceDecoder(config, 1, "meta", torch.float32, max_tokens=tokens, max_batch=batch)
+def mla_projections(layer) -> list[tuple[str, nn.Module]]:
+    """The linear layers of a decoder layer's attention by name: qkv and o, or MLA's q_kv_a, q_b, kv_b and o."""
+    if layer.mla is None:
+        return [("qkv", layer.qkv), ("o", layer.o)]
+    return [(n, getattr(layer.mla, n)) for n in ("q_kv_a", "q_b", "kv_b", "o") if hasattr(layer.mla, n)]
 
 
-def ops_of_prefill(config: DecoderConfig, batch: int, prompt_len: int) -> list[dict]:
-    """The ops one layer runs in a prefill of `batch` prompts of `prompt_len` tokens (scope 'layer'), then the
-    per-step lm_head and greedy pick (scope 'step'), traced from a one-layer decoder on the meta device."""
-    decoder = _one_layer_on_meta(config, batch, prompt_len)
+def _layers_on_meta(config: DecoderConfig, batch: int, tokens: int, layers: int) -> ReferenceDecoder:
+    return ReferenceDecoder(config, layers, "meta", torch.float32, max_tokens=tokens, max_batch=batch)
+
+
+def ops_of_prefill(config: DecoderConfig, batch: int, prompt_len: int, layers: int = 1) -> list[dict]:
+    """The ops the first `layers` layers run in a prefill of `batch` prompts of `prompt_len` tokens (scope 'layer'),
+    then the per-step lm_head and greedy pick (scope 'step'), traced from a decoder on the meta device."""
+    decoder = _layers_on_meta(config, batch, prompt_len, layers)
     with decoder.record_ops() as ops:
         decoder.prefill(batch, prompt_len)
     return ops
 
 
-def ops_of_decode(config: DecoderConfig, batch: int, context: int) -> list[dict]:
-    """The ops one layer runs in a decode step of `batch` sequences after `context` cached tokens, then the
-    per-step lm_head and greedy pick, traced as ops_of_prefill is."""
-    decoder = _one_layer_on_meta(config, batch, context + 1)
+def ops_of_decode(config: DecoderConfig, batch: int, context: int, layers: int = 1) -> list[dict]:
+    """The ops the first `layers` layers run in a decode step of `batch` sequences after `context` cached tokens,
+    then the per-step lm_head and greedy pick, traced as ops_of_prefill is."""
+    decoder = _layers_on_meta(config, batch, context + 1, layers)
     with decoder.record_ops() as ops:
         decoder.decode_step(batch, context)
     return ops
@@ -364,13 +346,18 @@ def _elem(dtype: torch.dtype) -> int:
 
 
 def weight_bytes(config: DecoderConfig, layers: int, dtype: torch.dtype) -> int:
-    """Bytes of `layers` layers' projections and norms, the final norm and the lm_head."""
-    norms = (2 * layers + 1) * config.hidden
-    return (layers * config.layer_weight_count() + config.vocab * config.hidden + norms) * _elem(dtype)
+    """Bytes of `layers` layers' projections and norms (MLA's latent and q_lora norms too), the final norm, the
+    lm_head, and the float32 sinks of a model that has them."""
+    norms = (2 * layers + 1) * config.hidden + layers * (config.kv_lora_rank + config.q_lora_rank)
+    sinks = 4 * layers * config.q_heads if config.sinks else 0
+    return (config.layers_weight_count(layers) + config.vocab * config.hidden + norms) * _elem(dtype) + sinks
 
 
 def cache_bytes(config: DecoderConfig, layers: int, batch: int, tokens: int, dtype: torch.dtype) -> int:
-    """Bytes of the K and V caches [batch, kv_heads, tokens, head_dim] of `layers` layers."""
+    """Bytes of the K and V caches [batch, kv_heads, tokens, head_dim] (MLA: the latent cache [batch, tokens,
+    latent_dim]) of `layers` layers."""
+    if config.attention == "mla":
+        return layers * batch * tokens * config.latent_dim * _elem(dtype)
     return 2 * layers * batch * config.kv_heads * tokens * config.head_dim * _elem(dtype)
 
 

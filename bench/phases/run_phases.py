@@ -192,7 +192,7 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
         "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context, page).items.assign(
-            batch=max(cfg.reference_batches), context=cfg.context),
+            batch=max(cfg.reference_batches), context=cfg.context, layers=cfg.model.layers),
     }
 
 
@@ -201,7 +201,7 @@ def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
                                      tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
                                      cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]),
-                                     cfg.impls.get("moe", pm.DEFAULT_IMPLS["moe"]))
+                                     *(cfg.impls.get(op, pm.DEFAULT_IMPLS[op]) for op in ("moe", "attention", "mla")))
 
 
 def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:

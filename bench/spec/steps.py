@@ -7,6 +7,7 @@ fields and measures them; analysis sums count x median latency over the rows wit
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .models import DecoderConfig
@@ -17,13 +18,16 @@ MOE_ROUTING = "uniform"  # the routing a composed mixture-of-experts layer is me
 
 @dataclass(frozen=True)
 class OpUse:
-    """One measured case a step runs `count` times; `part` and `label` say what it is for."""
+    """One measured case a step runs `count` times; `part` and `label` say what it is for, `group` in which kind of
+    layer (model.layer_kind: "moe/window", "dense/full", ...) where a model's layers differ ("" where they are all
+    alike)."""
 
     op: str
     fields: tuple[tuple[str, object], ...]
     count: int
     part: str
     label: str
+    group: str = ""
 
     @property
     def field_dict(self) -> dict:
@@ -34,38 +38,106 @@ def _use(op: str, count: int, part: str, label: str, **fields) -> OpUse:
     return OpUse(op, tuple(sorted(fields.items())), count, part, label)
 
 
+MLA_ABSORBED_MAX = 2  # an MLA call of at most this many query tokens after a cached prefix runs absorbed (decode)
+
+
 def _layer(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, cache_len: int,
            attention: list[dict]) -> list[OpUse]:
-    """One decoder layer over `tokens` rows, times config.layers: norms, projections, rotary, the KV-cache
-    append, the attention calls given, the MLP (SiLU-and-multiply between gate_up and down; a mixture's router, its
-    routed experts and any shared experts) and the residual adds."""
-    n_layers = config.layers
+    """Every decoder layer over `tokens` rows, one list of uses per kind of layer (DecoderConfig.layer_groups: a
+    mixture's first dense layers, a window model's window and full layers) counted by how many layers run it."""
+    groups = config.layer_groups()
+    out = []
+    for (mlp, kind), count in groups.items():
+        group = "" if len(groups) == 1 else f"{mlp}/{kind}"
+        uses = _one_layer(config, tokens, phase, linear_phase, cache_len, attention, mlp, kind)
+        out += [dataclasses.replace(u, count=u.count * count, group=group) for u in uses]
+    return out
+
+
+def _one_layer(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, cache_len: int,
+               attention: list[dict], mlp: str, kind: str) -> list[OpUse]:
+    """One decoder layer over `tokens` rows: norms, projections, rotary, the KV-cache append, the attention calls
+    given (window and sinks as the layer's `kind` has them; MLA's as mla_attention), the MLP (SiLU-and-multiply
+    between gate_up and down; a mixture's router, its routed experts and any shared experts, or the dense MLP of
+    its first layers) and the residual adds."""
     proj = config.projections()
     ew = dict(m=tokens, phase=phase)
-    uses = [_use("elementwise", 2 * n_layers, "elementwise", "rmsnorm", kind="rmsnorm", n=config.hidden, **ew)]
-    for name in ("qkv", "o", "router", "gate_up", "down"):
-        if name not in proj:  # a mixture has a router, and gate_up / down only for its shared experts
-            continue
-        n, k = proj[name]
-        uses.append(_use("linear", n_layers, "weights", name, m=tokens, n=n, k=k, phase=linear_phase,
-                         projection=name))
-    uses += [
-        _use("elementwise", n_layers, "elementwise", "rotary", kind="rotary", n=config.q_heads,
-             head_dim=config.head_dim, kv_heads=config.kv_heads, **ew),
-        _use("elementwise", n_layers, "elementwise", "kv_append", kind="kv_append", n=config.kv_heads,
-             head_dim=config.head_dim, cache_len=cache_len, **ew),
-    ]
-    for shape in attention:
-        uses.append(_use("attention", n_layers, "attention", "attention", q_heads=config.q_heads,
-                         kv_heads=config.kv_heads, head_dim=config.head_dim, causal=True, **shape))
-    if config.is_moe:  # the routed experts fuse their SiLU-and-multiply; the shared ones have their own
-        uses.append(_use("moe", n_layers, "experts", "experts", m=tokens, n=config.intermediate, k=config.hidden,
+    mla = config.attention == "mla"
+    mixture = mlp == "moe"
+    names = ["q_kv_a", "q_b"] if mla else ["qkv", "o"]
+    names += ["router", "gate_up", "down"] if mixture else ["dense_gate_up", "dense_down"] if config.is_moe \
+        else ["gate_up", "down"]
+    uses = [_use("elementwise", 2, "elementwise", "rmsnorm", kind="rmsnorm", n=config.hidden, **ew)]
+    for name in names:
+        if name in proj:  # a mixture's gate_up / down are its shared experts', where it has them
+            n, k = proj[name]
+            uses.append(_use("linear", 1, "weights", name, m=tokens, n=n, k=k, phase=linear_phase, projection=name))
+    if mla:
+        uses += mla_attention(config, tokens, phase, linear_phase, cache_len, attention)
+    else:
+        uses += [_use("elementwise", 1, "elementwise", "rotary", kind="rotary", n=config.q_heads,
+                      head_dim=config.head_dim, kv_heads=config.kv_heads, **ew),
+                 _use("elementwise", 1, "elementwise", "kv_append", kind="kv_append", n=config.kv_heads,
+                      head_dim=config.head_dim, cache_len=cache_len, **ew)]
+        extra = {**({"window_left": config.window_left} if kind == "window" else {}),
+                 **({"sinks": True} if config.sinks else {})}
+        for shape in attention:
+            uses.append(_use("attention", 1, "attention", "attention", q_heads=config.q_heads,
+                             kv_heads=config.kv_heads, head_dim=config.head_dim, causal=True, **shape, **extra))
+    if mixture:  # the routed experts fuse their SiLU-and-multiply; the shared ones have their own
+        uses.append(_use("moe", 1, "experts", "experts", m=tokens, n=config.intermediate, k=config.hidden,
                          experts=config.experts, top_k=config.top_k, routing=MOE_ROUTING, phase=linear_phase))
-    if "gate_up" in proj:
-        uses.append(_use("elementwise", n_layers, "elementwise", "silu_mul", kind="silu_mul", n=proj["down"][1], **ew))
-    uses.append(_use("elementwise", 2 * n_layers, "elementwise", "residual_add", kind="residual_add", n=config.hidden,
-                     **ew))
+    width = next((proj[n][1] for n in ("down", "dense_down") if n in names and n in proj), 0)
+    if width:
+        uses.append(_use("elementwise", 1, "elementwise", "silu_mul", kind="silu_mul", n=width, **ew))
+    uses.append(_use("elementwise", 2, "elementwise", "residual_add", kind="residual_add", n=config.hidden, **ew))
     return uses
+
+
+def mla_attention(config: DecoderConfig, tokens: int, phase: str, linear_phase: str, cache_len: int,
+                  attention: list[dict]) -> list[OpUse]:
+    """MLA's attention half after q_kv_a (and q_b), as serving engines run it: the latent's and q_lora's norms, the
+    rotary dims of the queries and of the one shared rotary key, the latent appended to the cache (as the K and V
+    halves of one head), then per attention call either
+
+    - absorbed (a decode call: at most MLA_ABSORBED_MAX query tokens after a cached prefix): kv_b's key half
+      absorbed into the queries (q_absorb), the mla operator over the latent cache, kv_b's value half out of the
+      latent output (v_up); the absorptions are torch.bmm over heads in vLLM and SGLang, composed as one linear of
+      the same FLOPs and weight bytes (its activations are B x qk_nope instead of B x H x qk_nope);
+    - or decompressed (a prompt or a chunk): kv_b up-projects every cached latent of the call's sequences to each
+      head's key and value, and attention runs H heads of qk_nope + qk_rope dims, the value padded to them (as
+      vLLM pads it for FlashAttention), bottom-right causal over a contiguous tensor;
+
+    then the output projection o."""
+    proj = config.projections()
+    ew = dict(m=tokens, phase=phase)
+    uses = []
+    if config.q_lora_rank:
+        uses.append(_use("elementwise", 1, "elementwise", "q_norm", kind="rmsnorm", n=config.q_lora_rank, **ew))
+    uses += [_use("elementwise", 1, "elementwise", "kv_norm", kind="rmsnorm", n=config.kv_lora_rank, **ew),
+             _use("elementwise", 1, "elementwise", "rotary", kind="rotary", n=config.q_heads,
+                  head_dim=config.qk_rope_head_dim, kv_heads=1, **ew),
+             _use("elementwise", 1, "elementwise", "kv_append", kind="kv_append", n=1,
+                  head_dim=config.latent_dim // 2, cache_len=cache_len, **ew)]
+
+    def linear(name: str, m: int) -> OpUse:
+        n, k = proj[name]
+        return _use("linear", 1, "weights", name, m=m, n=n, k=k, phase=linear_phase, projection=name)
+
+    for shape in attention:
+        batch, q_len, kv_len = shape["batch"], shape["q_len"], shape["kv_len"]
+        if q_len <= MLA_ABSORBED_MAX and kv_len > q_len:
+            uses += [linear("q_absorb", batch * q_len),
+                     _use("mla", 1, "attention", "attention", batch=batch, q_heads=config.q_heads, q_len=q_len,
+                          kv_len=kv_len, head_dim=config.latent_dim, head_dim_v=config.kv_lora_rank,
+                          page_size=shape.get("page_size", 0)),
+                     linear("v_up", batch * q_len)]
+        else:
+            uses += [linear("kv_b", batch * kv_len),
+                     _use("attention", 1, "attention", "attention", batch=batch, q_len=q_len, kv_len=kv_len,
+                          q_heads=config.q_heads, kv_heads=config.q_heads, head_dim=config.qk_head_dim, causal=True,
+                          page_size=0)]
+    return uses + [linear("o", tokens)]
 
 
 def _head(config: DecoderConfig, rows: int) -> list[OpUse]:

@@ -84,7 +84,6 @@ def build_cases(selection: Selection, device) -> tuple[list, str]:
     from ..ops import operators
     from ..ops.attention.cases import DTYPES, parse_shape
     from ..ops.linear.cases import parse_linear_shape
-    from ..spec.attention_presets import ATTENTION_PRESETS
     from ..spec.models import model_config
     from .suites import suite_cases
 
@@ -92,7 +91,7 @@ def build_cases(selection: Selection, device) -> tuple[list, str]:
     if dtype not in DTYPES:
         raise UsageError(f"dtype: unknown dtype {dtype!r}, choose from {', '.join(DTYPES)}")
     try:
-        models = [m if m in ATTENTION_PRESETS else model_config(m).name for m in selection.model]
+        models = [model_config(m).name for m in selection.model]
     except ValueError as err:
         raise UsageError(str(err)) from None
     ops = selection.op

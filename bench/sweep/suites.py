@@ -9,7 +9,6 @@ from ..ops.linear.cases import LinearSweep
 from ..ops.mla.cases import MLASweep
 from ..ops.moe.cases import MoeSweep
 from ..ops.qlinear.cases import quant_sweeps
-from ..spec.attention_presets import ATTENTION_PRESETS
 from ..spec.models import model_config
 
 K = 1024
@@ -140,7 +139,7 @@ def suite_cases(suite: str, device_type: str, dtype: str, models: tuple[str, ...
     only some operators."""
     if suite not in SUITES:
         raise ValueError(f"suite: unknown suite {suite!r}, choose from {', '.join(SUITES)}")
-    models = tuple(m if m in ATTENTION_PRESETS else model_config(m).name for m in models) if models else None
+    models = tuple(model_config(m).name for m in models) if models else None
     sweeps = SUITES[suite]["cuda" if device_type == "cuda" else "cpu"]
     seen, cases = set(), []
     for case in itertools.chain.from_iterable(s.cases(dtype, models) for s in sweeps):

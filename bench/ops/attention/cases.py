@@ -7,8 +7,7 @@ import math
 import random
 from dataclasses import dataclass, fields
 
-from ...spec.attention_presets import window_preset
-from ...spec.models import MODELS, key_values, model_config  # noqa: F401  (MODELS: the presets, re-exported)
+from ...spec.models import MODELS, key_values, kind_config, model_config  # noqa: F401  (MODELS: re-exported)
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -188,7 +187,7 @@ class RaggedSweep:
 
 @dataclass(frozen=True)
 class WindowSweep:
-    """A sliding-window model's attention (gpt-oss, bench.spec.attention_presets): its window layers (window_left,
+    """A sliding-window model's attention (gpt-oss, bench.spec.models): its window layers (window_left,
     sinks) and its full layers (sinks, no window) at the same shapes; pairs of (q_len, kv_len) as in Sweep."""
 
     models: tuple[str, ...]
@@ -205,10 +204,10 @@ class WindowSweep:
         out = []
         for model, batch, (q_len, kv_len), layer, page in itertools.product(
                 models or self.models, self.batch, pairs, self.layers, self.pages):
-            m = window_preset(model)
+            m = kind_config(model, "window")
             if layer not in ("window", "full"):
                 raise ValueError(f"layers: each must be 'window' or 'full', got {layer!r}")
-            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, True, dtype, model,
+            out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, True, dtype, m.name,
                                      page_size=page, window_left=m.window_left if layer == "window" else -1,
                                      sinks=m.sinks))
         return out

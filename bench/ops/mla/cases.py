@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, fields
 
-from ...spec.attention_presets import ATTENTION_PRESETS, MLAPreset, mla_preset
+from ...spec.models import MODELS, kind_config
 from ..attention.cases import DTYPES, AttentionCase
 from ..attention.cost import ELEMENT_BYTES
 from ..attention.pages import table_read_bytes
@@ -53,8 +53,8 @@ class MLACase:
 
     @property
     def scale(self) -> float:
-        preset = ATTENTION_PRESETS.get(self.model)
-        return preset.softmax_scale if isinstance(preset, MLAPreset) else DEFAULT_SCALE
+        model = MODELS.get(self.model)
+        return model.softmax_scale if model is not None and model.attention == "mla" else DEFAULT_SCALE
 
     @property
     def phase(self) -> str:
@@ -103,7 +103,7 @@ def min_bytes(case: MLACase) -> float:
 
 @dataclass(frozen=True)
 class MLASweep:
-    """MLA decode of the given presets (bench.spec.attention_presets) at each batch, cache length, Sq and page size."""
+    """MLA decode of the given MLA models (bench.spec.models) at each batch, cache length, Sq and page size."""
 
     models: tuple[str, ...]
     batch: tuple[int, ...]
@@ -117,7 +117,7 @@ class MLASweep:
         out = []
         for model, batch, kv_len, q_len, page in itertools.product(models or self.models, self.batch, self.kv,
                                                                   self.q_lens, self.pages):
-            m = mla_preset(model)
-            out.append(MLACase(batch, m.q_heads, q_len, kv_len, dtype, model, page_size=page, head_dim=m.latent_dim,
-                               head_dim_v=m.v_dim))
+            m = kind_config(model, "mla")
+            out.append(MLACase(batch, m.q_heads, q_len, kv_len, dtype, m.name, page_size=page, head_dim=m.latent_dim,
+                               head_dim_v=m.kv_lora_rank))
         return out

@@ -14,13 +14,13 @@ from phasebench.bench.spec.models import DecoderConfig
 from ...conftest import REPO
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[reference]')")
-from phasebench.bench.phases.hf_reference import HFLlama  # noqa: E402
+from phasebench.bench.phases.hf_reference import HFReference  # noqa: E402
 
 TINY = DecoderConfig(hidden=96, intermediate=200, layers=2, q_heads=6, kv_heads=2, head_dim=16, vocab=97,
                      name="tiny-hf")
 
 
-def _copy_weights(ours: ReferenceDecoder, theirs: HFLlama) -> None:
+def _copy_weights(ours: ReferenceDecoder, theirs: HFReference) -> None:
     """phasebench's fused projections split into Llama's q/k/v and gate/up."""
     c, d = TINY, TINY.head_dim
     model = theirs.model
@@ -43,7 +43,7 @@ def _copy_weights(ours: ReferenceDecoder, theirs: HFLlama) -> None:
 @pytest.fixture(scope="module")
 def pair():
     ours = ReferenceDecoder(TINY, 2, "cpu", torch.float64, max_tokens=40, max_batch=3, seed=5)
-    theirs = HFLlama(TINY, 2, "cpu", torch.float64)
+    theirs = HFReference(TINY, 2, "cpu", torch.float64)
     _copy_weights(ours, theirs)
     return ours, theirs
 
@@ -103,7 +103,7 @@ def test_a_depth_runs_the_first_layers_as_phasebench_decoder_does(pair):
 
 
 def test_repeated_steps_do_the_same_work_on_the_static_cache():
-    model = HFLlama(TINY, 1, "cpu", torch.float32)
+    model = HFReference(TINY, 1, "cpu", torch.float32)
     first = [model.decode_step(2, 30), model.prefill(1, 16)]
     again = [model.decode_step(2, 30), model.prefill(1, 16)]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
@@ -126,7 +126,7 @@ def test_a_mixture_is_transformers_mixtral_and_matches_phasebench_decoder_in_flo
     """The same weights in phasebench's MoE layer (router, kernels.moe's naive experts) and Mixtral's: the same hidden
     states (the routing weights are fp32 softmaxes in both) and the same tokens, prefill and decode."""
     ours = ReferenceDecoder(TINY_MOE, 1, "cpu", torch.float64, max_tokens=40, max_batch=3, seed=3, moe_impl="naive")
-    theirs = HFLlama(TINY_MOE, 1, "cpu", torch.float64, experts="eager")  # torch._grouped_mm takes no float64
+    theirs = HFReference(TINY_MOE, 1, "cpu", torch.float64, experts="eager")  # torch._grouped_mm takes no float64
     assert type(theirs.model).__name__ == "MixtralForCausalLM" and "experts eager" in theirs.name
     c, d = TINY_MOE, TINY_MOE.head_dim
     with torch.no_grad():
@@ -156,5 +156,5 @@ def test_a_mixture_is_transformers_mixtral_and_matches_phasebench_decoder_in_flo
 def test_shared_experts_have_no_transformers_reference():
     shared = DecoderConfig(**{**TINY_MOE.__dict__, "shared_intermediate": 32, "name": "tiny-shared"})
     with pytest.raises(ValueError, match="reference: tiny-shared has shared experts") as err:
-        HFLlama(shared, 1, "cpu", torch.float32)
+        HFReference(shared, 1, "cpu", torch.float32)
     assert "\n" not in str(err.value)
