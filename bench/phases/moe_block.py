@@ -64,10 +64,12 @@ class Experts(nn.Module):
 
 
 def mlp_projections(layer) -> list[tuple[str, nn.Module]]:
-    """The linear layers of a decoder layer's MLP by name: gate_up and down, or a mixture's router and shared
-    experts."""
-    mlp = layer.mixture if layer.mixture is not None else layer
-    return [(name, getattr(mlp, name)) for name in ("router", "gate_up", "down") if hasattr(mlp, name)]
+    """The linear layers of a decoder layer's MLP by name: gate_up and down (dense_gate_up and dense_down in a
+    mixture's first dense layers), or a mixture's router and shared experts."""
+    if layer.mixture is not None:
+        return [(name, getattr(layer.mixture, name)) for name in ("router", "gate_up", "down")
+                if hasattr(layer.mixture, name)]
+    return [(name, getattr(layer, name)) for name in layer.mlp_names]
 
 
 def experts_op(args) -> dict:

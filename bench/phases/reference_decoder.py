@@ -12,7 +12,7 @@ from torch import nn
 from ...kernels import qlinear, quantize
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..spec.models import DecoderConfig
-from .attention_blocks import Attention, MLAAttention, RMSNorm, rotate_half, rotary, sdpa_has_gqa  # noqa: F401
+from .attention_blocks import Attention, MLAAttention, RMSNorm, rotary, rotate_half, sdpa_has_gqa  # noqa: F401
 from .moe_block import MoeBlock, experts_op, mlp_projections
 from .moe_block import bare_linear as _linear
 
@@ -71,10 +71,12 @@ class DecoderLayer(nn.Module):
             self.register_buffer("v_cache", torch.empty(cache_shape, device=device, dtype=dtype))
         self.mlp_norm = RMSNorm(c.hidden, device, dtype)
         self.mixture = MoeBlock(c, device, dtype, moe_impl) if mlp == "moe" else None
-        if mlp == "dense":  # a mixture's live in MoeBlock; its first dense layers have their own width
+        # a mixture's MLP lives in MoeBlock; its first dense layers have their own width and names (dense_gate_up)
+        self.mlp_names = ("dense_gate_up", "dense_down") if c.is_moe else ("gate_up", "down")
+        if mlp == "dense":
             width = c.dense_intermediate if c.is_moe else c.intermediate
-            self.gate_up = _linear(c.hidden, 2 * width, device, dtype)
-            self.down = _linear(width, c.hidden, device, dtype)
+            setattr(self, self.mlp_names[0], _linear(c.hidden, 2 * width, device, dtype))
+            setattr(self, self.mlp_names[1], _linear(width, c.hidden, device, dtype))
 
     def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.mla is not None:
@@ -83,8 +85,9 @@ class DecoderLayer(nn.Module):
             x = x + self._gqa(self.attn_norm(x), start, cos, sin)
         if self.mixture is not None:
             return x + self.mixture(self.mlp_norm(x))
-        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        gate_up, down = (getattr(self, name) for name in self.mlp_names)
+        gate, up = gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + down(F.silu(gate) * up)
 
     def _gqa(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape

@@ -113,34 +113,93 @@ def composed(uses, config):
             out += [{"op": "argmax", "name": "greedy", "m": f["m"], "n": f["n"]}]
         elif u.op == "moe":  # the traced call sees no routing: it routes its own tokens
             out += [{"op": "moe", "name": "experts", **{k: v for k, v in f.items() if k not in ("routing", "phase")}}]
+        elif u.op == "mla":
+            out += [{"op": "mla", "name": "attention", **f}]
     return out
+
+
+def expanded(uses):
+    """Each use as often as the step runs it (its count), in the reference's terms."""
+    return [op for u in uses for op in composed([u], None) * u.count]
 
 
 MOE = DecoderConfig(hidden=96, intermediate=40, layers=3, q_heads=6, kv_heads=2, head_dim=16, vocab=97, name="moe",
                     experts=12, top_k=3, shared_intermediate=64)
 
 
-@pytest.mark.parametrize("config", [TINY, MOE], ids=["dense", "mixture"])
+# an MLA mixture (a q_lora down projection, a first dense layer, shared experts) and a gpt-oss-like model (window
+# layers alternating with full ones, sinks), at awkward dims
+MLA = DecoderConfig(hidden=96, intermediate=24, layers=3, q_heads=3, kv_heads=3, head_dim=10, vocab=67, name="mla",
+                    experts=5, top_k=2, shared_intermediate=48, dense_layers=1, dense_intermediate=40, kv_lora_rank=14,
+                    qk_rope_head_dim=6, qk_nope_head_dim=12, q_lora_rank=22)
+WINDOW = DecoderConfig(hidden=64, intermediate=24, layers=5, q_heads=6, kv_heads=2, head_dim=8, vocab=67,
+                       name="window", experts=5, top_k=2, sliding_window=5, sinks=True)
+
+
+@pytest.mark.parametrize("config", [TINY, MOE, MLA, WINDOW], ids=["dense", "mixture", "mla", "window"])
 @pytest.mark.parametrize("phase", ["prefill", "decode", "verify"])
 def test_the_phase_model_and_the_reference_decoder_run_the_same_shapes(phase, config):
+    """Every layer of phasebench's decoder traced (on the meta device) runs what the composition counts, each op as
+    often: linear, attention, mla and moe calls and the head."""
     import torch
     from phasebench.bench.phases import reference_decoder as ref
 
     if phase == "prefill":
-        traced, uses = ref.ops_of_prefill(config, 1, 97), steps.prefill_step(config, 97)
+        traced, uses = ref.ops_of_prefill(config, 1, 97, config.layers), steps.prefill_step(config, 97)
     elif phase == "verify":  # the target's pass over the last token and 4 draft tokens, the head on each
-        decoder = ref.ReferenceDecoder(config, 1, "meta", torch.float32, max_tokens=205, max_batch=3)
+        decoder = ref.ReferenceDecoder(config, config.layers, "meta", torch.float32, max_tokens=205, max_batch=3)
         with decoder.record_ops() as traced:
             decoder.extend(3, 200, 5, every_position=True)
         uses = steps.verify_step(config, 3, 200, 4)
     else:
-        traced, uses = ref.ops_of_decode(config, 3, 200), steps.decode_step(config, 3, 200)
-    layer_ops = [o for o in traced if o["scope"] == "layer"]
-    step_ops = [o for o in traced if o["scope"] == "step"]
-    assert comparable(layer_ops + step_ops) == comparable(composed(uses, config))
-    # the composition counts each layer op once per layer, as the traced decoder runs it
-    assert all(u.count == config.layers for u in uses if u.op in ("linear", "attention", "moe") and u.part != "head")
+        traced, uses = ref.ops_of_decode(config, 3, 200, config.layers), steps.decode_step(config, 3, 200)
+    assert comparable(traced) == comparable(expanded(uses))
     assert ("moe" in {o["op"] for o in traced}) == config.is_moe
+    assert ("mla" in {o["op"] for o in traced}) == (config.attention == "mla" and phase == "decode")
+
+
+def test_an_mla_decode_runs_absorbed_and_its_prompts_decompressed():
+    """Hand-written: q_kv_a at q_lora + latent (14 + 6 = 20), q_b to 3 heads of 12 + 6; decode absorbs kv_b's key
+    half into the queries (3 x 14 by 12), attends the 20-wide latent, and takes 3 heads of 10 out of it (14 wide);
+    a prompt up-projects every cached latent (3 x (12 + 10) by 14) and attends 3 heads of 18 dims."""
+    decode = steps.decode_step(MLA, 4, 30)
+    layer = {(u.group, u.label): u for u in decode}
+    mla = layer[("moe/full", "attention")]
+    assert (mla.op, mla.count) == ("mla", 2) and mla.field_dict == {"batch": 4, "q_heads": 3, "q_len": 1, "kv_len": 31,
+                                                                   "head_dim": 20, "head_dim_v": 14, "page_size": 0}
+    for label, (n, k) in {"q_kv_a": (42, 96), "q_b": (54, 22), "q_absorb": (42, 12), "v_up": (30, 14),
+                          "o": (96, 30), "router": (5, 96), "gate_up": (96, 96), "down": (96, 48)}.items():
+        use = layer[("moe/full", label)]
+        assert (use.field_dict["m"], use.field_dict["n"], use.field_dict["k"], use.count) == (4, n, k, 2), label
+    dense = {u.label: u for u in decode if u.group == "dense/full"}
+    assert dense["dense_gate_up"].field_dict["n"] == 80 and dense["dense_down"].field_dict["k"] == 40
+    assert {"router", "experts", "gate_up", "kv_b"}.isdisjoint(dense) and dense["attention"].count == 1
+    assert layer[("moe/full", "kv_append")].field_dict == {"kind": "kv_append", "m": 4, "n": 1, "head_dim": 10,
+                                                          "cache_len": 124, "phase": "decode"}
+    assert layer[("moe/full", "rotary")].field_dict["head_dim"] == 6 and layer[("moe/full", "kv_norm")].count == 2
+    prompt = {(u.group, u.label): u for u in steps.prefill_step(MLA, 37)}
+    attention = prompt[("moe/full", "attention")]
+    assert attention.op == "attention" and attention.field_dict == {
+        "batch": 1, "q_heads": 3, "kv_heads": 3, "q_len": 37, "kv_len": 37, "head_dim": 18, "causal": True,
+        "page_size": 0}
+    kv_b = prompt[("moe/full", "kv_b")].field_dict
+    assert (kv_b["m"], kv_b["n"], kv_b["k"]) == (37, 66, 14) and ("moe/full", "q_absorb") not in prompt
+    # a hybrid step: the decode users' call absorbed (paged as asked), the chunk decompressed over its prefix
+    (hybrid, *_) = steps.chunked_prefill_steps(MLA, 40, 16, 2, 30, page_size=8)
+    calls = [(u.op, u.field_dict.get("m"), u.field_dict.get("page_size")) for u in hybrid
+             if u.group == "moe/full" and u.label in ("q_absorb", "attention", "kv_b")]
+    assert calls == [("linear", 2, None), ("mla", None, 8), ("linear", 16, None), ("attention", None, 0)]
+
+
+def test_a_window_model_counts_its_window_and_full_layers_each_with_sinks():
+    uses = steps.decode_step(WINDOW, 3, 40)
+    attention = [(u.group, u.count, u.field_dict.get("window_left", -1), u.field_dict["sinks"]) for u in uses
+                 if u.op == "attention"]
+    assert attention == [("moe/window", 3, 4, True), ("moe/full", 2, -1, True)]
+    assert sum(u.count for u in uses if u.label == "qkv") == 5 and {u.group for u in uses} == {"moe/window",
+                                                                                               "moe/full", ""}
+    dense = [u for u in steps.decode_step(TINY, 3, 40) if u.op == "attention"]
+    assert "window_left" not in dense[0].field_dict and "sinks" not in dense[0].field_dict  # rows of any age match
 
 
 def test_with_weights_packs_the_layer_projections_only():
