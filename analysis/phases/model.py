@@ -24,6 +24,7 @@ from ...bench.spec.routing import expected_touched, touched_experts
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch",
                  "mla": "torch"}
 PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
+UNSET = {"window_left": -1, "sinks": False}  # attention fields a use names only where set, as rows of any age do
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 
@@ -81,6 +82,9 @@ class Measured:
             if name not in rows:
                 return None
             rows = rows[rows[name] == value]
+        for name, unset in UNSET.items():  # a use without a window (or sinks) is a row without one
+            if name in rows and name not in use.field_dict:
+                rows = rows[rows[name].isna() | (rows[name] == unset)]
         return rows
 
     def latency_ms(self, use: step_defs.OpUse) -> float | None:
