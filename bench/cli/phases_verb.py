@@ -103,8 +103,8 @@ def cmd_phases(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     if (model.is_moe or model.attention == "mla") and args.weights:
-        raise UsageError(f"weights: {model.name}'s routed experts and MLA's absorbed projections are not quantized by "
-                         "the composition; run without --weights")
+        what = "routed experts" if model.is_moe else "MLA projections (absorbed in decode)"
+        raise UsageError(f"weights: {model.name}'s {what} are not quantized by the composition; run without --weights")
     if model.attention != "gqa" and args.speculate:
         raise UsageError(f"speculate: the speculative loop runs GQA decoders; {model.name} has "
                          f"{model.attention.upper()} attention")

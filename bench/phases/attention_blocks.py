@@ -199,9 +199,9 @@ def unserved(config: DecoderConfig, impls: dict[str, str], device, dtype: torch.
                                                   v_dim=config.kv_lora_rank)))
     sinks = torch.zeros(config.q_heads, device=device) if config.sinks else None
     windows = {-1 if kind == "full" else config.window_left for _, kind in config.layer_groups()}
+    h, hkv, d = config.q_heads, config.kv_heads, config.head_dim
     for window in sorted(w for w in windows if w >= 0 or sinks is not None) if config.attention != "mla" else ():
         for sq in (1, 2):
-            h, hkv, d = config.q_heads, config.kv_heads, config.head_dim
             probes.append(("attention", lambda w=window, sq=sq: prepare(
                 zeros(1, h, sq, d), zeros(1, hkv, 2, d), zeros(1, hkv, 2, d), impl=impls["attention"], causal=True,
                 window_left=w, sinks=sinks)))
@@ -209,8 +209,9 @@ def unserved(config: DecoderConfig, impls: dict[str, str], device, dtype: torch.
         try:
             probe()
         except (Unsupported, ValueError) as err:
-            what = "a sliding window and sinks" if config.attention == "window" else (
-                "sinks" if config.sinks else "MLA")
+            what = "MLA decode" if op == "mla" else "sliding-window layers" if config.attention == "window" else \
+                "attention"
+            what += " with sinks" if config.sinks and op == "attention" else ""
             return (f"{op}={impls[op]} cannot serve {config.name}'s {what} on {device.type} "
                     f"({str(err).splitlines()[0]}); choose another with --impl {op}=...")
     return ""

@@ -55,7 +55,12 @@ def test_run_by_hand_shape(tmp_path):
     (["phases", "--page-size", "-16", "--out", "x"], "page-size: must be a non-negative number of tokens"),
     (["phases", "--weights", "int4-g128", "--reference", "transformers", "--out", "x"],
      "reference: transformers' Llama has unquantized weights"),
-    (["phases", "--model", "deepseek-v2-lite", "--out", "x"], "model: the phase model cannot compose deepseek-v2-lite"),
+    (["phases", "--model", "gpt-oss-20b", "--impl", "attention=cudnn", "--out", "x"],
+     "impl: attention=cudnn cannot serve gpt-oss-20b's sliding-window layers with sinks on "),
+    (["phases", "--model", "deepseek-v2-lite", "--weights", "int8", "--out", "x"],
+     "weights: deepseek-v2-lite's routed experts are not quantized"),
+    (["phases", "--model", "gpt-oss-20b", "--speculate", "--out", "x"],
+     "speculate: the speculative loop runs GQA decoders; gpt-oss-20b has WINDOW attention"),
     (["phases", "--model", "qwen3-30b-a3b", "--weights", "int8", "--out", "x"],
      "weights: qwen3-30b-a3b's routed experts are not quantized"),
     (["run", "--suite", "moe-decode", "--model", "llama-3-8b"], "model: llama-3-8b is dense"),
@@ -64,6 +69,20 @@ def test_bad_command_lines(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_whose_attention_the_chosen_impl_cannot_serve_is_refused_before_measuring(capsys):
+    """A plugin registered without window=True or sinks=True composes no gpt-oss window layer: one line, exit 2."""
+    from phasebench.kernels import OPS, attention, register
+
+    register("attention", "plain_only", lambda q, k, v, **kw: attention(q, k, v, impl="naive", **kw))
+    try:
+        assert main(["phases", "--model", "gpt-oss-20b", "--impl", "attention=plain_only", "--out", "x"]) == 2
+    finally:
+        OPS["attention"].pop("plain_only")
+    err = capsys.readouterr().err.strip()
+    assert "impl: attention=plain_only cannot serve gpt-oss-20b's sliding-window layers with sinks on " in err
+    assert "has no attention-sink term" in err and "\n" not in err
 
 
 def test_a_bad_command_line_prints_no_traceback():
