@@ -1,6 +1,7 @@
 """The phase model's check: real forward passes of the model's dims (phasebench's own decoder, and transformers' Llama,
-Mixtral for a mixture of experts, DeepseekV2 for MLA or GptOss for windows and sinks, where asked for) timed in brackets interleaved with rounds of the ops they
-compose to, on the ops' own worker, so that both sides see the same machine."""
+Mixtral for a mixture of experts, DeepseekV2 for MLA or GptOss for windows and sinks, where asked for) timed in
+brackets interleaved with rounds of the ops they compose to, on the ops' own worker, so that both sides see the same
+machine."""
 
 from __future__ import annotations
 

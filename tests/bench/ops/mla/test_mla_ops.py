@@ -9,7 +9,7 @@ import torch
 from phasebench.bench.ops import operator_of, operators
 from phasebench.bench.ops.mla import baseline, inputs, reference
 from phasebench.bench.ops.mla.cases import MLACase, flops, moved_bytes
-from phasebench.bench.spec.attention_presets import mla_preset
+from phasebench.bench.spec.models import MODELS
 from phasebench.bench.sweep.measure import CaseState, gate
 from phasebench.bench.sweep.suites import suite_cases
 from phasebench.kernels import OPS, register
@@ -86,9 +86,9 @@ def test_the_mla_decode_suite_has_both_presets_and_their_published_dims():
     assert {(c.model, c.q_heads, c.head_dim, c.head_dim_v) for c in cases} == {
         ("deepseek-v2-lite", 16, 576, 512), ("deepseek-v3", 128, 576, 512)}
     assert {c.q_len for c in cases} == {1, 2} and {c.page_size for c in cases} == {0, 64}
-    assert mla_preset("deepseek-v3").softmax_scale == 192 ** -0.5
+    assert MODELS["deepseek-v3"].softmax_scale == 192 ** -0.5
     assert {c.model for c in suite_cases("mla-decode", "cpu", "float32", ("deepseek-v3",))} == {"deepseek-v3"}
-    with pytest.raises(ValueError, match="no MLA attention"):
+    with pytest.raises(ValueError, match="has WINDOW attention, not MLA"):
         suite_cases("mla-decode", "cpu", "float32", ("gpt-oss-20b",))
 
 
