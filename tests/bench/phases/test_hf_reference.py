@@ -3,6 +3,7 @@ weights (float64), repeatable steps on its static cache, and a one-line error wh
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -158,3 +159,138 @@ def test_shared_experts_have_no_transformers_reference():
     with pytest.raises(ValueError, match="reference: tiny-shared has shared experts") as err:
         HFReference(shared, 1, "cpu", torch.float32)
     assert "\n" not in str(err.value)
+
+
+def _hidden_after_prefill_and_decode(theirs: HFReference, x: torch.Tensor, step: torch.Tensor):
+    """transformers' last hidden states (after the final norm) of a prompt x, then of one decode token after it on
+    the same static cache."""
+    batch, prompt = x.shape[:2]
+    out = []
+    with torch.inference_mode():
+        cache = theirs._cache(batch, prompt + 1)
+        for tokens, start in ((x, 0), (step, prompt)):
+            for layer in getattr(cache, "layers", ()):
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                    layer.cumulative_length.fill_(start)
+                if hasattr(layer, "cumulative_length_int"):
+                    layer.cumulative_length_int = start
+            positions = torch.arange(start, start + tokens.shape[1])
+            out.append(theirs.model.model(inputs_embeds=tokens, cache_position=positions, use_cache=True,
+                                          position_ids=positions.expand(batch, -1),
+                                          **{theirs._cache_kw: cache}).last_hidden_state)
+    return out
+
+
+def _rope_pairs_to_halves(weight: torch.Tensor, heads: int, head: int, rope: int) -> torch.Tensor:
+    """Rows of a projection whose heads end in `rope` rotary dims, those dims taken from DeepSeek's interleaved pairs
+    (2i, 2i+1) to the rotate-half order (i, i + rope/2) phasebench's rotary uses: the same dot products."""
+    order = torch.cat((torch.arange(0, rope, 2), torch.arange(1, rope, 2))) + head - rope
+    index = torch.cat([torch.cat((torch.arange(head - rope), order)) + h * head for h in range(heads)])
+    return weight[index]
+
+
+# an MLA mixture at awkward dims, every expert routed (top_k = experts: the softmax needs no renormalizing, which
+# DeepSeek-V2 skips and phasebench's router does), a first dense layer, shared experts and a q_lora projection
+TINY_MLA = DecoderConfig(hidden=96, intermediate=24, layers=3, q_heads=3, kv_heads=3, head_dim=10, vocab=67,
+                         name="tiny-mla-hf", experts=2, top_k=2, shared_intermediate=48, dense_layers=1,
+                         dense_intermediate=40, kv_lora_rank=14, qk_rope_head_dim=6, qk_nope_head_dim=12,
+                         q_lora_rank=22)
+
+
+def test_mla_matches_transformers_deepseek_v2_in_float64_prefill_decompressed_and_decode_absorbed():
+    """The same weights in phasebench's MLA decoder and DeepseekV2: the prompt's hidden states (decompressed K/V per
+    head), then a decode step's, which phasebench absorbs into the latent (kernels.mla_decode) where DeepseekV2
+    decompresses the whole cache: the same math, two ways."""
+    c, h = TINY_MLA, TINY_MLA.q_heads
+    ours = ReferenceDecoder(c, 3, "cpu", torch.float64, max_tokens=40, max_batch=2, seed=4, moe_impl="naive",
+                            impls={"mla": "naive"})
+    theirs = HFReference(c, 3, "cpu", torch.float64, experts="eager")
+    assert type(theirs.model).__name__ == "DeepseekV2ForCausalLM"
+    with torch.no_grad():
+        for mine, layer in zip(ours.layers, theirs.model.model.layers, strict=True):
+            attn, block = layer.self_attn, mine.mla
+            kv_a = attn.kv_a_proj_with_mqa.weight
+            rope_rows = _rope_pairs_to_halves(kv_a[c.kv_lora_rank:], 1, c.qk_rope_head_dim, c.qk_rope_head_dim)
+            block.q_kv_a.weight.copy_(torch.cat((attn.q_a_proj.weight, kv_a[:c.kv_lora_rank], rope_rows)))
+            block.q_b.weight.copy_(_rope_pairs_to_halves(attn.q_b_proj.weight, h, c.qk_head_dim, c.qk_rope_head_dim))
+            for target, source in ((block.q_norm.weight, attn.q_a_layernorm.weight),
+                                   (block.kv_norm.weight, attn.kv_a_layernorm.weight),
+                                   (block.kv_b.weight, attn.kv_b_proj.weight), (block.o.weight, attn.o_proj.weight),
+                                   (mine.attn_norm.weight, layer.input_layernorm.weight),
+                                   (mine.mlp_norm.weight, layer.post_attention_layernorm.weight)):
+                target.copy_(source)
+            mlp = layer.mlp
+            if mine.mixture is None:
+                mine.dense_gate_up.weight.copy_(torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)))
+                mine.dense_down.weight.copy_(mlp.down_proj.weight)
+                continue
+            shared, moe = mlp.shared_experts, mine.mixture
+            for target, source in ((moe.router.weight, mlp.gate.weight), (moe.w_gate_up, mlp.experts.gate_up_proj),
+                                   (moe.w_down, mlp.experts.down_proj), (moe.down.weight, shared.down_proj.weight),
+                                   (moe.gate_up.weight, torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))):
+                target.copy_(source)
+        ours.final_norm.weight.copy_(theirs.model.model.norm.weight)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 17, c.hidden, generator=gen, dtype=torch.float64)
+    step = torch.randn(2, 1, c.hidden, generator=gen, dtype=torch.float64)
+    prompt, decoded = _hidden_after_prefill_and_decode(theirs, x, step)
+    _, hidden = ours.prefill(2, 17, x=x, return_hidden=True)
+    # DeepseekV2 routes in float32 and draws its rotary angles in float32: about 1e-7 apart
+    torch.testing.assert_close(prompt, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+    _, hidden = ours.decode_step(2, 17, x=step, return_hidden=True)
+    torch.testing.assert_close(decoded, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+
+
+# a gpt-oss-like model: window layers (window 5) alternating with full ones, sinks, 6 query heads on 2 kv heads
+TINY_OSS = DecoderConfig(hidden=64, intermediate=24, layers=3, q_heads=6, kv_heads=2, head_dim=8, vocab=67,
+                         name="tiny-oss-hf", experts=3, top_k=2, sliding_window=5, sinks=True)
+
+
+def test_window_and_sink_attention_matches_transformers_gpt_oss_in_float64():
+    """The same attention weights and sinks in phasebench's window and full layers (kernels.attention, naive) and
+    GptOss's (eager), the experts zeroed on both sides (GptOss's clamped SwiGLU with biases is not phasebench's
+    MoE): the hidden states of a prompt longer than the window, and of a decode step after it."""
+    c = TINY_OSS
+    ours = ReferenceDecoder(c, 3, "cpu", torch.float64, max_tokens=40, max_batch=2, seed=6, moe_impl="naive",
+                            impls={"attention": "naive"})
+    theirs = HFReference(c, 3, "cpu", torch.float64, experts="eager")
+    assert type(theirs.model).__name__ == "GptOssForCausalLM" and "(eager" in theirs.name
+    d = c.head_dim
+    with torch.no_grad():
+        for mine, layer in zip(ours.layers, theirs.model.model.layers, strict=True):
+            attn = layer.self_attn
+            assert (mine.attention.window_left >= 0) == (attn.sliding_window is not None)
+            q, k, v = mine.qkv.weight.split((c.q_heads * d, c.kv_heads * d, c.kv_heads * d))
+            for target, source in ((attn.q_proj.weight, q), (attn.k_proj.weight, k), (attn.v_proj.weight, v),
+                                   (attn.o_proj.weight, mine.o.weight), (attn.sinks, mine.attention.sinks),
+                                   (layer.input_layernorm.weight, mine.attn_norm.weight),
+                                   (layer.post_attention_layernorm.weight, mine.mlp_norm.weight)):
+                target.copy_(source)
+            for bias in (attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias, attn.o_proj.bias):
+                bias.zero_()
+            for tensor in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.gate_up_proj_bias,
+                           layer.mlp.experts.down_proj, layer.mlp.experts.down_proj_bias, mine.mixture.w_gate_up,
+                           mine.mixture.w_down):
+                tensor.zero_()
+        theirs.model.model.norm.weight.copy_(ours.final_norm.weight)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 13, c.hidden, generator=gen, dtype=torch.float64)
+    step = torch.randn(2, 1, c.hidden, generator=gen, dtype=torch.float64)
+    prompt, decoded = _hidden_after_prefill_and_decode(theirs, x, step)
+    _, hidden = ours.prefill(2, 13, x=x, return_hidden=True)
+    # GptOss's norms compute in float32: about 1e-7 apart; a window one key off, or a sink left out, is O(1e-2)
+    torch.testing.assert_close(prompt, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+    _, hidden = ours.decode_step(2, 13, x=step, return_hidden=True)
+    torch.testing.assert_close(decoded, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+
+
+def test_kinds_transformers_has_no_class_for_are_one_line():
+    from phasebench.bench.phases.hf_reference import architecture, transformers_module
+
+    dense_window = DecoderConfig(**{**TINY_OSS.__dict__, "experts": 0, "top_k": 0, "name": "dense-window"})
+    odd_shared = DecoderConfig(**{**TINY_MLA.__dict__, "shared_intermediate": 30, "name": "odd-shared"})
+    for config, message in ((dense_window, "reference: dense-window is not a gpt-oss layer"),
+                            (odd_shared, "reference: odd-shared's shared experts (30) are not a whole number")):
+        with pytest.raises(ValueError, match=re.escape(message)) as err:
+            architecture(transformers_module(), config)
+        assert "\n" not in str(err.value)
