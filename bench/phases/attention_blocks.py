@@ -193,8 +193,8 @@ def unserved(config: DecoderConfig, impls: dict[str, str], device, dtype: torch.
 
     probes = []
     if config.attention == "mla":  # its prompts' attention is plain causal, which every impl serves
-        d = config.latent_dim
-        probes.append(("mla", lambda: prepare_mla(zeros(1, config.q_heads, 1, d), zeros(1, 1, 2, d),
+        latent = config.latent_dim
+        probes.append(("mla", lambda: prepare_mla(zeros(1, config.q_heads, 1, latent), zeros(1, 1, 2, latent),
                                                   impl=impls["mla"], scale=config.softmax_scale,
                                                   v_dim=config.kv_lora_rank)))
     sinks = torch.zeros(config.q_heads, device=device) if config.sinks else None
