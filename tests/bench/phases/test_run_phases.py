@@ -140,3 +140,50 @@ def test_phases_on_a_tiny_mixture_of_experts_composes_its_experts_and_checks_the
     if references:
         assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
             "MixtralForCausalLM").all()
+
+
+KINDS = {  # a tiny MLA mixture (a first dense layer, shared experts) and a tiny gpt-oss (window 5 with sinks)
+    "mla": ("name=tiny-mla-phases,hidden=128,intermediate=64,layers=3,q_heads=4,kv_heads=4,head_dim=32,vocab=211,"
+            "experts=4,top_k=2,shared_intermediate=64,dense_layers=1,dense_intermediate=160,kv_lora_rank=64,"
+            "qk_rope_head_dim=16,qk_nope_head_dim=32", "DeepseekV2ForCausalLM", "MLA's absorptions"),
+    "window": ("name=tiny-oss-phases,hidden=128,intermediate=64,layers=3,q_heads=4,kv_heads=2,head_dim=32,vocab=211,"
+               "experts=4,top_k=2,sliding_window=5,sinks=1", "GptOssForCausalLM", "gpt-oss's attention and expert"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_phases_of_an_attention_kind_compose_its_layers_and_check_them_against_transformers(kind, tmp_path):
+    """MLA (absorbed decode, decompressed prompts) and window / full layers with sinks: TPOT per batch with the KV
+    bytes a token costs, and the check's rows against phasebench's decoder and transformers' class of the kind, at L
+    and 2L layers, with the dense check's columns."""
+    from phasebench.bench.spec.models import parse_model
+
+    spec, hf_class, note = KINDS[kind]
+    references = ["transformers"] if importlib.util.find_spec("transformers") else []
+    out = tmp_path / kind
+    proc = run_cli("phases", "--model", spec, "--prompt", "16", "--batch", "1", "2", "--context", "31", "--chunk",
+                   "16", "--chunk-batch", "2", "--reference-batch", "1", "2", "--sample-time", "0.02",
+                   "--reference-rounds", "1", "--warm", *(["--reference", *references] if references else []),
+                   "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = parse_model(spec)
+    decode = pd.read_csv(out / "decode.csv")
+    assert decode["batch"].tolist() == [1, 2] and (decode["attention"] == kind).all()
+    assert decode["kv_bytes_per_token"].tolist() == pytest.approx([model.kv_bytes_per_token(4, 32)] * 2)
+    assert (decode["tpot_ms"].notna() | (decode["noisy_left_out"] > 0)).all()
+    assert f"KV cache ({kind.upper()}: " in proc.stdout
+    ops = pd.read_csv(out / "ops" / "results.csv")
+    assert ("mla" in set(ops["op"])) == (kind == "mla") and (ops["status"] == "ok").all()
+    if kind == "window":  # both kinds of layer measured, each with its sinks
+        attention = ops[ops["op"] == "attention"]
+        assert set(attention["window_left"]) == {-1, 4} and attention["sinks"].all()
+    reference = pd.read_csv(out / "reference.csv")
+    assert set(reference["reference"]) == {"phasebench", *references} and (reference["reference_ms"] > 0).all()
+    assert (reference["layers"] == 2).all() and (reference["deep_layers"] == 4).all()
+    assert (reference["deep_reference_ms"] > 0).all() and reference["left_out"].str.contains(note).all()
+    for column in ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "over_goal", "noisy"):
+        assert column in reference, column
+    if references:
+        assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
+            hf_class).all()
