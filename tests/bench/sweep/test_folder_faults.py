@@ -104,7 +104,7 @@ def kill_and_resume(folder, kills: int, seed: int, timed: bool = False) -> int:
         made += 1
         name = rng.choice(sorted(torn))
         if timed and rng.random() < 0.5:  # a kill between rows or inside one, whichever comes: or none, in time
-            proc = write(folder, pause=0.1)
+            proc = write(folder, pause=1.2)  # at most two rows before a kill within 2 s, on any host
             time.sleep(rng.uniform(0.3, 2.0))
             proc.kill()
             _, err = proc.communicate()
@@ -136,8 +136,10 @@ def test_a_writer_killed_inside_its_appends_resumes_to_every_row_once(tmp_path):
 
 @pytest.mark.slow
 def test_many_kills_at_random_points_lose_and_repeat_nothing(tmp_path):
+    # every stop adds at most two rows (a tear within the next three, a timed kill within two), so each seed's
+    # 12 rows take at least six stops, whatever the host's speed
     made = [kill_and_resume(tmp_path / f"run{seed}", kills=12, seed=seed, timed=True) for seed in range(4)]
-    assert sum(made) >= 20, made
+    assert min(made) >= 6, made
 
 
 def test_a_full_disk_mid_append_keeps_the_rows_before_it_and_the_store_resumes(tmp_path, monkeypatch):
