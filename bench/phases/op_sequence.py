@@ -83,8 +83,9 @@ def time_sequence(kind: str, uses: list, dtype: str, model: str, impls: dict, de
                                                          "performance")
     states = [CaseState(case_of(u, dtype, model), device) for u in uses]
     alone_calls, cold = [], cold and device.type == "cpu"
-    streamed = sum(cold_operands.nbytes(getattr(s.inputs, n) for n in s.op.streamed) for s in states)
-    copies = cold_operands.rotation(streamed, device) if cold else 1
+    operands = [getattr(s.inputs, n) for s in states for n in s.op.streamed]
+    copies = cold_operands.rotation(cold_operands.nbytes(operands), device, cold_operands.clone_nbytes(operands)) \
+        if cold else 1
     evict = evictor() if not copies else None  # small layers: 2 x LLC written before each sequence, as alone
     copies = max(copies, 1)
     rotations = []
