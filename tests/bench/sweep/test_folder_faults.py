@@ -358,3 +358,25 @@ def test_a_shard_killed_inside_an_append_resumes_as_its_shard_and_merges_whole(t
     merged = load(tmp_path / "merged")
     assert len(merged) == 6 and (merged.status == "ok").all()
     assert len({sample_key(r) for r in merged.to_dict("records")}) == 6
+
+
+def test_a_run_without_resume_keeps_the_rows_it_would_replace_beside_it(tmp_path, capsys):
+    """A user who forgets --resume after a kill: the new run starts the folder afresh, the earlier rows are kept under
+    names no loader reads, and one line says where."""
+    plan = planned_rows()
+    store = ResultsStore(tmp_path)
+    for row in plan[:3]:
+        store.append(row)
+    store.close()
+    earlier = (tmp_path / "results.csv").read_bytes()
+    store = ResultsStore(tmp_path)
+    store.append(plan[5])
+    store.write_parquet()
+    store.close()
+    assert (tmp_path / "results.csv.earlier-1").read_bytes() == earlier
+    assert (tmp_path / "samples.jsonl.earlier-1").is_file()
+    assert "rows of an earlier run (not --resume) kept as results.csv.earlier-1" in capsys.readouterr().err
+    assert [sample_key(r) for r in load(tmp_path).to_dict("records")] == [sample_key(plan[5])]
+    ResultsStore(tmp_path).close()  # a second fresh start: the next name, nothing overwritten
+    assert (tmp_path / "results.csv.earlier-2").is_file()
+    assert (tmp_path / "results.csv.earlier-1").read_bytes() == earlier
