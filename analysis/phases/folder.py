@@ -56,6 +56,8 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
             tables[name] = _read_table(folder / f"{name}.csv", columns)
     if "saturated" in tables["decode"]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
+    if "monotone_note" in tables["decode"]:  # "" where TPOT is in order: a CSV reads it back empty
+        tables["decode"]["monotone_note"] = [v if isinstance(v, str) else "" for v in tables["decode"]["monotone_note"]]
     tables["reference"] = _checked(tables["reference"], tables["meta"], folder / "ops")
     return tables
 

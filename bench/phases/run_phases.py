@@ -16,6 +16,7 @@ import torch
 from ...analysis.phases import check as phase_check
 from ...analysis.phases import hybrid_check
 from ...analysis.phases import model as pm
+from ...analysis.phases import remedies
 from ...analysis.phases import speculative as sp
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
@@ -184,7 +185,7 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
         "decode": decode,
         "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
                                   page),
-        "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
+        "colocated": remedies.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
                                         cfg.interference, page),
         # the composed hybrid iterations against the measured ones (empty without --interference hybrid rows)
         "hybrid_check": hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page),
