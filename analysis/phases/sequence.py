@@ -114,9 +114,10 @@ def decisions(sequences: pd.DataFrame | None) -> pd.DataFrame:
                                                                   "effect_high")}
     for i in range(len(table)):
         members = pools.get(group[i], [])
-        pooled = median_interval([v for j in members for v in turns[j]]) if len(members) > 1 else None
+        pooled = median_interval([v for j in members for v in turns[j]]) if len(members) > 1 and i in members \
+            else None
         mine = own[i]
-        use_pool = (pooled is not None and i in members and _width(pooled.low, pooled.high) < _width(mine.low, mine.high)
+        use_pool = (pooled is not None and _width(pooled.low, pooled.high) < _width(mine.low, mine.high)
                     and overlap((mine.low, mine.high), (pooled.low, pooled.high)))
         chosen = pooled if use_pool else mine
         effect, low, high = ((float(table.loc[i, "effect"]), math.nan, math.nan) if legacy[i]

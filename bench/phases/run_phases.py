@@ -14,10 +14,10 @@ import pandas as pd
 import torch
 
 from ...analysis.phases import check as phase_check
-from ...analysis.phases import hybrid_check
+from ...analysis.phases import hybrid_check, remedies
 from ...analysis.phases import model as pm
-from ...analysis.phases import remedies
 from ...analysis.phases import speculative as sp
+from ...analysis.phases.sequence import decisions as sequence_decisions
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
@@ -267,7 +267,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
     reference, brackets, sequences = reference_check(cfg, timer, impls, df)
     tables = compose(df, cfg, sequences)
-    tables.update(reference=reference, reference_brackets=brackets, sequences=sequences)
+    tables.update(reference=reference, reference_brackets=brackets, sequences=sequence_decisions(sequences))
     if cfg.speculate:
         tables.update(speculative_tables(cfg, df, sequences, timer, impls))
     for name, table in tables.items():
@@ -281,6 +281,8 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),
         "over_goal": phase_check.over_goal_notes(tables["reference"]),
+        "unresolved": phase_check.verdict_notes(tables["reference"], "unresolved"),
+        "sequence_terms_applied": int(tables["sequences"]["applied"].sum()) if len(tables["sequences"]) else 0,
         "hybrid_checked": int(tables["hybrid_check"]["checked"].sum()),
         "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
