@@ -288,7 +288,8 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
-            "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum())}},
+            "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum()),
+            "loop_unresolved": int((tables["speculative_check"]["verdict"] == "unresolved").sum())}},
         indent=1))
     return tables
 
@@ -300,16 +301,20 @@ def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFr
     spec, page = cfg.speculate, cfg.page_size
     frame = functools.partial(pm.Measured, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
 
-    def steps(rows, target, draft):
+    def steps(rows, target, draft, plain=()):
         return sp.composed_steps(target, draft, frame(rows, model=target.name), frame(rows, model=draft.name),
-                                 cfg.reference_batches, cfg.context, spec.gammas, page)
+                                 cfg.reference_batches, cfg.context, spec.gammas, page, plain_batches=plain)
 
-    table = sp.speculative_table(steps(df, cfg.model, spec.draft), cfg.reference_batches, cfg.context, spec.gammas,
-                                 spec.alphas)
-    target = speculative_loop.cut(cfg.model, cfg.reference_layers)
-    draft = speculative_loop.cut(spec.draft, cfg.reference_layers)
-    plan = speculative_loop.LoopPlan(target, draft, str(cfg.device), cfg.dtype, tuple(cfg.reference_batches),
-                                     cfg.context, tuple(spec.gammas), tuple(spec.alphas), spec.iterations)
+    # plain decode may be padded to any batch of the decode sweep (measured for the sweep)
+    table = sp.speculative_table(steps(df, cfg.model, spec.draft, cfg.batches), cfg.reference_batches, cfg.context,
+                                 spec.gammas, spec.alphas)
+    layers = cfg.reference_layers
+    target, draft = (speculative_loop.cut(m, layers) for m in (cfg.model, spec.draft))
+    deep_target, deep_draft = (speculative_loop.cut(m, 2 * layers) for m in (cfg.model, spec.draft))
+    plan = speculative_loop.LoopPlan(deep_target, deep_draft, str(cfg.device), cfg.dtype,
+                                     tuple(cfg.reference_batches), cfg.context, tuple(spec.gammas),
+                                     tuple(spec.alphas), spec.iterations,
+                                     depths=tuple(dict.fromkeys((target.layers, deep_target.layers))))
     uses = [(target, u) for u in step_defs.distinct_uses(
         [step_defs.decode_step(target, b, cfg.context) for b in plan.batches]
         + [step_defs.verify_step(target, b, cfg.context, g) for b in plan.batches for g in plan.gammas])]
@@ -318,9 +323,12 @@ def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFr
     cases = [case_of(u, cfg.dtype, model.name) for model, u in uses]
     loops, rows = speculative_loop.run_loop_check(plan, cases, impls, cfg.out_dir / "speculative", timer=timer,
                                                   isolation=cfg.isolation, rounds=spec.rounds, on_row=cfg.on_row)
+    deep = None if deep_target.layers == target.layers else {  # the per-layer check: the loop at L and 2L
+        "layers": deep_target.layers, "draft_layers": deep_draft.layers,
+        "published": steps(df, deep_target, deep_draft)}
     checked = sp.loop_check_table(loops, steps(rows, target, draft), steps(df, target, draft),
                                   layers=target.layers, draft_layers=draft.layers,
-                                  goal_pct=phase_check.goal_pct(cfg.device))
+                                  goal_pct=phase_check.goal_pct(cfg.device), deep=deep)
     return {"speculative": table, "speculative_check": checked,
             "speculative_loops": loops.drop(columns=["ms", "tokens"]).assign(
                 iterations=[len(m) if isinstance(m, list) else 0 for m in loops["ms"]],
