@@ -29,8 +29,8 @@ from . import model as pm
 
 COLUMNS = ("batch", "context", "gamma", "alpha", "expected_tokens_per_pass", "tpot_ms", "plain_padded_to",
            "draft_step_ms", "draft_padded_to", "verify_ms", "verify_padded_to", "iteration_ms",
-           "tokens_per_s_per_user", "tokens_per_s", "plain_tokens_per_s_per_user", "speedup", "speedup_low", "speedup_high", "exceeds_e",
-           "best_gamma", "break_even_alpha", "missing")
+           "tokens_per_s_per_user", "tokens_per_s", "plain_tokens_per_s_per_user", "speedup", "speedup_low",
+           "speedup_high", "exceeds_e", "best_gamma", "break_even_alpha", "missing")
 
 
 def check_alpha(alpha, *, open_interval: bool = False) -> float:
