@@ -198,8 +198,10 @@ def linear_section(ctx: Context) -> Section | None:
 
 
 QUANT_NOTE = ("Per projection, M, scheme and implementation: the speedup over the same projection unquantized (the "
-              "vendor GEMM in the activation dtype, same group) and the ideal, unquantized bytes / quantized bytes "
-              "(packed weights with their scales and zeros, x and y); pct_of_ideal = 100 · speedup / ideal. The naive "
+              "vendor GEMM in the activation dtype, same group) and the ideal: the unquantized row's time over the "
+              "quantized row's roof time on the measured ceilings (roof_ms), given only where the quantized row is "
+              "memory-bound (below the ridge); pct_of_ideal = 100 · speedup / ideal; bytes_ratio (unquantized bytes / "
+              "quantized bytes) for reference. The naive "
               "impl dequantizes the whole weight before a dense GEMM and so cannot gain; torch and Triton read the "
               "packed weights. Interpreter-mode rows (Triton without a GPU) prove correctness only and are in the "
               "correctness table.")
@@ -210,7 +212,7 @@ def quant_section(ctx: Context) -> Section | None:
     if op_rows(ctx.df, "qlinear").empty:
         return None
     body = [f'<p class="note">{html.escape(QUANT_NOTE)}</p>',
-            folded("Speedup against the ideal bytes ratio", quant_speedup_table(ctx.df)),
+            folded("Speedup against the ideal at the roof", quant_speedup_table(ctx.df)),
             figure_grid([ctx.figure("quant_speedup", quant_speedup(ctx.df), QUANT_CAPTION)])]
     return Section("quantized", "Quantized weights: speedup against the bytes they save", body)
 
