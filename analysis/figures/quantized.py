@@ -101,7 +101,8 @@ def quant_speedup(df: pd.DataFrame, baseline: str = "torch", *, figsize=None) ->
             ax.set_ylabel(f"speedup over unquantized {baseline} (×)" if column == 0 else "")
     handles = [Line2D([], [], color=colors[impl], marker="o", label=impl)
                for impl in ordered_impls(table["impl"].unique())]
-    handles.append(Line2D([], [], color="0.2", linestyle="--", label="ideal: unquantized time / quantized roof (to the ridge)"))
+    handles.append(Line2D([], [], color="0.2", linestyle="--",
+                          label="ideal: unquantized time / quantized roof (to the ridge)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small", frameon=False)
     fig.suptitle(title + one_group_note(table) + left_out_note(df))
     return fig

@@ -97,7 +97,8 @@ def _chunk_order(rows: pd.DataFrame) -> list[str]:
 
 
 def chunk_figure(rows: pd.DataFrame, *, figsize=None) -> Figure:
-    """The hybrid rows, of the layers timed: ITL tail (the p99 where 100 samples support it, else the max) and mean (top) and TTFT (bottom) against the chunk size, a column per decode batch,
+    """The hybrid rows, of the layers timed: ITL tail (the p99 where 100 samples support it, else the max) and mean
+    (top) and TTFT (bottom) against the chunk size, a column per decode batch,
     a colour per prompt, the decode-only ITL and the prefill alone as dotted references."""
     ok = hybrid(rows[rows["status"] == "ok"]) if len(rows) else rows
     if not len(ok):

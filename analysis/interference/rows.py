@@ -35,7 +35,8 @@ SHORT = {"itl_mean_ms": "mean", "itl_p50_ms": "p50", "itl_p90_ms": "p90", "itl_p
          "tokens_per_s_per_user": "tok/s/user", "prefill_slowdown": "prefill_x", "decode_tokens_per_s": "decode_tok/s"}
 TIMED = ("decode_only_ms", "itl_mean_ms", "itl_p50_ms", "itl_tail_ms", "itl_position_max_ms", "ttft_ms", "ttft_low_ms",
          "ttft_high_ms", "chunk_cost", "decode_tokens_per_s")  # hybrid columns of the timed layers
-HYBRID_SHORT = {**{c: f"{SHORT.get(c, c.removesuffix('_ms'))}@L" for c in TIMED}, "itl_position_max_ms": "slowest_pos@L",
+HYBRID_SHORT = {**{c: f"{SHORT.get(c, c.removesuffix('_ms'))}@L" for c in TIMED},
+                "itl_position_max_ms": "slowest_pos@L",
                 "position_range_pct": "pos_range%", "arrival_range_pct": "arrival_range%",
                 "model_itl_ms": "model_mean", "model_itl_tail_ms": "model_tail", "model_ttft_ms": "model_ttft",
                 "model_ttft_low_ms": "model_ttft_low", "model_ttft_high_ms": "model_ttft_high",

@@ -13,6 +13,7 @@ from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
 from .check import check_sentence, normalised, over_goal_notes, verdict_notes
 from .coverage import coverage_lines
 from .folder import as_bool
+from .hybrid_check import hybrid_lines
 from .model import SATURATION_MARGIN, USER_TARGETS
 from .remedies import remedy_lines
 
@@ -348,8 +349,9 @@ def phases_summary(tables: dict) -> str:
                     f"{_number(first['unchunked_ttft_ms'])} ms, decode-only ITL "
                     f"{_number(first['decode_only_ms'])} ms):",
                 _text(with_ends(chunked, "ttft_ms", "itl_ms", "itl_increase_pct", "chunking_cost_pct"),
-                      ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct", "chunking_cost_pct"))]
-    out += remedy_lines(tables)
+                      ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct", "chunking_cost_pct",
+                       "check_verdict"))]
+    out += hybrid_lines(tables.get("hybrid_check")) + remedy_lines(tables)
     if not _empty(tables, "interactive"):
         limits = tables["interactive"]
         wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",

@@ -133,8 +133,9 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
 
 
 def measured_hybrid(cfg: PhasesConfig) -> pd.DataFrame:
-    """The hybrid iterations `phasebench interference` timed for this model, dtype, device and all its layers
-    (unquantized and contiguous: the interference decoder's weights and cache are)."""
+    """The hybrid iterations `phasebench interference` timed for this model, dtype and device, through any number
+    of its layers (each checked against the model cut to them; unquantized and contiguous: the interference
+    decoder's weights and cache are)."""
     if cfg.weights or cfg.page_size:
         return pd.DataFrame()
     return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
@@ -176,6 +177,7 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
                            weights=cfg.weights)
     page = cfg.page_size
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
+    hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
     if cfg.weights:
         plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
@@ -183,12 +185,14 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
         "decode": decode,
-        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
-                                  page),
+        # the published chunked table with the verdict of the measured hybrid rows of its own shapes
+        "chunked": hybrid_check.chunked_verdicts(
+            pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context, page),
+            hybrid),
         "colocated": remedies.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
                                         cfg.interference, page),
         # the composed hybrid iterations against the measured ones (empty without --interference hybrid rows)
-        "hybrid_check": hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page),
+        "hybrid_check": hybrid,
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
@@ -286,6 +290,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "hybrid_checked": int(tables["hybrid_check"]["checked"].sum()),
         "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
+        "hybrid_unresolved": int((tables["hybrid_check"]["verdict"] == "unresolved").sum()),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
             "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum()),

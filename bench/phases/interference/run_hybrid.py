@@ -214,7 +214,8 @@ def hybrid_rows(cfg, found: dict, alone: dict) -> list[dict]:
                 reasons = [f"{len(one.ttft_ms)} of {cfg.arrivals} arrivals"] if len(one.ttft_ms) < cfg.arrivals else []
                 rows.append({**row, **figures, "samples": len(one.itl_ms),
                              "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
-                             "decode_ms": figures["itl_p50_ms"], "stretch": figures["itl_mean_ms"] / only["itl_mean_ms"],
+                             "decode_ms": figures["itl_p50_ms"],
+                             "stretch": figures["itl_mean_ms"] / only["itl_mean_ms"],
                              "p90_stretch": figures["itl_p90_ms"] / only["itl_p90_ms"],
                              "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
                              "prefill_ms": ttft[chunk],
