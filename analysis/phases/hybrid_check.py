@@ -16,6 +16,7 @@ from ...bench.spec.models import DecoderConfig
 from .check import VERDICT_WORDS, error_columns, goal_pct, pct_interval
 from .model import Measured, composed_interval, sequence_items, step_time
 
+NOT_CHECKED = "no quiet hybrid row"  # a chunked row whose shape no ok, quiet hybrid row measured
 FIGURES = ("ttft", "slowest")  # the arrival's sum of iterations; its slowest iteration position (not the same sum)
 COLUMNS = ("batch", "prompt", "context", "chunk", "layers", "iterations", "arrivals",
            *(f"{side}_{f}{end}" for f in FIGURES for side in ("measured", "composed")
@@ -107,15 +108,16 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
 
 def chunked_verdicts(chunked: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
     """The published chunked table with the check of its own rows: per (chunk, prompt, decode batch, context) the
-    measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`, "not
-    measured" where none ran that shape) and the TTFT errors read (`check_ttft_error_pct`: the largest |error|)."""
+    measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`; "no quiet
+    hybrid row" where no ok, quiet row of that shape was given) and the TTFT error read (`check_ttft_error_pct`:
+    the largest |error|)."""
     out = chunked.copy()
     verdicts, errors = [], []
     for _, row in chunked.iterrows():
         mine = check[(check["batch"] == row["decode_batch"]) & (check["prompt"] == row["prompt"])
                      & (check["context"] == row["context"]) & (check["chunk"] == str(row["chunk"]))] \
             if len(check) else check
-        verdicts.append(worst_verdict(mine["verdict"]) if len(mine) else "not measured")
+        verdicts.append(worst_verdict(mine["verdict"]) if len(mine) else NOT_CHECKED)
         found = mine["ttft_error_pct"].to_numpy(dtype=float) if len(mine) else np.array([])
         errors.append(float(found[np.nanargmax(np.abs(found))]) if np.isfinite(found).any() else np.nan)
     return out.assign(check_verdict=verdicts, check_ttft_error_pct=errors)

@@ -98,7 +98,7 @@ def test_the_published_chunked_table_takes_the_verdict_of_its_own_shapes():
                           {"batch": 4, "prompt": 23, "context": 9, "chunk": "11", "verdict": "within",
                            "ttft_error_pct": 1.0}])
     found = hc.chunked_verdicts(chunked, check)
-    assert found["check_verdict"].tolist() == ["unresolved", "not measured"]
+    assert found["check_verdict"].tolist() == ["unresolved", hc.NOT_CHECKED]
     assert found.loc[0, "check_ttft_error_pct"] == -9.0 and pd.isna(found.loc[1, "check_ttft_error_pct"])
 
 

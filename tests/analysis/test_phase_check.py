@@ -20,6 +20,7 @@ from phasebench.analysis.phases.check import (
     goal_pct,
     normalised,
     over_goal_notes,
+    pct_interval,
     plan_of,
     verdict_notes,
 )
@@ -242,14 +243,17 @@ def test_the_committed_sample_publishes_the_composition_of_its_own_ops_and_seque
     raw, measured, plan = _sample_measured(sequences=True)
     tables = load_phases(SAMPLE)
     assert len(raw) == 6 and raw["per_layer_error_pct"].notna().all() and raw["sequence_pct"].notna().all()
-    for row in raw.itertuples(index=False):
+    for row, shown in zip(raw.itertuples(index=False), tables["reference"].to_dict("records"), strict=True):
         step = plan.composed(measured, row.phase, int(row.batch), int(row.tokens), int(row.layers))
         assert step.complete
         assert step.total_ms == pytest.approx(row.published_composed_ms, rel=1e-9)
         assert row.published_error_pct == pytest.approx(pm.model_error(step.total_ms, row.reference_ms), rel=1e-9)
-        if row.reference == "phasebench" and row.phase == "prefill":
-            assert (f"published {row.published_error_pct:+.1f}% (interleaved {row.interleaved_error_pct:+.1f}%, "
-                    f"per layer {row.per_layer_error_pct:+.1f}%)") in check_sentence(tables["reference"], "prefill")
+        if row.reference == "phasebench" and row.phase == "prefill":  # each error with its interval where it has one
+            errors = [pct_interval(*(float(shown.get(f"{stem}{end}", np.nan)) for end in ("_pct", "_low_pct",
+                                                                                          "_high_pct")))
+                      for stem in ("published_error", "interleaved_error", "per_layer_error")]
+            assert (f"published {errors[0]} (interleaved {errors[1]}, per layer {errors[2]})"
+                    in check_sentence(tables["reference"], "prefill"))
     # the 32-layer decode table is the same composition at the model's depth
     decode = tables["decode"].set_index("batch")
     for batch in tables["meta"]["reference_batches"]:

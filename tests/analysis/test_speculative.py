@@ -255,6 +255,8 @@ def test_a_phases_folder_with_speculation_loads_and_reports_it(tmp_path):
 
     folder = tmp_path / "phases"
     shutil.copytree(Path(pa.__file__).parent / "sample" / "cpu-phases", folder)
+    for name in ("speculative.csv", "speculative_check.csv", "speculative_loops.csv"):  # a sample run with them
+        (folder / name).unlink(missing_ok=True)
     assert pa.load_phases(folder).get("speculative") is None and speculative_tables(pa.load_phases(folder)) == []
     batches, gammas, alphas = (1,), (2, 4), (0.6, 0.8)
     sp.speculative_table(_steps(batches, gammas), batches, 128, gammas, alphas).to_csv(folder / "speculative.csv",
