@@ -242,11 +242,14 @@ def test_phases_whose_every_op_was_left_out_draw_no_data_and_write(tmp_path):
 
 def test_report_gets_a_phases_section(tables, rows, tmp_path):
     rows = load(write_run(tmp_path / "run", rows))
-    paths = write_report(rows, tmp_path / "with", phases=tables)
+    checked = pd.DataFrame([{"batch": 4, "prompt": 64, "chunk": "16", "layers": 2, "ttft_error_pct": -41.0,
+                             "verdict": "unresolved"}])  # a hybrid check's row: shown with its verdict
+    paths = write_report(rows, tmp_path / "with", phases={**tables, "hybrid_check": checked})
     for name in ("phases_ttft", "phases_decode", "phases_chunk", "phases_breakdown"):
         assert paths[name].name == f"{name}.png" and paths[name].stat().st_size > 1000
     page = paths["html"].read_text()
     assert 'id="phases"' in page and "error_pct" in page and 'id="phases_breakdown"' in page
+    assert "The hybrid iterations against phasebench interference" in page and ">-41<" in page
     plain = write_report(rows, tmp_path / "without")
     assert "phases_ttft" not in plain and 'id="phases"' not in plain["html"].read_text()
 
