@@ -34,7 +34,7 @@ BY = {"run": "run_id", "impl": "impl", "device": "device", "timer": "timer"}
 VERDICTS = ("faster", "slower", "within threshold", "unresolved")
 KINDS = ("pair", "status change", "base only", "new only")  # a comparison row's `pairing`
 RESAMPLES = 2000
-MIN_BOOTSTRAP = 3  # fewer samples on a side: the interval comes from the spread columns
+MIN_BOOTSTRAP = 6  # fewer samples on a side (older files): the interval comes from the spread columns
 # Two rows are the same measurement when they agree on all of these (less the compared dimension).
 KEY_FIELDS = tuple(dict.fromkeys(("op", "model", *CASE_FIELDS, "dtype", "impl", *GROUP_FIELDS)))
 # Per side, in the output as base_X and new_X.

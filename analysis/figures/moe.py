@@ -12,6 +12,9 @@ from matplotlib.ticker import FuncFormatter
 from ...bench.spec.routing import expected_touched
 from .kit import (
     SERIES_GID,
+    draw_findings,
+    draw_intervals,
+    finding_handle,
     flag,
     floats,
     group_fields,
@@ -31,32 +34,38 @@ EXPECTED_GID = "expected"  # the uniform-routing coverage curve
 LAYER_FIELDS = ("model", "experts", "top_k", "n", "k", "dtype", "phase")
 COVERAGE_COLUMNS = ("routing", "m", "impl", "touched_experts", "expected_touched", "coverage_pct", "read_bytes",
                     "read_bytes_per_token", "latency_ms", "latency_ci_low_ms", "latency_ci_high_ms", "pct_roofline",
-                    "timed_rows")
+                    "timed_rows", "above_roof")
 ROUTING_STYLES = {"uniform": "-", "balanced": ":"}  # zipf-S: dashed
 CAPTION = ("Per mixture-of-experts layer and M tokens: left, the experts the step touches (markers, per routing) "
            "beside E·(1 - (1 - k/E)^M) expected under uniform routing (dashed) and E (dotted); middle, the bytes the "
            "step reads (the touched experts' weights, x and the routing; grey, left axis) and each implementation's "
-           "median latency with the 95% interval of that median (right axis); right, the share of the row's read roof (its read "
-           "bytes at the measured read bandwidth, its output at the write bandwidth). Until every expert is touched "
-           "a larger batch reads more weights; only then does batching amortize them.")
+           "median latency with the 95% interval of that median (right axis); right, the share of the row's roof "
+           "with that interval (decode: its read bytes at the measured read bandwidth, its output at the write "
+           "bandwidth; a compute-bound row: the matmul ceiling of its arithmetic); hollow, a row above its roof (a "
+           "finding). Until every expert is touched a larger batch reads more weights; only then does batching "
+           "amortize them.")
 
 
 def moe_coverage_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (group, layer, routing, M, impl) of the ok moe rows: the experts touched (the case's, in every
     row) against the uniform expectation, the read bytes (per step and per token), and the median latency, its
-    95% interval and % of roof over the performance rows only (NaN where none: interpreter-mode, noisy or above roof)."""
+    95% interval (the widest of the rows' ends) and % of roof over the performance rows only (NaN where none:
+    interpreter-mode or noisy); `above_roof` where one of them stands above its roof (a finding, drawn hollow)."""
     rows = op_rows(ok_rows(df), "moe")
-    keys = group_fields(rows) + [f for f in LAYER_FIELDS if f in rows.columns] + ["routing", "m", "impl"]
+    state = ["cache_state"] if "cache_state" in rows.columns else []
+    keys = group_fields(rows) + [f for f in LAYER_FIELDS if f in rows.columns] + state + ["routing", "m", "impl"]
     columns = keys[:-3] + list(COVERAGE_COLUMNS)
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    timed = ~interpreter(rows) & ~flag(rows, "noisy") & ~flag(rows, "above_roof")
+    timed = ~interpreter(rows) & ~flag(rows, "noisy")
     figures = ("latency_ms", "latency_ci_low_ms", "latency_ci_high_ms", "pct_roofline")
-    rows = rows.assign(timed_rows=timed.astype(int),
+    rows = rows.assign(timed_rows=timed.astype(int), above_roof=flag(rows, "above_roof") & timed,
                        **{f: rows[f].where(timed) for f in figures})
     table = rows.groupby(keys, dropna=False, observed=True).agg(
         touched_experts=("touched_experts", "first"), read_bytes=("read_bytes", "median"),
-        timed_rows=("timed_rows", "sum"), **{f: (f, "median") for f in figures}).reset_index()
+        timed_rows=("timed_rows", "sum"), above_roof=("above_roof", "any"), latency_ms=("latency_ms", "median"),
+        latency_ci_low_ms=("latency_ci_low_ms", "min"), latency_ci_high_ms=("latency_ci_high_ms", "max"),
+        pct_roofline=("pct_roofline", "median")).reset_index()
     table["expected_touched"] = expected_touched(floats(table["experts"]), floats(table["top_k"]), floats(table["m"]))
     table["coverage_pct"] = 100 * floats(table["touched_experts"]) / floats(table["experts"])
     table["read_bytes_per_token"] = floats(table["read_bytes"]) / floats(table["m"])
@@ -103,6 +112,8 @@ def moe_coverage(df: pd.DataFrame, *, figsize=None) -> Figure:
     handles += [Line2D([], [], color="0.3", linestyle=_style(r), label=f"routing {r}")
                 for r in sorted(table["routing"].unique())]
     handles.append(Line2D([], [], color="0.5", linestyle="--", label="expected touched, uniform"))
+    if table["above_roof"].any():
+        handles.append(finding_handle())
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize="small",
                frameon=False)
     fig.suptitle(title + one_group_note(table) + left_out_note(op_rows(df, "moe")))
@@ -162,16 +173,22 @@ def _bytes_panel(ax, layer: pd.DataFrame, colors: dict) -> None:
 def _roof_panel(ax, layer: pd.DataFrame, colors: dict) -> None:
     for (impl, routing), rows in layer.groupby(["impl", "routing"], sort=True):
         rows = rows[np.isfinite(floats(rows["pct_roofline"]))].sort_values("m")
-        if not rows.empty:
-            ax.plot(floats(rows["m"]), floats(rows["pct_roofline"]), color=colors[impl], marker="o",
-                    linestyle=_style(routing), gid=SERIES_GID)
-    if not ax.lines:
+        above = rows["above_roof"].astype(bool).to_numpy()
+        within = rows[~above]
+        if not within.empty:
+            ms, pct = floats(within["m"]), floats(within["pct_roofline"])
+            ax.plot(ms, pct, color=colors[impl], marker="o", linestyle=_style(routing), gid=SERIES_GID)
+            draw_intervals(ax, ms, pct, within, inverse=True, color=colors[impl])
+        if above.any():
+            draw_findings(ax, floats(rows["m"][above]), floats(rows["pct_roofline"][above]), rows[above],
+                          color=colors[impl])
+    if not (ax.lines or ax.collections):
         _untimed(ax)
     ax.axhline(100, color="0.5", linestyle=":", linewidth=1)
     _log2_x(ax, floats(layer["m"]))
-    ax.set_ylabel("% of the read roof")
+    ax.set_ylabel("% of roof (read floor, or compute), 95% CI")
 
 
 def _untimed(ax) -> None:
-    ax.text(0.5, 0.5, "no timed rows here\n(interpreter-mode, noisy or above roof)", ha="center", va="center",
+    ax.text(0.5, 0.5, "no timed rows here\n(interpreter-mode or noisy)", ha="center", va="center",
             transform=ax.transAxes, color="0.4", fontsize="small")

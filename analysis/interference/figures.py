@@ -97,7 +97,8 @@ def _chunk_order(rows: pd.DataFrame) -> list[str]:
 
 
 def chunk_figure(rows: pd.DataFrame, *, figsize=None) -> Figure:
-    """The hybrid rows: ITL p99 and mean (top) and TTFT (bottom) against the chunk size, a column per decode batch,
+    """The hybrid rows, of the layers timed: ITL tail (the p99 where 100 samples support it, else the max) and mean
+    (top) and TTFT (bottom) against the chunk size, a column per decode batch,
     a colour per prompt, the decode-only ITL and the prefill alone as dotted references."""
     ok = hybrid(rows[rows["status"] == "ok"]) if len(rows) else rows
     if not len(ok):
@@ -114,7 +115,9 @@ def chunk_figure(rows: pd.DataFrame, *, figsize=None) -> Figure:
                 continue
             part = part.assign(_x=part["chunk"].map(order.index)).sort_values("_x")
             color, x = PROMPT_COLORS[i % len(PROMPT_COLORS)], part["_x"].to_numpy()
-            itl_ax.plot(x, floats(part["itl_p99_ms"]), "o-", color=color, gid=SERIES_GID, label=f"prompt {prompt} p99")
+            tail = "p99" if (part["itl_tail"] == "p99").all() else "tail (p99, or max of N)"
+            itl_ax.plot(x, floats(part["itl_tail_ms"]), "o-", color=color, gid=SERIES_GID,
+                        label=f"prompt {prompt} {tail}")
             itl_ax.plot(x, floats(part["itl_mean_ms"]), "s--", color=color, gid=SERIES_GID, label=f"prompt {prompt} "
                                                                                                     "mean")
             itl_ax.axhline(floats(part["decode_only_ms"]).mean(), color=color, linestyle=":", linewidth=1,

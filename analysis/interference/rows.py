@@ -20,14 +20,28 @@ from ...bench.spec.interference_schema import (
 from ..loading.results import DataFileError
 from ..phases.model import USER_TARGETS
 
-SHOWN = ("batch", "prompt", "mode", "mechanism", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "stretch",
-         "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
-HYBRID_SHOWN = ("batch", "prompt", "chunk", "iterations", "samples", "decode_only_ms", "itl_mean_ms", "itl_p50_ms",
-                "itl_p90_ms", "itl_p99_ms", "itl_max_ms", "ttft_ms", "chunk_cost", "decode_tokens_per_s",
-                "tokens_per_s_per_user")
+SHOWN = ("batch", "prompt", "mode", "mechanism", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms", "itl_tail_ms", "itl_tail",
+         "stretch", "tokens_per_s_per_user", "prefill_ms", "prefill_slowdown", "noisy")
+# hybrid rows: the timed layers' figures (headed "@L"), then the whole model's, every one scaled the same way
+HYBRID_SHOWN = ("batch", "prompt", "chunk", "iterations", "arrivals", "samples", "decode_only_ms", "itl_mean_ms",
+                "itl_p50_ms", "itl_tail_ms", "itl_tail", "itl_position_max_ms", "position_range_pct",
+                "arrival_range_pct", "ttft_ms", "ttft_low_ms", "ttft_high_ms", "chunk_cost", "decode_tokens_per_s",
+                "model_itl_ms", "model_itl_tail_ms", "model_ttft_ms", "model_ttft_low_ms", "model_ttft_high_ms",
+                "model_chunk_cost", "fixed_ms", "tokens_per_s_per_user")
+# the terminal's: each TTFT with its interval in one cell
+HYBRID_PRINTED = tuple(c for c in HYBRID_SHOWN if not c.endswith(("_low_ms", "_high_ms")))
 SHORT = {"itl_mean_ms": "mean", "itl_p50_ms": "p50", "itl_p90_ms": "p90", "itl_p99_ms": "p99", "itl_max_ms": "max",
-         "decode_only_ms": "decode_only", "tokens_per_s_per_user": "tok/s/user", "prefill_slowdown": "prefill_x",
-         "decode_tokens_per_s": "decode_tok/s"}
+         "itl_tail_ms": "tail", "itl_tail": "tail_of", "decode_only_ms": "decode_only",
+         "tokens_per_s_per_user": "tok/s/user", "prefill_slowdown": "prefill_x", "decode_tokens_per_s": "decode_tok/s"}
+TIMED = ("decode_only_ms", "itl_mean_ms", "itl_p50_ms", "itl_tail_ms", "itl_position_max_ms", "ttft_ms", "ttft_low_ms",
+         "ttft_high_ms", "chunk_cost", "decode_tokens_per_s")  # hybrid columns of the timed layers
+HYBRID_SHORT = {**{c: f"{SHORT.get(c, c.removesuffix('_ms'))}@L" for c in TIMED},
+                "itl_position_max_ms": "slowest_pos@L",
+                "position_range_pct": "pos_range%", "arrival_range_pct": "arrival_range%",
+                "model_itl_ms": "model_mean", "model_itl_tail_ms": "model_tail", "model_ttft_ms": "model_ttft",
+                "model_ttft_low_ms": "model_ttft_low", "model_ttft_high_ms": "model_ttft_high",
+                "model_chunk_cost": "model_chunk_cost", "fixed_ms": "fixed", "itl_tail": "tail_of",
+                "tokens_per_s_per_user": "tok/s/user"}
 
 
 def load_interference(*sources) -> pd.DataFrame:
@@ -145,8 +159,18 @@ def _cell(value) -> str:
     return str(value)
 
 
-def _table(rows: pd.DataFrame, columns) -> str:
-    table = rows[list(columns)].rename(columns=SHORT)
+def with_interval(rows: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """Each column (x_ms) as text "value [low, high]" from x_low_ms and x_high_ms ("[–]": no interval)."""
+    out = rows.copy()
+    for column in columns:
+        stem = column.removesuffix("_ms")
+        out[column] = [f"{_cell(v)} [{_cell(lo)}, {_cell(hi)}]" if lo == lo and hi == hi else f"{_cell(v)} [–]"
+                       for v, lo, hi in zip(rows[column], rows[f"{stem}_low_ms"], rows[f"{stem}_high_ms"], strict=True)]
+    return out
+
+
+def _table(rows: pd.DataFrame, columns, short=None) -> str:
+    table = rows[[c for c in columns if c in rows]].rename(columns=short or SHORT)
     return table.to_string(index=False, na_rep="–", formatters={c: _cell for c in table.columns})
 
 
@@ -162,7 +186,9 @@ def interference_summary(rows: pd.DataFrame) -> str:
     ok = ordered(rows[rows["status"] == "ok"])
     if len(hybrid(ok)):
         out += ["", "Hybrid iteration: one prompt's arrival in the decode users' iterations (ITL in ms over the "
-                    "prompt's iterations)", _table(hybrid(ok), HYBRID_SHOWN)]
+                    "prompt's iterations; @L: of the layers timed, model_: the whole model, each iteration position "
+                    "scaled from two depths with the fixed cost once; tail: p99 from 100 samples, else the max of N)",
+                _table(with_interval(hybrid(ok), "ttft_ms", "model_ttft_ms"), HYBRID_PRINTED, HYBRID_SHORT)]
     if len(spatial(ok)):
         out += ["", "Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)",
                 _table(spatial(ok), SHOWN)]

@@ -11,38 +11,16 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
+from ...bench.spec.interval import error_interval, median_interval, sum_interval, verdict, worst_verdict
 from ...bench.spec.models import DecoderConfig, config_from_dict
 from . import model as pm
+from .coverage import left_out
 
 # The largest |error| a published figure may carry, per device kind. The host: one op's time varies by ~15% between
 # calls on a shared 2-core host, so a tighter goal would judge the noise. A GPU: CUDA events time each op to about 1%
 # and a real pass adds launch gaps the step's overhead term measures, so 10% leaves room for neither being hidden.
 GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
 SPREAD_PCT = 10.0  # the rounds' (or brackets') errors with an interquartile range above this: they disagree
-LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
-            "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
-# a mixture of experts also leaves out its router's softmax and top-k (route), and the real pass routes its own
-# tokens (a random router's: about uniform) where the composition reads rows of a drawn uniform routing
-MOE_LEFT_OUT = ("the router's softmax and top-k (the router's linear layer is composed)", "the real pass's own "
-                "routing: a random router's, about uniform, against the composed rows' drawn uniform routing")
-# what the attention kinds' compositions leave out, and what transformers' classes run otherwise (bench.spec.steps)
-KIND_LEFT_OUT = {
-    "mla": ("MLA's absorptions are batched matmuls over heads, composed as one linear of the same FLOPs and weights",),
-    "sinks": ("gpt-oss's attention and expert biases and its clamped SwiGLU (the moe rows run a plain SwiGLU)",)}
-TRANSFORMERS_LEFT_OUT = {
-    "mla": ("transformers' DeepseekV2 decompresses every cached latent at each decode step (kv_b over the whole "
-            "cache): its decode runs that against the composition's absorbed decode",),
-    "sinks": ("transformers' GptOss runs eager attention (the scores materialised, a sink column appended): it has "
-              "no SDPA path for sinks",)}
-
-
-def left_out(model: DecoderConfig, reference: str) -> str:
-    """What the composition of `model` leaves out against `reference`'s forward pass, in one line."""
-    kinds = [k for k in ("mla", "sinks") if (model.attention == "mla" if k == "mla" else model.sinks)]
-    notes = LEFT_OUT + (MOE_LEFT_OUT if model.is_moe else ()) + tuple(n for k in kinds for n in KIND_LEFT_OUT[k])
-    if reference == "transformers":
-        notes += tuple(n for k in kinds for n in TRANSFORMERS_LEFT_OUT[k])
-    return "; ".join(notes)
 
 
 def goal_pct(device) -> float:
@@ -109,6 +87,27 @@ def _median(rows: list[dict]) -> float:
     return float(np.median(samples)) if samples else float("nan")
 
 
+def _interval(rows: list[dict]) -> tuple[float, float, float]:
+    """The median of the rows' pooled samples with its 95% interval."""
+    found = median_interval([s for r in rows for s in r.get("samples_ms", ())])
+    return found.median, found.low, found.high
+
+
+def per_layer_interval(shallow: tuple, deep: tuple, layers_apart: int) -> tuple[float, float, float]:
+    """(deep - shallow) / layers_apart with its interval: two independent medians' difference."""
+    return sum_interval(((1 / layers_apart, deep), (-1 / layers_apart, shallow)))
+
+
+def error_columns(prefix: str, composed: tuple, measured: tuple, goal: float) -> dict:
+    """{prefix_error_pct, _low_pct, _high_pct, prefix_verdict}: a composed figure's error against a measured one with
+    its interval, and within / over / unresolved against the goal."""
+    error, low, high = error_interval(composed, measured)
+    if not np.isfinite(error):
+        error = pm.model_error(composed[0], measured[0])
+    return {f"{prefix}_error_pct": error, f"{prefix}_error_low_pct": low, f"{prefix}_error_high_pct": high,
+            f"{prefix}_verdict": verdict(low, high, goal)}
+
+
 def _spread(errors: list[float]) -> float:
     return float(np.subtract(*np.percentile(errors, [75, 25]))) if errors else 0.0
 
@@ -152,7 +151,10 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
       per_layer_interleaved_error_pct from the rounds'; per_layer_ops_alone_error_pct from `ops_alone` (the
       published rows without the sequence term: what the composition reads without it), and sequence_pct, the
       sequence term's share of the published composition;
-    - goal_pct and over_goal: |published_error_pct| or |per_layer_error_pct| above the device's goal.
+    - each figure with its 95% interval (reference_low/high_ms from the brackets' pooled samples, published_low/
+      high_ms propagated from the ops' rows, the errors' *_low_pct / *_high_pct from both sides); published_verdict
+      and per_layer_verdict: within the device's goal, over it, or unresolved where the error's interval straddles
+      it; verdict: over if either is, within if both are; over_goal: verdict over.
 
     Errors are negative where the composition is faster than the real pass. A row is noisy when the rounds' errors
     (or the brackets' per-layer errors) have an interquartile range above SPREAD_PCT points, or when most brackets
@@ -167,7 +169,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         timed = [b for b in mine if b.get("ms") and b.get("layers", shallow) == shallow]
         deeper = [b for b in mine if b.get("ms") and b.get("layers") == deep]
         samples = [s for b in timed for s in b.get("samples_ms", ())]
-        reference_ms, deep_ms = _median(timed), _median(deeper)
+        reference, deep_ref = _interval(timed), _interval(deeper)
+        reference_ms, deep_ms = reference[0], deep_ref[0]
         errors = []
         for k, round_rows in enumerate(per_round):
             around = _median([b for b in timed if b["bracket"] in (k, k + 1)])
@@ -183,7 +186,12 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
                         for b in deeper if b["bracket"] in by_bracket]
         layer_errors = [e for e in layer_errors if np.isfinite(e)]
         reasons = _noise(timed + deeper, errors, layer_errors)
-        published_error = pm.model_error(_total(step), reference_ms)
+        shown = error_columns("published", step.interval if step is not None else (np.nan,) * 3, reference, goal)
+        layer_ref_ci = per_layer_interval(reference, deep_ref, deep - shallow)
+        layer_composed_ci = step.layer_interval(shallow) if step is not None else (np.nan,) * 3
+        per_layer = error_columns("per_layer", (layer_composed, *layer_composed_ci[1:]), layer_ref_ci, goal)
+        judged = worst_verdict(v for v, e in ((shown["published_verdict"], shown["published_error_pct"]),
+                                              (per_layer["per_layer_verdict"], layer_error)) if np.isfinite(e))
         interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))
         head = step.parts.get("head", float("nan")) if step is not None and step.complete else float("nan")
         in_sequence = float(step.items.loc[step.items["op"] == "sequence", "ms"].sum()) if np.isfinite(head) \
@@ -191,21 +199,24 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         rows.append({
             "reference": kind, "implementation": next((b["implementation"] for b in timed), ""), "phase": phase,
             "layers": shallow, "batch": batch, "tokens": tokens, "reference_ms": reference_ms,
+            "reference_low_ms": reference[1], "reference_high_ms": reference[2],
             "reference_p20_ms": float(np.percentile(samples, 20)) if samples else float("nan"),
             "reference_p80_ms": float(np.percentile(samples, 80)) if samples else float("nan"),
             "samples": len(samples), "brackets": len(timed), "rounds": len(per_round),
             "drift_pct": pm.model_error(timed[-1]["ms"], timed[0]["ms"]) if len(timed) > 1 else float("nan"),
-            "published_composed_ms": _total(step), "published_error_pct": published_error,
+            "published_composed_ms": _total(step),
+            "published_composed_low_ms": step.low_ms if step is not None else np.nan,
+            "published_composed_high_ms": step.high_ms if step is not None else np.nan, **shown,
             "interleaved_composed_ms": interleaved_ms,
             "interleaved_error_pct": pm.model_error(interleaved_ms, reference_ms),
             "round_error_min_pct": min(errors) if errors else float("nan"),
             "round_error_max_pct": max(errors) if errors else float("nan"),
             "head_share_pct": 100 * head / _total(step) if np.isfinite(head) else float("nan"),
             "deep_layers": deep, "deep_reference_ms": deep_ms, "per_layer_reference_ms": layer_ref,
-            "per_layer_composed_ms": layer_composed, "per_layer_error_pct": layer_error,
+            "per_layer_composed_ms": layer_composed, **per_layer,
             "per_layer_interleaved_error_pct": layer_interleaved, "per_layer_ops_alone_error_pct": layer_alone,
             "sequence_pct": 100 * in_sequence / _total(step),
-            "goal_pct": goal, "over_goal": over_goal(published_error, layer_error, goal),
+            "goal_pct": goal, "verdict": judged, "over_goal": judged == "over",
             "noisy": bool(reasons), "noise_reason": "; ".join(reasons),
             "error": next((b["error"] for b in mine if b.get("error")), ""),
             "left_out": left_out(plan.model, kind)})
@@ -228,7 +239,8 @@ def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) 
 
 
 def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: float) -> bool:
-    """Whether either error that judges a published figure is beyond the goal (a missing error judges nothing)."""
+    """Whether either error's point is beyond the goal (a missing error judges nothing): a table from before the
+    intervals, read without a verdict."""
     return any(np.isfinite(e) and abs(e) > goal for e in (published_error_pct, per_layer_error_pct))
 
 
@@ -237,7 +249,9 @@ def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: floa
 ERRORS = ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct")
 FILLED = ("published_composed_ms", "published_error_pct", "interleaved_composed_ms", "interleaved_error_pct",
           "head_share_pct", "deep_layers", "deep_reference_ms", "per_layer_reference_ms", "per_layer_composed_ms",
-          "per_layer_error_pct", "per_layer_interleaved_error_pct", "per_layer_ops_alone_error_pct", "sequence_pct")
+          "per_layer_error_pct", "per_layer_interleaved_error_pct", "per_layer_ops_alone_error_pct", "sequence_pct",
+          "reference_low_ms", "reference_high_ms", "published_composed_low_ms", "published_composed_high_ms",
+          "published_error_low_pct", "published_error_high_pct", "per_layer_error_low_pct", "per_layer_error_high_pct")
 
 
 def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
@@ -256,9 +270,15 @@ def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
     goal = goal_pct(device)
     table["goal_pct"] = pd.to_numeric(table["goal_pct"], errors="coerce").fillna(goal) if "goal_pct" in table \
         else goal
-    table["over_goal"] = [over_goal(p, q, g) for p, q, g in zip(table["published_error_pct"],
-                                                                table["per_layer_error_pct"], table["goal_pct"],
-                                                                strict=True)]
+    judged = []  # the three verdicts from the errors' intervals; a table from before them has none: unresolved
+    for row in table.to_dict("records"):
+        found = {name: verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"], row["goal_pct"])
+                 for name in ("published", "per_layer")}
+        judged.append((*found.values(), worst_verdict(v for name, v in found.items()
+                                                      if np.isfinite(row[f"{name}_error_pct"]))))
+    for k, name in enumerate(("published_verdict", "per_layer_verdict", "verdict")):
+        table[name] = [j[k] for j in judged] if judged else pd.Series(dtype=str)
+    table["over_goal"] = table["verdict"] == "over"
     return table
 
 
@@ -297,46 +317,64 @@ def where(row) -> str:
     return str(row["phase"]) if row["phase"] == "prefill" else f"{row['phase']} batch {int(row['batch'])}"
 
 
-def over_goal_notes(table: pd.DataFrame) -> list[str]:
-    """One line per row over its goal: 'phasebench decode batch 1: per-layer error -21.0%, beyond the 15% goal'."""
+VERDICT_WORDS = {"within": "within goal", "over": "OVER GOAL", "unresolved": "unresolved"}
+
+
+def verdict_notes(table: pd.DataFrame, which: str = "over") -> list[str]:
+    """One line per row of that verdict: 'phasebench decode batch 1: per-layer error -21.0% [-30.2%, -17.0%], over
+    the 15% goal' (unresolved: the errors whose intervals straddle the goal, or have none)."""
     out = []
-    if "over_goal" not in table:
+    if "verdict" not in table:
         return out
-    for row in table[table["over_goal"].astype(bool)].to_dict("records"):
-        beyond = [f"{label} {row[column]:+.1f}%" for column, label in (("published_error_pct", "published error"),
-                                                                        ("per_layer_error_pct", "per-layer error"))
-                  if np.isfinite(row[column]) and abs(row[column]) > row["goal_pct"]]
+    for row in table[table["verdict"] == which].to_dict("records"):
+        said = [f"{label} " + pct_interval(*(row[f"{name}_error{end}_pct"] for end in ("", "_low", "_high")))
+                for name, label in (("published", "published error"), ("per_layer", "per-layer error"))
+                if row.get(f"{name}_verdict") == which and np.isfinite(row[f"{name}_error_pct"])]
         noisy = " (noisy)" if bool(row.get("noisy")) else ""
-        out.append(f"{row.get('reference', 'phasebench')} {where(row)}: {', '.join(beyond)}, beyond the "
+        how = "over" if which == "over" else "unresolved against"
+        out.append(f"{row.get('reference', 'phasebench')} {where(row)}: {', '.join(said)}, {how} the "
                    f"{row['goal_pct']:g}% goal{noisy}")
     return out
+
+
+def over_goal_notes(table: pd.DataFrame) -> list[str]:
+    """The rows whose verdict is over (verdict_notes)."""
+    return verdict_notes(table, "over")
 
 
 def _pct(value) -> str:
     return f"{value:+.1f}%"
 
 
+def pct_interval(value, low, high) -> str:
+    """'-13.0% [-20.1%, -5.2%]' (no brackets where the interval is unknown)."""
+    ends = f" [{low:+.1f}%, {high:+.1f}%]" if np.isfinite(low) and np.isfinite(high) else ""
+    return _pct(value) + ends
+
+
 def check_sentence(table: pd.DataFrame, phase: str, legend: bool = True) -> str:
     """What the check says of one phase's published figures, for beside them: 'Checked against real passes (goal
-    15%; < 0: the composition is faster): phasebench (2 layers) decode batch 1 published -3.2% (interleaved -5.0%,
-    per layer -21.0%) OVER GOAL; decode batch 8 ...'; empty where nothing checked the phase. legend=False leaves
-    out what the sign means (said once already)."""
+    15%; < 0: the composition is faster; [95% interval]): phasebench (2 layers) decode batch 1 published -3.2%
+    [-9.0%, +2.1%] (interleaved -5.0%, per layer -21.0% [-30.2%, -17.0%]) OVER GOAL; decode batch 8 ...'; empty
+    where nothing checked the phase. legend=False leaves out what the sign means (said once already)."""
     rows = table[table["phase"] == phase] if "phase" in table else table.iloc[:0]
     if not len(rows):
         return ""
     cells, named = [], set()
     for row in rows.to_dict("records"):
-        values = {label: float(row[column]) for column, label in (("published_error_pct", "published"),
-                                                                   ("interleaved_error_pct", "interleaved"),
-                                                                   ("per_layer_error_pct", "per layer"))}
-        shown = [f"{label} {_pct(value)}" for label, value in values.items() if np.isfinite(value)]
+        values = {label: (float(row[column]), float(row.get(f"{column[:-4]}_low_pct", np.nan)),
+                          float(row.get(f"{column[:-4]}_high_pct", np.nan)))
+                  for column, label in (("published_error_pct", "published"),
+                                        ("interleaved_error_pct", "interleaved"),
+                                        ("per_layer_error_pct", "per layer"))}
+        shown = [f"{label} {pct_interval(*value)}" for label, value in values.items() if np.isfinite(value[0])]
         who = f"{row.get('reference', 'phasebench')} ({int(row['layers'])} layers)"
         place = where(row) if who not in named else where(row).replace("decode batch", "batch")
         cell = ("" if who in named else f"{who} ") + f"{place} " + (  # each reference named once
             f"{shown[0]} ({', '.join(shown[1:])})" if len(shown) > 1 else (shown or ["not timed"])[0])
         named.add(who)
         cell += " noisy" if bool(row.get("noisy")) else ""
-        cells.append(cell + (" OVER GOAL" if bool(row["over_goal"]) else ""))
+        cells.append(cell + " " + VERDICT_WORDS.get(str(row.get("verdict", "unresolved")), "unresolved"))
     goals = "/".join(f"{g:g}%" for g in dict.fromkeys(rows["goal_pct"]))
-    sign = "; < 0: the composition is faster" if legend else ""
+    sign = "; < 0: the composition is faster; [95% interval]" if legend else ""
     return f"Checked against real passes (goal {goals}{sign}): " + "; ".join(cells) + "."

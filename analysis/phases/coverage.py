@@ -1,5 +1,6 @@
-"""What a composed mixture of experts says of its decode batches: the batch from which every expert is touched
-(drawn and expected under uniform routing) beside the batch where throughput saturates."""
+"""What a composition covers and leaves out: the batch from which a mixture's decode touches every expert (drawn and
+expected under uniform routing) beside the batch where throughput saturates, the KV cache a token costs by the
+attention kind, and what the check's real passes run that the composition does not."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ...bench.spec.models import DecoderConfig
 from ...bench.spec.routing import expected_touched
 
 
@@ -40,3 +42,45 @@ def coverage_lines(decode: pd.DataFrame) -> list[str]:
             f"E·(1 - (1 - k/E)^B) passes {experts - 0.5:g} at batch {expected_all_batch(experts, top_k)} "
             f"({float(expected_touched(experts, top_k, batches[-1])):.1f} expected at batch {batches[-1]}); {knee}."
             + ("" if np.isfinite(touched).all() else " (some batches have no count)")]
+
+
+LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
+            "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
+# a mixture of experts also leaves out its router's softmax and top-k (route), and the real pass routes its own
+# tokens (a random router's: about uniform) where the composition reads rows of a drawn uniform routing
+MOE_LEFT_OUT = ("the router's softmax and top-k (the router's linear layer is composed)", "the real pass's own "
+                "routing: a random router's, about uniform, against the composed rows' drawn uniform routing")
+# what the attention kinds' compositions leave out, and what transformers' classes run otherwise (bench.spec.steps)
+KIND_LEFT_OUT = {
+    "mla": ("MLA's absorptions are batched matmuls over heads, composed as one linear of the same FLOPs and weights",),
+    "sinks": ("gpt-oss's attention and expert biases and its clamped SwiGLU (the moe rows run a plain SwiGLU)",)}
+TRANSFORMERS_LEFT_OUT = {
+    "mla": ("transformers' DeepseekV2 decompresses every cached latent at each decode step (kv_b over the whole "
+            "cache): its decode runs that against the composition's absorbed decode",),
+    "sinks": ("transformers' GptOss runs eager attention (the scores materialised, a sink column appended): it has "
+              "no SDPA path for sinks",)}
+
+
+def left_out(model: DecoderConfig, reference: str) -> str:
+    """What the composition of `model` leaves out against `reference`'s forward pass, in one line."""
+    kinds = [k for k in ("mla", "sinks") if (model.attention == "mla" if k == "mla" else model.sinks)]
+    notes = LEFT_OUT + (MOE_LEFT_OUT if model.is_moe else ()) + tuple(n for k in kinds for n in KIND_LEFT_OUT[k])
+    if reference == "transformers":
+        notes += tuple(n for k in kinds for n in TRANSFORMERS_LEFT_OUT[k])
+    return "; ".join(notes)
+
+
+KV_KINDS = {"gqa": "a K and a V head per kv head and layer", "mla": "one latent per layer",
+            "window": "window layers keep at most their window"}
+
+
+def kv_lines(decode: pd.DataFrame) -> list[str]:
+    """One sentence for a decode table with kv_bytes_per_token: the cache a token costs, by the attention kind, and
+    the largest batch's cache."""
+    if "kv_bytes_per_token" not in decode or not len(decode):
+        return []
+    last = decode.sort_values("batch").iloc[-1]
+    kind = str(last.get("attention", "gqa"))
+    return [f"KV cache ({kind.upper()}: {KV_KINDS.get(kind, kind)}): {float(last['kv_bytes_per_token']):,.0f} "
+            f"bytes per token at {int(last['context']) + 1:,} tokens; "
+            f"{float(last['kv_cache_bytes']) / 2**20:,.1f} MiB for batch {int(last['batch'])}."]

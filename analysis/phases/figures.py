@@ -10,9 +10,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
-from .check import check_sentence, normalised, over_goal_notes
-from .coverage import coverage_lines
+from .check import check_sentence, normalised, over_goal_notes, verdict_notes
+from .coverage import coverage_lines, kv_lines
 from .folder import as_bool
+from .hybrid_check import hybrid_lines
 from .model import SATURATION_MARGIN, USER_TARGETS
 from .remedies import remedy_lines
 
@@ -241,9 +242,13 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
 
 
 ROUND_COLUMNS = ("round_error_min_pct", "round_error_max_pct")
-CHECK_COLUMNS = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "published_composed_ms", "gap_ms",
-                 "published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "per_layer_ops_alone_error_pct",
-                 "head_share_pct", "sequence_pct", "goal_pct", "over_goal", "noisy", "left_out"]
+CHECK_COLUMNS = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "reference_low_ms",
+                 "reference_high_ms", "published_composed_ms", "published_composed_low_ms",
+                 "published_composed_high_ms", "gap_ms",
+                 "published_error_pct", "published_error_low_pct", "published_error_high_pct", "published_verdict",
+                 "interleaved_error_pct", "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
+                 "per_layer_verdict", "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", "goal_pct",
+                 "verdict", "over_goal", "noisy", "left_out"]
 
 
 def reference_table(tables: dict) -> pd.DataFrame:
@@ -293,20 +298,19 @@ def _text(table: pd.DataFrame, columns) -> str:
     return shown.to_string(index=False, formatters={c: _number for c in shown.columns})
 
 
-KV_KINDS = {"gqa": "a K and a V head per kv head and layer", "mla": "one latent per layer",
-            "window": "window layers keep at most their window"}
-
-
-def kv_lines(decode: pd.DataFrame) -> list[str]:
-    """One sentence for a decode table with kv_bytes_per_token: the cache a token costs, by the attention kind, and
-    the largest batch's cache."""
-    if "kv_bytes_per_token" not in decode or not len(decode):
-        return []
-    last = decode.sort_values("batch").iloc[-1]
-    kind = str(last.get("attention", "gqa"))
-    return [f"KV cache ({kind.upper()}: {KV_KINDS.get(kind, kind)}): {_number(float(last['kv_bytes_per_token']))} "
-            f"bytes per token at {_number(int(last['context']) + 1)} tokens; "
-            f"{float(last['kv_cache_bytes']) / 2**20:,.1f} MiB for batch {int(last['batch'])}."]
+def with_ends(table: pd.DataFrame, *columns: str, suffix: str = "") -> pd.DataFrame:
+    """The table with each column's value written with its 95% interval, '12.3 [11.9, 12.8]', where the table has
+    its ends (COLUMN's stem + _low / _high + suffix: ttft_ms -> ttft_low_ms, speedup -> speedup_low)."""
+    out = table.copy()
+    for column in columns:
+        stem, unit = (column[:-3], "_ms") if column.endswith("_ms") else (column[:-4], "_pct") \
+            if column.endswith("_pct") else (column, "")
+        low, high = f"{stem}_low{unit}{suffix}", f"{stem}_high{unit}{suffix}"
+        if column in out and low in out and high in out:
+            out[column] = [_number(v) + (f" [{_number(lo)}, {_number(hi)}]" if np.isfinite(lo) and np.isfinite(hi)
+                                         else "") for v, lo, hi in zip(floats(out[column]), floats(out[low]),
+                                                                       floats(out[high]), strict=True)]
+    return out
 
 
 def phases_summary(tables: dict) -> str:
@@ -320,8 +324,9 @@ def phases_summary(tables: dict) -> str:
         out[0] += f" · KV cache in pages of {meta['page_size']} (decode and chunks)"
     reference = reference_table(tables)
     if not _empty(tables, "prefill"):
-        out += ["", "Prefill (one prompt):", _text(tables["prefill"], ("prompt", "ttft_ms", "prompt_tokens_per_s",
-                                                                        "noisy_left_out"))]
+        out += ["", "Prefill (one prompt; [95% interval]):", _text(
+            with_ends(tables["prefill"], "ttft_ms", "prompt_tokens_per_s"),
+            ("prompt", "ttft_ms", "prompt_tokens_per_s", "noisy_left_out"))]
         out += [line for line in (check_sentence(reference, "prefill"),) if line]
     if not _empty(tables, "decode"):
         decode = tables["decode"].sort_values("batch")
@@ -330,9 +335,12 @@ def phases_summary(tables: dict) -> str:
         state = saturation_text(int(knee.iloc[0]) if len(knee) else None, int(decode["batch"].max())) \
             if np.isfinite(floats(decode["tokens_per_s"])).any() else "no batch composed: ops missing or noisy"
         out += ["", f"Decode at context {decode['context'].iloc[0]} ({state}):",
-                _text(marked, ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
-                               "tokens_per_s_per_user", "experts_ms", "touched_experts", "expected_touched",
-                               "saturated", "noisy_left_out"))]
+                _text(with_ends(marked, "tpot_ms", "weights_speedup", "tokens_per_s"),
+                      ("batch", "tpot_ms", "unquantized_tpot_ms", "weights_speedup", "tokens_per_s",
+                       "tokens_per_s_per_user", "experts_ms", "touched_experts", "expected_touched", "saturated",
+                       "noisy_left_out"))]
+        out += [f"batch {int(b)}: TPOT {note}" for b, note in zip(decode["batch"], decode.get(
+            "monotone_note", pd.Series("", index=decode.index)), strict=True) if isinstance(note, str) and note]
         out += coverage_lines(decode) + kv_lines(decode)
         out += [line for line in (check_sentence(reference, "decode"),) if line]
     if not _empty(tables, "chunked"):
@@ -342,9 +350,10 @@ def phases_summary(tables: dict) -> str:
                     f"decode users at context {_number(first['context'])} (unchunked TTFT "
                     f"{_number(first['unchunked_ttft_ms'])} ms, decode-only ITL "
                     f"{_number(first['decode_only_ms'])} ms):",
-                _text(chunked, ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct",
-                                "chunking_cost_pct"))]
-    out += remedy_lines(tables)
+                _text(with_ends(chunked, "ttft_ms", "itl_ms", "itl_increase_pct", "chunking_cost_pct"),
+                      ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct", "chunking_cost_pct",
+                       "check_verdict"))]
+    out += hybrid_lines(tables.get("hybrid_check")) + remedy_lines(tables)
     if not _empty(tables, "interactive"):
         limits = tables["interactive"]
         wide = limits.pivot_table(index="prompt", columns="user_tokens_per_s_target", values="largest_batch",
@@ -358,11 +367,14 @@ def phases_summary(tables: dict) -> str:
         out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; published: the "
                     "figures above, from ops/ with the sequence term; interleaved: the check's rounds; per layer: "
                     "references of L and 2L layers, the head removed; ops alone: without the sequence term):",
-                _text(reference, ("reference", "phase", "layers", "batch", "reference_ms", "published_composed_ms",
-                                  "published_error_pct", "interleaved_error_pct", "per_layer_error_pct",
-                                  "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", *ROUND_COLUMNS,
-                                  "noisy"))]
+                _text(with_ends(reference, "reference_ms", "published_composed_ms", "published_error_pct",
+                                "per_layer_error_pct"),
+                      ("reference", "phase", "layers", "batch", "reference_ms", "published_composed_ms",
+                       "published_error_pct", "interleaved_error_pct", "per_layer_error_pct",
+                       "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", *ROUND_COLUMNS, "verdict",
+                       "noisy"))]
         out += [f"OVER GOAL: {note}" for note in over_goal_notes(reference)]
+        out += [f"unresolved: {note}" for note in verdict_notes(reference, "unresolved")]
         left_out = "; ".join(dict.fromkeys(part for s in reference["left_out"] for part in s.split("; ") if part))
         if left_out:
             out.append(f"left out of the composition: {left_out}")

@@ -32,9 +32,9 @@ TABLES = {
     "speculative_check": ("batch", "gamma", "alpha", "loop_tokens_per_s_per_user", "composed_tokens_per_s_per_user",
                           "error_pct", "expected_tokens_per_pass", "realised_tokens_per_pass", "over_goal"),
     # --interference with hybrid rows of this model (analysis/phases/hybrid_check.py): composed vs measured
-    "hybrid_check": ("batch", "prompt", "context", "chunk", "iterations", "measured_itl_mean_ms", "composed_itl_ms",
-                     "itl_error_pct", "measured_ttft_ms", "composed_ttft_ms", "ttft_error_pct", "checked", "over_goal",
-                     "missing", "noisy_left_out"),
+    # (new columns: phases/hybrid_check.py COLUMNS; these are those a folder of before the verdicts has too)
+    "hybrid_check": ("batch", "prompt", "context", "chunk", "iterations", "measured_ttft_ms", "composed_ttft_ms",
+                     "ttft_error_pct", "checked", "over_goal", "missing", "noisy_left_out"),
 }
 # folders without them lack them
 OPTIONAL = ("colocated", "sequences", "speculative", "speculative_check", "hybrid_check")
@@ -56,6 +56,8 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
             tables[name] = _read_table(folder / f"{name}.csv", columns)
     if "saturated" in tables["decode"]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
+    if "monotone_note" in tables["decode"]:  # "" where TPOT is in order: a CSV reads it back empty
+        tables["decode"]["monotone_note"] = [v if isinstance(v, str) else "" for v in tables["decode"]["monotone_note"]]
     tables["reference"] = _checked(tables["reference"], tables["meta"], folder / "ops")
     return tables
 

@@ -1,46 +1,61 @@
 """The composed hybrid iteration (a chunk of a prompt beside the decode users) against the one `phasebench
-interference` timed as a real forward pass: the decode users' mean ITL and the prompt's TTFT, per (batch, prompt,
-chunk)."""
+interference` timed as a real forward pass, through the layers that row timed: the arrival's TTFT (the sum of its
+iterations) and, apart from it, the slowest iteration position, each with its interval and a verdict; and the
+published chunked table's rows given the verdict of the measured rows of their own shape."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
+from ...bench.spec.interval import worst_verdict
 from ...bench.spec.models import DecoderConfig
-from .check import goal_pct
-from .model import Measured, model_error, sequence_items, step_time
+from .check import VERDICT_WORDS, error_columns, goal_pct, pct_interval
+from .model import Measured, composed_interval, sequence_items, step_time
 
-COLUMNS = ("batch", "prompt", "context", "chunk", "iterations", "measured_itl_mean_ms", "composed_itl_ms",
-           "itl_error_pct", "measured_ttft_ms", "composed_ttft_ms", "ttft_error_pct", "goal_pct", "checked",
-           "over_goal", "missing", "noisy_left_out", "measured_run")
+NOT_CHECKED = "no quiet hybrid row"  # a chunked row whose shape no ok, quiet hybrid row measured
+FIGURES = ("ttft", "slowest")  # the arrival's sum of iterations; its slowest iteration position (not the same sum)
+COLUMNS = ("batch", "prompt", "context", "chunk", "layers", "iterations", "arrivals",
+           *(f"{side}_{f}{end}" for f in FIGURES for side in ("measured", "composed")
+             for end in ("_ms", "_low_ms", "_high_ms")),
+           *(f"{f}_{c}" for f in FIGURES for c in ("error_pct", "error_low_pct", "error_high_pct", "verdict")),
+           "verdict", "goal_pct", "checked", "over_goal", "missing", "noisy_left_out", "measured_run")
 
 
 def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str,
                 layers: int) -> pd.DataFrame:
-    """The ok, quiet hybrid rows of this model and dtype, measured on `device` (as result rows name it) with all of
-    the composition's `layers` (a timed stretch of fewer layers is another model); each run's rows once (a
-    folder given twice counts once; two runs of one (batch, prompt, context, chunk) are each checked, so that the
-    error is read beside the drift between runs)."""
+    """The ok, quiet hybrid rows of this model and dtype, measured on `device` (as result rows name it) through any
+    number of its `layers` (each is checked against the model cut to the layers it timed, so that a GPU row of a
+    few layers is checked too); each run's rows once (a folder given twice counts once; two runs of one (batch,
+    prompt, context, chunk, layers) are each checked, so that the error is read beside the drift between runs)."""
     if interference is None or not len(interference) or "chunk_tokens" not in interference:
         return pd.DataFrame()
     names = interference["device_name"].fillna("").astype(str)
     counts = pd.to_numeric(interference["layers"], errors="coerce")
     keep = ((interference["status"] == "ok") & (interference["mode"] == "hybrid")
             & (interference["model"] == model) & (interference["dtype"] == dtype) & (names == device)
-            & (counts == layers) & interference["chunk_tokens"].notna())
+            & (counts >= 1) & (counts <= layers) & interference["chunk_tokens"].notna())
     if "noisy" in interference:
         keep &= ~interference["noisy"].fillna(False).astype(bool)
     rows = interference[keep]
     run = rows["run_id"].fillna("").astype(str) if "run_id" in rows else pd.Series("", index=rows.index)
-    return rows.assign(run_id=run).drop_duplicates(["batch", "prompt", "context", "chunk", "run_id"], keep="last")
+    return rows.assign(run_id=run).drop_duplicates(["batch", "prompt", "context", "chunk", "layers", "run_id"],
+                                                   keep="last")
+
+
+def cut(config: DecoderConfig, row) -> DecoderConfig:
+    """The model cut to the layers the row timed."""
+    return dataclasses.replace(config, layers=int(row["layers"]))
 
 
 def steps_of(config: DecoderConfig, row, page_size: int = 0) -> list[list[step_defs.OpUse]]:
-    """The iterations of one hybrid row, as the phase model composes them (`whole`: one chunk of the prompt)."""
-    return step_defs.chunked_prefill_steps(config, int(row["prompt"]), int(row["chunk_tokens"]), int(row["batch"]),
-                                           int(row["context"]), page_size)
+    """The iterations of one hybrid row, as the phase model composes them through the row's layers (`whole`: one
+    chunk of the prompt)."""
+    return step_defs.chunked_prefill_steps(cut(config, row), int(row["prompt"]), int(row["chunk_tokens"]),
+                                           int(row["batch"]), int(row["context"]), page_size)
 
 
 def hybrid_steps(config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) -> list[list[step_defs.OpUse]]:
@@ -48,29 +63,90 @@ def hybrid_steps(config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) 
     return [step for _, row in rows.iterrows() for step in steps_of(config, row, page_size)]
 
 
+def _measured(row, stem: str) -> tuple[float, float, float]:
+    """(value, low, high) of a measured figure; rows of interference schema 3 carry no interval (NaN ends)."""
+    return tuple(float(row[c]) if c in row and pd.notna(row[c]) else np.nan
+                 for c in (f"{stem}_ms", f"{stem}_low_ms", f"{stem}_high_ms"))
+
+
 def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) -> pd.DataFrame:
-    """Per measured hybrid row: its mean ITL and TTFT against the composition of the same iterations from the
-    op rows, and the error in percent. `checked` only where every op of every iteration was measured and no
-    sequence term was left out as noisy (that makes the sum too low); `over_goal` where unchecked or past the goal
-    of the row's device kind. Every arrival has the same iterations, so the two errors differ only by the mean of the
-    iterations against the median of the arrivals: one check, read two ways."""
+    """Per measured hybrid row, through the layers it timed: its TTFT (median of arrivals) against the composed sum
+    of the same iterations, and its slowest iteration position against the slowest composed iteration (a figure of
+    its own: not the sum read again), each error (composed / measured - 1, < 0: the composition is faster) with its
+    interval and within / over / unresolved on the goal of the row's device kind; `verdict` the worse of the two.
+    `checked` only where every op of every iteration was measured and no sequence term was left out as noisy (that
+    makes the sum too low); an unchecked row is unresolved."""
     out = []
     for _, row in rows.iterrows():
         goal = goal_pct(row.get("device_kind", "cpu"))
         steps = steps_of(config, row, page_size)
         times = [step_time(measured, s) for s in steps]
-        composed = np.array([t.total_ms for t in times])
-        itl, ttft = float(row["itl_mean_ms"]), float(row["ttft_ms"])
-        errors = (model_error(float(composed.mean()), itl), model_error(float(composed.sum()), ttft))
         missing, noisy = sum(len(t.missing) for t in times), sum(t.noisy for t in times)
+        composed = {"ttft": composed_interval(*(t.items for t in times)) if not missing else (np.nan,) * 3,
+                    "slowest": max((t.interval for t in times), key=lambda t: t[0]) if not missing
+                    else (np.nan,) * 3}
+        found = {"ttft": _measured(row, "ttft"), "slowest": _measured(row, "itl_position_max")}
         # a noisy op row beside a quiet one costs nothing; a sequence term left out makes the sum too low
         dropped = sum(sequence_items(measured, step_defs.with_weights(s, measured.weights))[1] for s in steps)
-        checked = not missing and not dropped and all(np.isfinite(errors))
-        out.append({"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
-                    "chunk": str(row["chunk"]), "iterations": len(times), "measured_itl_mean_ms": itl,
-                    "composed_itl_ms": float(composed.mean()), "itl_error_pct": errors[0],
-                    "measured_ttft_ms": ttft, "composed_ttft_ms": float(composed.sum()), "ttft_error_pct": errors[1],
-                    "goal_pct": goal, "checked": checked,
-                    "over_goal": not (checked and all(abs(e) <= goal for e in errors)), "missing": missing,
-                    "noisy_left_out": noisy, "measured_run": str(row.get("run_id", ""))})
+        checked = not missing and not dropped and np.isfinite(composed["ttft"][0])
+        line = {"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
+                "chunk": str(row["chunk"]), "layers": int(row["layers"]), "iterations": len(times),
+                "arrivals": row.get("arrivals", np.nan), "goal_pct": goal, "checked": checked, "missing": missing,
+                "noisy_left_out": noisy, "measured_run": str(row.get("run_id", ""))}
+        for figure in FIGURES:
+            for side, value in (("measured", found[figure]), ("composed", composed[figure])):
+                line.update(dict(zip((f"{side}_{figure}{e}" for e in ("_ms", "_low_ms", "_high_ms")), value,
+                                     strict=True)))
+            line.update(error_columns(figure, composed[figure], found[figure], goal))
+            if not checked:
+                line[f"{figure}_verdict"] = "unresolved"
+        line["verdict"] = worst_verdict(line[f"{f}_verdict"] for f in FIGURES)
+        line["over_goal"] = line["verdict"] == "over"
+        out.append(line)
     return pd.DataFrame(out, columns=list(COLUMNS))
+
+
+def chunked_verdicts(chunked: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
+    """The published chunked table with the check of its own rows: per (chunk, prompt, decode batch, context) the
+    measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`; "no quiet
+    hybrid row" where no ok, quiet row of that shape was given) and the TTFT error read (`check_ttft_error_pct`:
+    the largest |error|)."""
+    out = chunked.copy()
+    verdicts, errors = [], []
+    for _, row in chunked.iterrows():
+        mine = check[(check["batch"] == row["decode_batch"]) & (check["prompt"] == row["prompt"])
+                     & (check["context"] == row["context"]) & (check["chunk"] == str(row["chunk"]))] \
+            if len(check) else check
+        verdicts.append(worst_verdict(mine["verdict"]) if len(mine) else NOT_CHECKED)
+        found = mine["ttft_error_pct"].to_numpy(dtype=float) if len(mine) else np.array([])
+        errors.append(float(found[np.nanargmax(np.abs(found))]) if np.isfinite(found).any() else np.nan)
+    return out.assign(check_verdict=verdicts, check_ttft_error_pct=errors)
+
+
+def hybrid_lines(table: pd.DataFrame | None) -> list[str]:
+    """What the summary prints of the hybrid check: one line per measured row, its TTFT error and its slowest
+    iteration's, each with its interval, and the verdict."""
+    if table is None or not len(table):
+        return []
+    out = ["", "Hybrid iterations against `phasebench interference`'s, through the layers each row timed (< 0: the "
+               "composition is faster; [95% interval]; TTFT: the arrival's iterations summed; slowest: its slowest "
+               "iteration position):"]
+    for _, row in table.iterrows():
+        errors = "; ".join(f"{name} {_error(row, f)}" for f, name in (("ttft", "TTFT"), ("slowest", "slowest "
+                                                                                             "iteration"))
+                           if f"{f}_error_pct" in row)
+        state = VERDICT_WORDS.get(str(row.get("verdict", "")), "OVER GOAL" if row["over_goal"] else "within goal")
+        unchecked = "" if row["checked"] else f" (not checked: {int(row['missing'])} ops missing, " \
+                                              f"{int(row['noisy_left_out'])} noisy left out)"
+        out.append(f"  batch {int(row['batch'])} prompt {int(row['prompt'])} chunk {row['chunk']} "
+                   f"({_layers(row)}): {errors}: {state}{unchecked}")
+    return out
+
+
+def _error(row, figure: str) -> str:
+    return pct_interval(*(float(row.get(f"{figure}_{c}", np.nan)) for c in ("error_pct", "error_low_pct",
+                                                                             "error_high_pct")))
+
+
+def _layers(row) -> str:
+    return f"{int(row['layers'])} layers" if "layers" in row and pd.notna(row["layers"]) else "all layers"

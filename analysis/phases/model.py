@@ -9,17 +9,17 @@ steps whose attention reads a paged KV cache (rows with that page_size; 0: conti
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
-from ...bench.spec.interference_schema import COVERED_MIN
+from ...bench.spec.interval import median_interval, ratio_interval, scale_interval, sum_interval
 from ...bench.spec.models import DTYPE_BYTES, DecoderConfig
 from ...bench.spec.routing import expected_touched, touched_experts
+from .sequence import ALONE_AGREEMENT, sequence_key, sequence_parts  # noqa: F401 (names of the phase model)
+from .sequence import terms as sequence_terms
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch",
                  "mla": "torch"}
@@ -38,16 +38,43 @@ class StepTime:
     items: pd.DataFrame
     missing: list[str] = field(default_factory=list)
     noisy: int = 0  # noisy or profiled rows of the step's ops that the composition left out
+    low_ms: float = float("nan")  # the total's 95% interval (composed_interval; NaN where a row has none)
+    high_ms: float = float("nan")
 
     @property
     def complete(self) -> bool:
         return not self.missing
+
+    @property
+    def interval(self) -> tuple[float, float, float]:
+        return self.total_ms, self.low_ms, self.high_ms
+
+    def layer_interval(self, layers: int) -> tuple[float, float, float]:
+        """One layer's share (every part but the head, over `layers`) with its interval: what a layer more adds."""
+        body = self.items[self.items["part"] != "head"]
+        if self.missing:
+            return float("nan"), float("nan"), float("nan")
+        return scale_interval(composed_interval(body), 1.0 / layers)
 
 
 def _flag(rows: pd.DataFrame, column: str) -> np.ndarray:
     if column not in rows.columns:
         return np.zeros(len(rows), dtype=bool)
     return rows[column].fillna(False).astype(bool).to_numpy()
+
+
+def row_intervals(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's 95% interval of its median latency: its latency_ci columns (schema 7), else from its raw samples
+    (results.parquet's samples_ms, a file from before the columns), NaN where neither says."""
+    low, high = (pd.to_numeric(rows[c], errors="coerce").to_numpy(float, copy=True) if c in rows
+                 else np.full(len(rows), np.nan) for c in ("latency_ci_low_ms", "latency_ci_high_ms"))
+    if "samples_ms" in rows:
+        for i, samples in enumerate(rows["samples_ms"]):
+            if not (np.isfinite(low[i]) and np.isfinite(high[i])) and samples is not None \
+                    and not (np.isscalar(samples) and pd.isna(samples)):
+                found = median_interval(np.asarray(samples, dtype=float).ravel().tolist())
+                low[i], high[i] = found.low, found.high
+    return low, high
 
 
 class Measured:
@@ -59,7 +86,7 @@ class Measured:
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
                  sequences: pd.DataFrame | None = None, weights: str = ""):
         self.model, self.dtype, self.weights = model, dtype, weights
-        self.sequences = _sequence_terms(sequences)
+        self.sequences = sequence_terms(sequences)
         self.impls = {**DEFAULT_IMPLS, **(impls or {})}
         rows = df[(df["status"] == "ok") & (df["dtype"] == dtype) & (df["model"] == model)]
         chosen = [self.impls.get(op) == impl for op, impl in zip(rows["op"], rows["impl"], strict=True)]
@@ -73,6 +100,8 @@ class Measured:
         # rows from before the page_size column read a contiguous cache
         paged = rows["page_size"] if "page_size" in rows.columns else pd.Series(0, index=rows.index)
         rows = rows.assign(page_size=pd.to_numeric(paged, errors="coerce").fillna(0).astype(int))
+        low, high = row_intervals(rows)
+        rows = rows.assign(_ci_low=low, _ci_high=high)
         self.rows, self.left_out = rows[~unfit], rows[unfit]
 
     @staticmethod
@@ -89,10 +118,19 @@ class Measured:
 
     def latency_ms(self, use: step_defs.OpUse) -> float | None:
         """The median latency of the quiet row measuring `use` (the median over repeats), None when none was."""
+        found = self.latency(use)
+        return None if found is None else found[0]
+
+    def latency(self, use: step_defs.OpUse) -> tuple[float, float, float] | None:
+        """(median, low, high): the quiet row's median latency measuring `use` with its 95% interval (over repeats:
+        the median of their medians inside the envelope of their intervals), None when none was."""
         rows = self._matching(self.rows, use)
         if rows is None or rows.empty:
             return None
-        return float(np.median(rows["latency_ms"].to_numpy(float)))
+        low, high = rows["_ci_low"].to_numpy(float), rows["_ci_high"].to_numpy(float)
+        known = np.isfinite(low).all() and np.isfinite(high).all()
+        return (float(np.median(rows["latency_ms"].to_numpy(float))), float(low.min()) if known else np.nan,
+                float(high.max()) if known else np.nan)
 
     def left_out_rows(self, use: step_defs.OpUse) -> int:
         """How many noisy or profiled rows measured `use` and were left out."""
@@ -100,72 +138,44 @@ class Measured:
         return 0 if rows is None else len(rows)
 
 
-def sequence_parts(uses: list[step_defs.OpUse]) -> list[tuple[str, int, list[step_defs.OpUse]]]:
-    """A step as its sequences: ("layer", layers, one layer's uses with per-layer counts) for each kind of layer
-    (OpUse.group: a model whose layers differ has several), and ("head", 1, the head's uses), each present where the
-    step has it. A layer runs each op once or twice, so the fewest runs are the layers."""
-    groups: dict[str, list[step_defs.OpUse]] = {}
-    for use in uses:
-        if use.part != "head":
-            groups.setdefault(use.group, []).append(use)
-    out = []
-    for layer in groups.values():
-        layers = min(u.count for u in layer)
-        out.append(("layer", layers, [dataclasses.replace(u, count=u.count // layers) for u in layer]))
-    head = [u for u in uses if u.part == "head"]
-    if head:
-        out.append(("head", 1, head))
-    return out
-
-
-def sequence_key(uses: list[step_defs.OpUse]) -> str:
-    """The name of a sequence of uses, the same wherever it is built (16 hex digits of its ops, fields and counts)."""
-    text = "|".join(f"{u.op} {u.fields!r} x{u.count}" for u in uses)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-# the sequence row's ops alone against the sweep's rows of the same ops: further apart than this, one of the two
-# was disturbed (the host's drift between them reads 10-25%), and their difference is no term
-ALONE_AGREEMENT = 1.5
-
-
-def _sequence_terms(sequences: pd.DataFrame | None) -> dict:
-    """key -> (term ms, noisy, the ops' time alone in the row) of the ok sequence rows (bench.phases.op_sequence):
-    in sequence minus alone."""
-    if sequences is None or not len(sequences) or "key" not in sequences:
-        return {}
-    ok = sequences[sequences["status"] == "ok"]
-    noisy = _flag(ok, "noisy")
-    return {key: (float(seq) - float(alone), bool(flag), float(alone)) for key, seq, alone, flag
-            in zip(ok["key"], ok["sequence_ms"], ok["alone_ms"], noisy, strict=True)}
-
-
-def _agrees_with_the_sweep(measured: Measured, part: list[step_defs.OpUse], alone_ms: float) -> bool:
-    """Whether a sequence row's ops alone took about what the sweep's rows of the same ops say (the term is the
-    sequence against that alone time, added to the sweep's sum)."""
-    latencies = [measured.latency_ms(u) for u in part]
-    if any(t is None for t in latencies):
-        return True  # the op is missing: step_time names it
-    swept = sum(u.count * t for u, t in zip(part, latencies, strict=True))
-    return swept > 0 and 1 / ALONE_AGREEMENT <= alone_ms / swept <= ALONE_AGREEMENT
-
-
 def sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
-    """The sequence term's items of a step (one for its layers, one for its head) and how many noisy ones were left
-    out (as are those whose ops alone disagree with the sweep's rows); none where no sequence was measured (a folder
-    from before the term, a time budget)."""
+    """The sequence term's items of a step (one for its layers, one for its head) where applied (analysis.phases.
+    sequence decides), and how many were left out as noisy (as are difference terms whose ops alone disagree with
+    the sweep's rows); none where no sequence was measured (a folder from before the term, a time budget)."""
     items, noisy = [], 0
     for kind, count, part in sequence_parts(uses) if measured.sequences else ():
-        term = measured.sequences.get(sequence_key(part))
+        key = sequence_key(part)
+        term = measured.sequences.get(key)
         if term is None:
             continue
-        if term[1] or not _agrees_with_the_sweep(measured, part, term[2]):
+        latencies = [measured.latency(u) for u in part]
+        swept = sum(u.count * t[0] for u, t in zip(part, latencies, strict=True)) if all(latencies) else np.nan
+        if term.noisy or (np.isfinite(swept) and not term.agrees(swept)):
             noisy += 1
             continue
+        value, low, high = term.ms(swept)
+        if not term.applied or not np.isfinite(value):
+            continue  # within its noise (or an op is missing: step_time names it)
         # the head's term stays in the head's part: what runs once per step, whatever the layer count
         items.append({"op": "sequence", "label": f"{kind} ops in sequence", "part": "head" if kind == "head"
-                      else "sequence", "count": count, "latency_ms": term[0], "ms": count * term[0]})
+                      else "sequence", "count": count, "latency_ms": value, "ms": count * value,
+                      "key": f"sequence {key}", "latency_low_ms": low, "latency_high_ms": high})
     return items, noisy
+
+
+ITEM_COLUMNS = ["op", "label", "part", "count", "latency_ms", "ms", "key", "latency_low_ms", "latency_high_ms"]
+
+
+def composed_interval(*items: pd.DataFrame) -> tuple[float, float, float]:
+    """The sum of count x latency over the items of one or several steps, with its interval (bench.spec.interval.
+    sum_interval): a row read by several steps, or several times in one, counts once with its counts added."""
+    table = pd.concat([t for t in items if len(t)], ignore_index=True) if any(len(t) for t in items) else None
+    if table is None:
+        return 0.0, 0.0, 0.0
+    grouped = table.groupby("key", sort=False).agg(count=("count", "sum"), latency_ms=("latency_ms", "first"),
+                                                   low=("latency_low_ms", "first"), high=("latency_high_ms", "first"))
+    return sum_interval((c, (m, lo, hi)) for c, m, lo, hi in zip(grouped["count"], grouped["latency_ms"],
+                                                                  grouped["low"], grouped["high"], strict=True))
 
 
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
@@ -175,17 +185,22 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
     uses = step_defs.with_weights(uses, measured.weights)  # the sequence term is keyed by the packed ops too
     for use in uses:
         noisy += measured.left_out_rows(use)
-        latency = measured.latency_ms(use)
-        if latency is None:
+        found = measured.latency(use)
+        if found is None:
             missing.append(f"{use.op} {use.label} {use.field_dict}")
             continue
+        latency, low, high = found
         items.append({"op": use.op, "label": use.label, "part": use.part, "count": use.count,
-                      "latency_ms": latency, "ms": use.count * latency})
+                      "latency_ms": latency, "ms": use.count * latency, "key": f"{use.op} {use.fields!r}",
+                      "latency_low_ms": low, "latency_high_ms": high})
     sequence, left_out = sequence_items(measured, uses)
     items, noisy = items + sequence, noisy + left_out
-    table = pd.DataFrame(items, columns=["op", "label", "part", "count", "latency_ms", "ms"])
+    table = pd.DataFrame(items, columns=ITEM_COLUMNS)
     parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in PARTS}
-    return StepTime(float(table["ms"].sum()) if not missing else float("nan"), parts, table, missing, noisy)
+    if missing:
+        return StepTime(float("nan"), parts, table, missing, noisy)
+    _, low, high = composed_interval(table)
+    return StepTime(float(table["ms"].sum()), parts, table, missing, noisy, low, high)
 
 
 def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
@@ -203,10 +218,17 @@ def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.Data
     rows = []
     for prompt in prompts:
         t = ttft(measured, config, prompt)
-        rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
+        rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "ttft_low_ms": t.low_ms, "ttft_high_ms": t.high_ms,
+                     "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
+                     **rate_ends("prompt_tokens_per_s", 1e3 * prompt, t),
                      **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
                      "noisy_left_out": t.noisy})
     return pd.DataFrame(rows)
+
+
+def rate_ends(name: str, amount: float, t: StepTime) -> dict:
+    """{name_low, name_high}: amount / the step's time at the ends of its interval (a rate: the ends swap)."""
+    return {f"{name}_low": amount / t.high_ms, f"{name}_high": amount / t.low_ms}
 
 
 def saturation_batch(batches, tokens_per_s, margin: float = SATURATION_MARGIN):
@@ -226,7 +248,7 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
     experts a step's routing touches (the composed rows' draw) beside the uniform expectation E·(1 - (1 - k/E)^B); the
     KV-cache bytes a token costs at that context (`kv_bytes_per_token`, by the model's attention kind) and the batch's
     cache (`kv_cache_bytes`)."""
-    rows = []
+    rows, steps = [], {}
     per_token = config.kv_bytes_per_token(DTYPE_BYTES[measured.dtype], context + 1)
     for batch in batches:
         t = tpot(measured, config, batch, context, page_size)
@@ -234,8 +256,11 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
                    "touched_experts": touched_experts(batch, config.experts, config.top_k, step_defs.MOE_ROUTING),
                    "expected_touched": float(expected_touched(config.experts, config.top_k, batch))} \
             if config.is_moe else {}
-        rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms,
-                     "tokens_per_s": 1e3 * batch / t.total_ms, "tokens_per_s_per_user": 1e3 / t.total_ms,
+        steps[batch] = t
+        rows.append({"batch": batch, "context": context, "tpot_ms": t.total_ms, "tpot_low_ms": t.low_ms,
+                     "tpot_high_ms": t.high_ms, "tokens_per_s": 1e3 * batch / t.total_ms,
+                     **rate_ends("tokens_per_s", 1e3 * batch, t), "tokens_per_s_per_user": 1e3 / t.total_ms,
+                     **rate_ends("tokens_per_s_per_user", 1e3, t),
                      "attention": config.attention, "kv_bytes_per_token": per_token,
                      "kv_cache_bytes": per_token * batch * (context + 1),
                      **{f"{p}_ms": v for p, v in t.parts.items()}, **mixture, "missing": len(t.missing),
@@ -243,16 +268,49 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
     table = pd.DataFrame(rows)
     knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None
     table["saturated"] = table["batch"] == knee
+    table["monotone_note"] = monotone_notes(steps)
     return table
+
+
+def monotone_notes(steps: dict[int, StepTime]) -> list[str]:
+    """Per batch (in the order given), why its TPOT is below a smaller batch's beyond both intervals ("" where it is
+    not): a larger batch reads at least the same weights, so such a step names the op that got faster, most often
+    a BLAS shape slow at the smaller M. Without intervals a lower point is said as such."""
+    notes = {}
+    for batch, t in steps.items():
+        below = [b for b, s in steps.items() if b < batch and np.isfinite(s.total_ms) and t.total_ms < s.total_ms]
+        if not below or not np.isfinite(t.total_ms):
+            notes[batch] = ""
+            continue
+        worst = max(below, key=lambda b: steps[b].total_ms)
+        other = steps[worst]
+        resolved = np.isfinite(t.high_ms) and np.isfinite(other.low_ms)
+        if resolved and t.high_ms >= other.low_ms:
+            notes[batch] = ""  # within their intervals
+            continue
+        mine = t.items.groupby("label")["ms"].sum()
+        theirs = other.items.groupby("label")["ms"].sum()
+        drop = (theirs - mine.reindex(theirs.index)).dropna()
+        op = f"; {drop.idxmax()} {theirs[drop.idxmax()]:.3g} -> {mine[drop.idxmax()]:.3g} ms" if len(drop) else ""
+        notes[batch] = (f"below batch {worst}'s TPOT ({t.total_ms:.4g} < {other.total_ms:.4g} ms"
+                        + ("" if resolved else ", no interval") + op + ")")
+    return [notes[b] for b in steps]
 
 
 def beside_unquantized(decode: pd.DataFrame, unquantized: pd.DataFrame) -> pd.DataFrame:
     """A batch sweep with quantized projections beside the same run's sweep with float ones: the latter's TPOT per
     batch (`unquantized_tpot_ms`) and the gain (`weights_speedup`: unquantized TPOT / quantized TPOT)."""
-    base = unquantized[["batch", "tpot_ms"]].rename(columns={"tpot_ms": "unquantized_tpot_ms"})
+    names = {"tpot_ms": "unquantized_tpot_ms", "tpot_low_ms": "_base_low", "tpot_high_ms": "_base_high"}
+    base = unquantized[["batch", *(c for c in names if c in unquantized)]].rename(columns=names)
     out = decode.merge(base, on="batch", how="left")
     out["weights_speedup"] = out["unquantized_tpot_ms"] / out["tpot_ms"]
-    return out
+    ends = [ratio_interval((b, bl, bh), (q, ql, qh))[1:] for b, bl, bh, q, ql, qh in zip(
+        *(out.get(c, pd.Series(np.nan, index=out.index)) for c in ("unquantized_tpot_ms", "_base_low", "_base_high",
+                                                                    "tpot_ms", "tpot_low_ms", "tpot_high_ms")),
+        strict=True)]
+    out["weights_speedup_low"] = [e[0] for e in ends]
+    out["weights_speedup_high"] = [e[1] for e in ends]
+    return out.drop(columns=[c for c in ("_base_low", "_base_high") if c in out])
 
 
 def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, decode_batch: int,
@@ -260,8 +318,8 @@ def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, 
     """Chunked prefill (Sarathi-Serve) of one prompt beside a running decode batch, per chunk size: the steps,
     the prompt's TTFT when chunked, the inter-token latency the decode users see meanwhile against the
     decode-only step, and the cost of chunking: the chunk-only steps against the unchunked prefill."""
-    whole = ttft(measured, config, prompt).total_ms
-    decode_only = tpot(measured, config, decode_batch, context, page_size).total_ms
+    whole = ttft(measured, config, prompt)
+    decode_only = tpot(measured, config, decode_batch, context, page_size)
     rows = []
     for chunk in chunks:
         hybrid = [step_time(measured, s) for s in
@@ -269,13 +327,22 @@ def chunk_table(measured: Measured, config: DecoderConfig, prompt: int, chunks, 
         alone = [step_time(measured, s) for s in
                  step_defs.chunked_prefill_steps(config, prompt, chunk, 0, context, page_size)]
         hybrid_ms = np.array([h.total_ms for h in hybrid])
-        alone_ms = float(sum(a.total_ms for a in alone))
+        done = not any(h.missing for h in hybrid + alone)
+        ttft_ci = composed_interval(*(h.items for h in hybrid)) if done else (np.nan,) * 3
+        alone_ci = composed_interval(*(a.items for a in alone)) if done else (np.nan,) * 3
+        itl_ci = scale_interval(ttft_ci, 1 / len(hybrid))
+        increase = ratio_interval(itl_ci, (decode_only.total_ms, decode_only.low_ms, decode_only.high_ms))
+        cost = ratio_interval(alone_ci, whole.interval)
         rows.append({
             "chunk": chunk, "prompt": prompt, "decode_batch": decode_batch, "context": context,
-            "steps": len(hybrid), "ttft_ms": float(hybrid_ms.sum()), "itl_ms": float(hybrid_ms.mean()),
-            "itl_max_ms": float(hybrid_ms.max()), "decode_only_ms": decode_only,
-            "itl_increase_pct": 100 * (float(hybrid_ms.mean()) / decode_only - 1),
-            "unchunked_ttft_ms": whole, "chunking_cost_pct": 100 * (alone_ms / whole - 1),
+            "steps": len(hybrid), "ttft_ms": float(hybrid_ms.sum()), "ttft_low_ms": ttft_ci[1],
+            "ttft_high_ms": ttft_ci[2], "itl_ms": float(hybrid_ms.mean()), "itl_low_ms": itl_ci[1],
+            "itl_high_ms": itl_ci[2], "itl_max_ms": float(hybrid_ms.max()), "decode_only_ms": decode_only.total_ms,
+            "itl_increase_pct": 100 * (float(hybrid_ms.mean()) / decode_only.total_ms - 1),
+            "itl_increase_low_pct": 100 * (increase[1] - 1), "itl_increase_high_pct": 100 * (increase[2] - 1),
+            "unchunked_ttft_ms": whole.total_ms,
+            "chunking_cost_pct": 100 * (float(sum(a.total_ms for a in alone)) / whole.total_ms - 1),
+            "chunking_cost_low_pct": 100 * (cost[1] - 1), "chunking_cost_high_pct": 100 * (cost[2] - 1),
             "missing": sum(len(h.missing) for h in hybrid + alone),
         })
     return pd.DataFrame(rows)
@@ -299,68 +366,3 @@ def interactive_limits(measured: Measured, config: DecoderConfig, prompts, batch
 def model_error(composed_ms: float, measured_ms: float) -> float:
     """Relative error of the composition against the measured forward pass, in percent."""
     return 100 * (composed_ms - measured_ms) / measured_ms
-
-
-COLOCATED_COLUMNS = ("option", "prompt", "decode_batch", "context", "decode_only_ms", "itl_ms", "stretch",
-                     "tokens_per_s_per_user", "ttft_ms", "source")
-
-
-def measured_stretch(interference: pd.DataFrame | None, *, model: str, dtype: str, batch: int, prompt: int,
-                     context: int, mode: str, device: str, layers: int) -> tuple[dict | None, str]:
-    """The worst ok, quiet `mode` row of `phasebench interference` rows for this decode and prompt (over its
-    mechanisms), measured on `device` (as result rows name it) with the composition's `layers`: (stretch,
-    prefill_slowdown and a label, ""); else (None, why none is used: "" where none was measured at all). A row
-    whose prefill covered under COVERED_MIN of a window understates the stretch and is not used either."""
-    if interference is None or not len(interference):
-        return None, ""
-    rows = interference[(interference["status"] == "ok") & (interference["mode"] == mode)
-                        & (interference["model"] == model) & (interference["dtype"] == dtype)
-                        & (interference["batch"] == batch) & (interference["prompt"] == prompt)
-                        & (interference["context"] == context)]
-    if rows.empty:
-        return None, ""
-    names = rows["device_name"].fillna("").astype(str) if "device_name" in rows else pd.Series("", rows.index)
-    counts = pd.to_numeric(rows["layers"], errors="coerce") if "layers" in rows else pd.Series(np.nan, rows.index)
-    here = rows[(names == device) & (counts == layers)]
-    if here.empty:
-        seen = sorted({f"{n or 'an unnamed device'} with {c:g} layers" for n, c in zip(names, counts, strict=True)})
-        return None, (f"{mode} measured on {', '.join(seen)}, not on {device or 'an unnamed device'} with {layers} "
-                      "layers: not used")
-    covered = pd.to_numeric(here["covered"], errors="coerce") if "covered" in here else pd.Series(np.nan, here.index)
-    usable = here[~here["noisy"].fillna(False).astype(bool) & ~(covered < COVERED_MIN)]
-    if usable.empty:
-        return None, f"{mode} rows noisy or their prefill under {COVERED_MIN:.0%} of a window: not used"
-    worst = usable.loc[usable["stretch"].astype(float).idxmax()]
-    return ({"stretch": float(worst["stretch"]), "prefill_slowdown": float(worst["prefill_slowdown"]),
-             "source": f"measured: {mode}/{worst['mechanism']} on {worst['device']}"}, "")
-
-
-def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, decode_batch: int, context: int,
-                    interference: pd.DataFrame | None = None, page_size: int = 0) -> pd.DataFrame:
-    """The prompt beside a running decode batch without chunking, next to the chunked table: separated (the
-    prefill on another device: the decode-only step), co-located and protected. Co-located is measured where
-    `phasebench interference` rows of this model, dtype, batch, prompt and context are given, else composed as a
-    fair share: while both run, each decode step yields up to its own length to the prefill (ITL = TPOT +
-    min(TPOT, TTFT)) and the prefill gets half the device (TTFT doubles). Protected is measured or unknown."""
-    first = ttft(measured, config, prompt).total_ms
-    step = tpot(measured, config, decode_batch, context, page_size).total_ms
-    found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context,
-                 device=measured.device, layers=config.layers)
-    options = [("separated", step, first, "composed: the prefill on another device")]
-    colocated, why = measured_stretch(interference, mode="colocated", **found)
-    if colocated is None:
-        options.append(("co-located", step + min(step, first), 2 * first,
-                        "fair share (composed)" + (f"; {why}" if why else "")))
-    else:
-        options.append(("co-located", step * colocated["stretch"], first * colocated["prefill_slowdown"],
-                        colocated["source"]))
-    protected, why = measured_stretch(interference, mode="protected", **found)
-    if protected is None:
-        options.append(("protected", np.nan, np.nan, f"not measured ({why or 'phasebench interference'})"))
-    else:
-        options.append(("protected", step * protected["stretch"], first * protected["prefill_slowdown"],
-                        protected["source"]))
-    rows = [{"option": name, "prompt": prompt, "decode_batch": decode_batch, "context": context,
-             "decode_only_ms": step, "itl_ms": itl, "stretch": itl / step, "tokens_per_s_per_user": 1e3 / itl,
-             "ttft_ms": when, "source": source} for name, itl, when, source in options]
-    return pd.DataFrame(rows, columns=list(COLOCATED_COLUMNS))

@@ -1,12 +1,16 @@
 """Which of chunking, protection or separation keeps the decode users above the per-user targets while a prompt is
-prefilled beside them: the options of a `phasebench phases` folder side by side, and the lines that say so."""
+prefilled beside them: the co-located table (separated, co-located and protected, measured or composed), the options
+of a `phasebench phases` folder side by side, and the lines that say so."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from .model import USER_TARGETS
+from ...bench.spec.interference_schema import COVERED_MIN
+from ...bench.spec.interval import scale_interval, sum_interval
+from ...bench.spec.models import DecoderConfig
+from .model import USER_TARGETS, Measured, tpot, ttft
 
 OPTION_COLUMNS = ("option", "remedy", "itl_ms", "tokens_per_s_per_user", "ttft_ms", "source")
 # what each option of the colocated table is, as a remedy
@@ -67,3 +71,73 @@ def remedy_lines(tables: dict, targets=USER_TARGETS) -> list[str]:
             line += f"; not measured: {', '.join(unknown)}"
         out.append(line)
     return out
+
+
+COLOCATED_COLUMNS = ("option", "prompt", "decode_batch", "context", "decode_only_ms", "itl_ms", "itl_low_ms",
+                     "itl_high_ms", "stretch", "tokens_per_s_per_user", "ttft_ms", "ttft_low_ms", "ttft_high_ms",
+                     "source")
+
+
+def measured_stretch(interference: pd.DataFrame | None, *, model: str, dtype: str, batch: int, prompt: int,
+                     context: int, mode: str, device: str, layers: int) -> tuple[dict | None, str]:
+    """The worst ok, quiet `mode` row of `phasebench interference` rows for this decode and prompt (over its
+    mechanisms), measured on `device` (as result rows name it) with the composition's `layers`: (stretch,
+    prefill_slowdown and a label, ""); else (None, why none is used: "" where none was measured at all). A row
+    whose prefill covered under COVERED_MIN of a window understates the stretch and is not used either."""
+    if interference is None or not len(interference):
+        return None, ""
+    rows = interference[(interference["status"] == "ok") & (interference["mode"] == mode)
+                        & (interference["model"] == model) & (interference["dtype"] == dtype)
+                        & (interference["batch"] == batch) & (interference["prompt"] == prompt)
+                        & (interference["context"] == context)]
+    if rows.empty:
+        return None, ""
+    names = rows["device_name"].fillna("").astype(str) if "device_name" in rows else pd.Series("", rows.index)
+    counts = pd.to_numeric(rows["layers"], errors="coerce") if "layers" in rows else pd.Series(np.nan, rows.index)
+    here = rows[(names == device) & (counts == layers)]
+    if here.empty:
+        seen = sorted({f"{n or 'an unnamed device'} with {c:g} layers" for n, c in zip(names, counts, strict=True)})
+        return None, (f"{mode} measured on {', '.join(seen)}, not on {device or 'an unnamed device'} with {layers} "
+                      "layers: not used")
+    covered = pd.to_numeric(here["covered"], errors="coerce") if "covered" in here else pd.Series(np.nan, here.index)
+    usable = here[~here["noisy"].fillna(False).astype(bool) & ~(covered < COVERED_MIN)]
+    if usable.empty:
+        return None, f"{mode} rows noisy or their prefill under {COVERED_MIN:.0%} of a window: not used"
+    worst = usable.loc[usable["stretch"].astype(float).idxmax()]
+    return ({"stretch": float(worst["stretch"]), "prefill_slowdown": float(worst["prefill_slowdown"]),
+             "source": f"measured: {mode}/{worst['mechanism']} on {worst['device']}"}, "")
+
+
+def colocated_table(measured: Measured, config: DecoderConfig, prompt: int, decode_batch: int, context: int,
+                    interference: pd.DataFrame | None = None, page_size: int = 0) -> pd.DataFrame:
+    """The prompt beside a running decode batch without chunking, next to the chunked table: separated (the
+    prefill on another device: the decode-only step), co-located and protected. Co-located is measured where
+    `phasebench interference` rows of this model, dtype, batch, prompt and context are given, else composed as a
+    fair share: while both run, each decode step yields up to its own length to the prefill (ITL = TPOT +
+    min(TPOT, TTFT)) and the prefill gets half the device (TTFT doubles). Protected is measured or unknown."""
+    first = ttft(measured, config, prompt).interval
+    step = tpot(measured, config, decode_batch, context, page_size).interval
+    found = dict(model=measured.model, dtype=measured.dtype, batch=decode_batch, prompt=prompt, context=context,
+                 device=measured.device, layers=config.layers)
+    options = [("separated", step, first, "composed: the prefill on another device")]
+    colocated, why = measured_stretch(interference, mode="colocated", **found)
+    if colocated is None:
+        shared = scale_interval(step, 2) if step[0] <= first[0] else sum_interval(((1, step), (1, first)))
+        options.append(("co-located", shared, scale_interval(first, 2),
+                        "fair share (composed)" + (f"; {why}" if why else "")))
+    else:
+        options.append(("co-located", scale_interval(step, colocated["stretch"]),
+                        scale_interval(first, colocated["prefill_slowdown"]), colocated["source"]))
+    protected, why = measured_stretch(interference, mode="protected", **found)
+    if protected is None:
+        options.append(("protected", (np.nan,) * 3, (np.nan,) * 3,
+                        f"not measured ({why or 'phasebench interference'})"))
+    else:
+        options.append(("protected", scale_interval(step, protected["stretch"]),
+                        scale_interval(first, protected["prefill_slowdown"]), protected["source"]))
+    rows = [{"option": name, "prompt": prompt, "decode_batch": decode_batch, "context": context,
+             "decode_only_ms": step[0], "itl_ms": itl[0], "itl_low_ms": itl[1], "itl_high_ms": itl[2],
+             "stretch": itl[0] / step[0], "tokens_per_s_per_user": 1e3 / itl[0], "ttft_ms": when[0],
+             "ttft_low_ms": when[1], "ttft_high_ms": when[2], "source": source}
+            for name, itl, when, source in options]
+    return pd.DataFrame(rows, columns=list(COLOCATED_COLUMNS))

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..figures.kit import SERIES_GID, floats, new_figure, no_data
-from .figures import _heading, _number, _text, write_phase_figures
+from ..figures.kit import SERIES_GID, draw_bars, floats, new_figure, no_data, optional
+from .figures import _heading, _number, _text, with_ends, write_phase_figures
 from .folder import as_bool
 from .speculative import best_gammas, break_evens, expected_tokens
 
@@ -46,6 +46,8 @@ def speculative_figure(tables: dict, *, figsize=None) -> Figure:
             curve = [expected_tokens(float(a), int(gamma)) * tpot / (gamma * draft + verify) for a in grid]
             (line,) = ax.plot(grid, curve, color=f"C{k}", label=f"γ = {gamma}")
             ax.plot(group["alpha"], floats(group["speedup"]), "o", color=line.get_color(), gid=SERIES_GID)
+            draw_bars(ax, floats(group["alpha"]), floats(group["speedup"]), optional(group, "speedup_low"),
+                      optional(group, "speedup_high"), line.get_color())
             even = float(first["break_even_alpha"])
             if np.isfinite(even):
                 ax.plot([even], [1.0], "D", color=line.get_color(), markeredgecolor="k", gid=BREAK_EVEN_GID)
@@ -55,8 +57,11 @@ def speculative_figure(tables: dict, *, figsize=None) -> Figure:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("speedup over plain decode")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle(f"{_heading(tables, 'speculative decoding')}\n(diamonds: break-even α; dots: the α composed)",
-                 fontsize=9)
+    padded = ", ".join(sorted({f"{b}→{p}" for b, p in zip(table["batch"], table.get("plain_padded_to", table["batch"]),
+                                                           strict=True) if str(p) not in ("", "nan", str(b))}))
+    fig.suptitle(f"{_heading(tables, 'speculative decoding')}\n(diamonds: break-even α; dots: the α composed, bars "
+                 "their 95% interval; plain decode at the fastest batch a server could pad to"
+                 + (f": {padded}" if padded else "") + ")", fontsize=9)
     return fig
 
 
@@ -96,20 +101,28 @@ def speculative_summary(tables: dict) -> str:
     table = table.assign(best_gamma=table["best_gamma"].map(as_bool))
     meta = (tables.get("meta") or {}).get("speculate") or {}
     draft = (meta.get("draft") or {}).get("name", "the draft")
-    out = ["", f"Speculative decoding with {draft} at context {_number(table['context'].iloc[0])}: best γ per α",
-           _text(best_gammas(table), ("batch", "alpha", "gamma", "tokens_per_s_per_user", "speedup")),
+    best = best_gammas(table)
+    out = ["", f"Speculative decoding with {draft} at context {_number(table['context'].iloc[0])}: best γ per α "
+               "(plain decode and the passes at the fastest shape a server could pad to; [95% interval]; E: tokens "
+               "per pass, what a verify no faster than plain decode caps the speedup at)",
+           _text(with_ends(best, "speedup"), ("batch", "alpha", "gamma", "tokens_per_s_per_user", "speedup",
+                                              "expected_tokens_per_pass", "plain_padded_to", "verify_padded_to",
+                                              "exceeds_e")),
            "", "Break-even α per γ (speculation pays above it; – never):",
            _text(break_evens(table), ("batch", "gamma", "break_even_alpha", "draft_step_ms", "verify_ms", "tpot_ms",
                                       "iteration_in_tpot"))]
     check = _table(tables, "speculative_check")
     if check is not None:
-        shown = check.assign(over_goal=["OVER GOAL" if as_bool(v) else "" for v in check["over_goal"]])
+        shown = with_ends(check, "published_error_pct", "per_layer_error_pct", "speedup_error_pct")
         out += ["", f"Against a real speculative loop ({_number(check['layers'].iloc[0])}-layer target, "
-                    f"{_number(check['draft_layers'].iloc[0])}-layer draft; goal ±{_number(check['goal_pct'].iloc[0])}"
-                    "%; realised_z: realised tokens per iteration against E in standard errors):",
-                _text(shown, ("batch", "gamma", "alpha", "composed_tokens_per_s_per_user",
-                              "loop_tokens_per_s_per_user", "error_pct", "expected_tokens_per_pass",
-                              "realised_tokens_per_pass", "realised_z", "loop_speedup", "over_goal"))]
+                    f"{_number(check['draft_layers'].iloc[0])}-layer draft, and twice as deep for the per-layer error; "
+                    f"goal ±{_number(check['goal_pct'].iloc[0])}%; errors composed / loop - 1, < 0: the composition is "
+                    "faster (the speedup's: it promises less); realised_z: realised tokens per iteration against E in "
+                    "standard errors):",
+                _text(shown, ("batch", "gamma", "alpha", "published_error_pct", "error_pct", "per_layer_error_pct",
+                              "composed_speedup", "loop_speedup", "speedup_error_pct", "realised_z", "verdict"))]
+        out += [f"OVER GOAL: batch {r['batch']} γ {r['gamma']} α {r['alpha']:g}" for r in check.to_dict("records")
+                if as_bool(r["over_goal"])]
     return "\n".join(out)
 
 

@@ -159,7 +159,8 @@ def phases_headline(tables: dict) -> dict:
     """What a phases folder says in a few numbers: its setting, TTFT per prompt, the decode sweep (TPOT,
     tokens/s and tokens/s per user per batch), the saturation sentence, how many of those points lack an op
     (left out), the interactive limits per prompt and the composition's errors against a real forward pass (the
-    published figures', the interleaved rounds', per layer; over_goal where one is beyond the goal)."""
+    published figures', the interleaved rounds', per layer, with their intervals; the verdict within / over /
+    unresolved)."""
     meta = tables.get("meta") or {}
     model = meta.get("model") if isinstance(meta.get("model"), dict) else {"name": meta.get("model")}
     found = {"model": model.get("name") or "?", "layers": model.get("layers"), "device": meta.get("device"),
@@ -181,8 +182,9 @@ def phases_headline(tables: dict) -> dict:
     found["interactive"] = _interactive(tables.get("interactive"))
     reference = reference_table(tables)
     found["composition"] = reference[["reference", "phase", "layers", "batch", "published_error_pct",
-                                      "interleaved_error_pct", "per_layer_error_pct", "goal_pct", "over_goal",
-                                      "noisy"]] if len(reference) else None
+                                      "published_error_low_pct", "published_error_high_pct", "interleaved_error_pct",
+                                      "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
+                                      "goal_pct", "verdict", "over_goal", "noisy"]] if len(reference) else None
     return found
 
 

@@ -19,7 +19,12 @@ NOTE = ("Measured, not composed (phasebench interference). The hybrid iteration,
         "model's decode step timed alone, while a prefill of the same model loops beside it (a second process, or "
         "a second CUDA stream; on the host also with the threads split but unpinned, the control for pinning), and "
         "protected from it (disjoint cores on the host, a high-priority stream on a GPU). Both are judged on the "
-        "ITL's mean, p90 and p99: a time-sliced latency hides its stalls from the median. Per-user tokens/s are of "
+        "ITL's mean and tail (p90 from 10 samples, p99 from 100; below, the tail is the max of N): a time-sliced "
+        "latency hides its stalls from the median. Hybrid columns without model_ are of the layers timed; the "
+        "model_ columns are the whole model, each iteration position's samples plus the untimed layers at the "
+        "per-layer cost read from two depths, the per-iteration fixed cost (fixed_ms) once. The slowest position's "
+        "median "
+        "(itl_position_max_ms) and the arrivals' spread (arrival_range_pct) are shown apart. Per-user tokens/s are of "
         "the whole model (1000 / mean ITL), scaled from the layers timed where the rows say so.")
 
 

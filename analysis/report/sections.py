@@ -14,7 +14,7 @@ from ..figures.moe import all_touched_batch, moe_coverage, moe_coverage_table
 from ..figures.quantized import CAPTION as QUANT_CAPTION
 from ..figures.quantized import quant_speedup, quant_speedup_table
 from ..phases.check import check_sentence
-from ..phases.figures import PHASE_FIGURES, reference_table
+from ..phases.figures import PHASE_FIGURES, reference_table, with_ends
 from ..phases.speculative import best_gammas, break_evens
 from ..phases.speculative_figures import SPECULATIVE_FIGURES
 from .context import Context, Section, figure_grid, folded
@@ -132,8 +132,11 @@ def phases_section(ctx: Context) -> Section | None:
             "leaves out): published_error_pct is the error of the figures shown (composed from ops/), "
             "interleaved_error_pct that of the check's rounds of the same ops timed between the real passes, "
             "per_layer_error_pct that of one layer (references of L and 2L layers: the difference removes the "
-            "head), head_share_pct the head's share of the checked composition. A figure whose published or "
-            "per-layer error is beyond the goal (goal_pct) is marked OVER GOAL beside it.</p>"]
+            "head), head_share_pct the head's share of the checked composition. Each error carries its 95% interval "
+            "(_low_pct, _high_pct) and a verdict against the goal (goal_pct): within, OVER GOAL (the whole "
+            "interval beyond it) or unresolved (the interval straddles it). The chunked table's check_verdict is "
+            "that of the measured hybrid iterations of its own shapes (the hybrid check, through the layers each "
+            "row timed).</p>"]
     for tables in found:
         meta = tables.get("meta") or {}
         model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
@@ -149,7 +152,11 @@ def phases_section(ctx: Context) -> Section | None:
                 if sentence:
                     flag = ' class="over-goal"' if "OVER GOAL" in sentence else ""
                     body.append(f"<p{flag}>{html.escape(sentence)}</p>")
-        body.append(folded("The composition against a real forward pass", checked))
+        body.append(folded("The composition against a real forward pass", shown_with_ends(checked)))
+        hybrid = tables.get("hybrid_check")
+        if hybrid is not None and len(hybrid):  # with --interference hybrid rows of this model only
+            body.append(folded("The hybrid iterations against phasebench interference's, through each row's layers",
+                               hybrid))
         sequences = tables.get("sequences")
         if sequences is not None and len(sequences):  # folders written before the sequence term lack it
             shown = [c for c in SEQUENCE_COLUMNS if c in sequences]
@@ -157,6 +164,16 @@ def phases_section(ctx: Context) -> Section | None:
                                sequences[shown]))
         body += speculative_tables(tables)
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
+
+
+ENDED = ("reference_ms", "published_composed_ms", "published_error_pct", "per_layer_error_pct")
+
+
+def shown_with_ends(checked):
+    """The reference table as the page shows it: each figure with its interval in one cell ('12.3 [11.9, 12.8]'),
+    so that the table fits the page's width."""
+    ends = [f"{c.rsplit('_', 1)[0]}_{side}_{c.rsplit('_', 1)[1]}" for c in ENDED for side in ("low", "high")]
+    return with_ends(checked, *ENDED).drop(columns=[c for c in ends if c in checked])
 
 
 SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per batch and acceptance rate α the draft "
@@ -198,8 +215,10 @@ def linear_section(ctx: Context) -> Section | None:
 
 
 QUANT_NOTE = ("Per projection, M, scheme and implementation: the speedup over the same projection unquantized (the "
-              "vendor GEMM in the activation dtype, same group) and the ideal, unquantized bytes / quantized bytes "
-              "(packed weights with their scales and zeros, x and y); pct_of_ideal = 100 · speedup / ideal. The naive "
+              "vendor GEMM in the activation dtype, same group) and the ideal: the unquantized row's time over the "
+              "quantized row's roof time on the measured ceilings (roof_ms), given only where the quantized row is "
+              "memory-bound (below the ridge); pct_of_ideal = 100 · speedup / ideal; bytes_ratio (unquantized bytes / "
+              "quantized bytes) for reference. The naive "
               "impl dequantizes the whole weight before a dense GEMM and so cannot gain; torch and Triton read the "
               "packed weights. Interpreter-mode rows (Triton without a GPU) prove correctness only and are in the "
               "correctness table.")
@@ -210,7 +229,7 @@ def quant_section(ctx: Context) -> Section | None:
     if op_rows(ctx.df, "qlinear").empty:
         return None
     body = [f'<p class="note">{html.escape(QUANT_NOTE)}</p>',
-            folded("Speedup against the ideal bytes ratio", quant_speedup_table(ctx.df)),
+            folded("Speedup against the ideal at the roof", quant_speedup_table(ctx.df)),
             figure_grid([ctx.figure("quant_speedup", quant_speedup(ctx.df), QUANT_CAPTION)])]
     return Section("quantized", "Quantized weights: speedup against the bytes they save", body)
 

@@ -227,8 +227,9 @@ def add_phases_verb(verbs) -> None:
     phases.add_argument("--interference", nargs="+", metavar="DIR",
                         help="`phasebench interference` folders: their measured stretches (of this device and the "
                              "model's layer count; the table says why others are not used) replace the co-located "
-                             "estimate and give the protected one; their hybrid rows of all the model's layers are "
-                             "composed too, against what they measured (hybrid_check.csv)")
+                             "estimate and give the protected one; their hybrid rows are composed too, through the "
+                             "layers each timed, against what they measured (hybrid_check.csv), and the chunked "
+                             "table's rows take the verdict of the hybrid rows of their own shape")
     phases.add_argument("--device", help="cpu, cuda or cuda:N (default: the best device here)")
     phases.add_argument("--dtype", help="float32, float16 or bfloat16 (default: bfloat16 on CUDA, float32 on CPU)")
     phases.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE first (its kernels)")

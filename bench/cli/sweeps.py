@@ -10,10 +10,14 @@ from .options import check_writable, isolation_of, out_dir_for, selection_of
 
 
 def run_command(args) -> str:
-    """This `phasebench run`'s selection as a command line, for the resume hints of shards."""
+    """This `phasebench run`'s selection and the options its measurement depends on (what --resume checks: the timer's
+    sample time, interval target, warm operands, CUDA graphs) as a command line, for the resume hints of shards."""
     import shlex
 
-    return shlex.join(["phasebench", "run", *selection_of(args).argv(), *(["--cuda-graph"] if args.cuda_graph else [])])
+    timer = [*(["--sample-time", str(args.sample_time)] if args.sample_time is not None else []),
+             *(["--ci-target", str(args.ci_target)] if args.ci_target is not None else []),
+             *(["--warm"] if args.warm else []), *(["--cuda-graph"] if args.cuda_graph else [])]
+    return shlex.join(["phasebench", "run", *selection_of(args).argv(), *timer])
 
 
 def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):

@@ -93,14 +93,16 @@ def _level_ceilings(ceil: Ceilings) -> dict:
 def substitutions(before: Ceilings, used: Ceilings, after: Ceilings | None) -> dict:
     """What a row judged against `before` is judged against now, with each figure's drift: "values", {a figure's
     value before: (its value used, its drift)}, found by value (a row carries the figures, not their names); and
-    "levels", {level: {figure: (value used, drift)}} of the ceilings a warm row at that level is judged at."""
+    "levels", {level: {figure: (value used, drift)}} of the ceilings a warm row at that level is judged at; and
+    "matmuls", {dtype: drift} of each matmul ceiling (a row's compute ceiling is recomputed for its compute dtype)."""
     then, now = figures(before), figures(used)
     moved = drift(before, after) if after is not None else {}
     values = {value: (now[name], moved.get(name, math.nan)) for name, value in then.items() if name in now}
     was, new, later = _level_ceilings(before), _level_ceilings(used), _level_ceilings(after) if after else {}
     levels = {level: {k: (new[level][k], later[level][k] / v - 1 if level in later and v else math.nan)
                       for k, v in figures.items()} for level, figures in was.items() if level in new}
-    return {"values": values, "levels": levels}
+    matmuls = {d: moved.get(f"matmul {d}", math.nan) for d in used.peak_tflops}
+    return {"values": values, "levels": levels, "matmuls": matmuls}
 
 
 def record(before: Ceilings, after: Ceilings | None, why: str) -> dict:

@@ -42,6 +42,12 @@ def nbytes(tensors) -> int:
     return sum(t.nbytes for t in tensors)
 
 
+def clone_nbytes(tensors) -> int:
+    """Bytes one cold copy of `tensors` allocates: `clone_nbytes` where a clone holds more than a call reads (every
+    expert of a mixture, when a call touches a few), else `nbytes`."""
+    return sum(getattr(t, "clone_nbytes", t.nbytes) for t in tensors)
+
+
 def copies_needed(streamed_bytes: int, target: int) -> int:
     """Copies in rotation (the original included) so that the others stream `target` bytes between two reads of
     one copy."""
@@ -65,20 +71,24 @@ def plan(state, impl: str, call, *, cold: bool, mode: str, flush_l2: bool = Fals
                          FLUSHED_L2 if flushed else WARM)
     if not cold or not names or mode == "interpreter":
         return ColdCalls((call.run,), None, "warm", (state.inputs,), WARM)
-    count = rotation(nbytes(getattr(state.inputs, n) for n in names), device)
+    streamed = [getattr(state.inputs, n) for n in names]
+    count = rotation(nbytes(streamed), device, clone_nbytes(streamed))
     if count:
         copies = state.cold_copies(names, count)
         calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
-        return ColdCalls(calls, None, f"{'/'.join(names)} rotated over {count} copies", (state.inputs, *copies),
-                         ROTATED)
+        between = (count - 1) * nbytes(streamed) / 2**20
+        how = f"{'/'.join(names)} rotated over {count} copies ({between:.0f} MiB read between two reads of one copy)"
+        return ColdCalls(calls, None, how, (state.inputs, *copies), ROTATED)
     return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC read before each call", (state.inputs,), EVICTED)
 
 
-def rotation(streamed: int, device) -> int:
+def rotation(streamed: int, device, allocated: int | None = None) -> int:
     """How many copies of `streamed` bytes (the original included) keep each read cold when taken in turn; 0 where
-    that would need more than MAX_COPIES or more memory than is free (then an eviction before each call)."""
+    that would need more than MAX_COPIES or more memory than is free (then an eviction before each call). Each copy
+    allocates `allocated` bytes (`streamed` unless a copy holds more than a call reads)."""
     count = copies_needed(streamed, cold_bytes())
-    return count if count <= MAX_COPIES and (count - 1) * streamed <= HEADROOM * free_bytes(device) else 0
+    each = streamed if allocated is None else allocated
+    return count if count <= MAX_COPIES and (count - 1) * each <= HEADROOM * free_bytes(device) else 0
 
 
 def policy(device, timer) -> dict:

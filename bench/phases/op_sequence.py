@@ -1,6 +1,8 @@
 """A step's ops called back to back in the step's order, as a forward pass runs them: one layer's ops (each as often
 as a layer runs it) and the head's, timed as one call on the ops' worker, and each op alone on the same inputs, in
-turns. What the sequence costs beyond the sum alone is the phase model's sequence term (analysis.phases.model).
+turns of alone, sequence, sequence, alone (ABBA: a drift linear over a turn cancels in it). Each turn gives one effect:
+sequence / alone on the host, sequence - alone on a GPU (where launch gaps add rather than scale); the phase model
+applies the term only where the effects' interval excludes no effect (analysis.phases.sequence).
 
 On the host the streamed operands (weights, the KV cache) are cold as in the sweep: alone, each op takes the sweep's
 own plan (copies in turn, or an eviction); in sequence, the calls take turns over copies of the whole layer's
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from ...analysis.phases import model as pm
+from ...analysis.phases.sequence import effects_text, turn_effect
 from ..instruments import cold as cold_operands
 from ..instruments.memory.host_cache import evictor
 from ..instruments.timing import TimerConfig, time_call
@@ -33,9 +36,12 @@ from ..sweep.measure import CaseState, impl_mode, one_line
 
 CASE_TYPES = {"attention": AttentionCase, "linear": LinearCase, "elementwise": ElementwiseCase,
               "qlinear": QLinearCase, "moe": MoeCase, "mla": MLACase}
-TURNS = 1  # alone then in sequence, seconds apart: the sides see the same machine
+# ABBA turns per sequence: 6, so that a shape's own effects hold their median with 95% (the extremes of 6 do)
+TURNS = 6
+FORMS = {"cpu": "ratio", "cuda": "difference"}  # per device kind: how a turn's two sides make its effect
 COLUMNS = ("key", "sequence", "phase", "m", "ops", "sequence_ms", "sequence_p20_ms", "sequence_p80_ms", "alone_ms",
-           "term_ms", "term_pct", "samples", "copies", "cold", "noisy", "noise_reason", "status", "reason", "uses")
+           "term_ms", "term_pct", "form", "turns", "turn_effects", "samples", "copies", "cold", "noisy",
+           "noise_reason", "status", "reason", "uses")
 
 
 def case_of(use: step_defs.OpUse, dtype: str, model: str):
@@ -84,8 +90,9 @@ def time_sequence(kind: str, uses: list, dtype: str, model: str, impls: dict, de
                                                          "performance")
     states = [CaseState(case_of(u, dtype, model), device) for u in uses]
     alone_calls, cold = [], cold and device.type == "cpu"
-    streamed = sum(cold_operands.nbytes(getattr(s.inputs, n) for n in s.op.streamed) for s in states)
-    copies = cold_operands.rotation(streamed, device) if cold else 1
+    operands = [getattr(s.inputs, n) for s in states for n in s.op.streamed]
+    copies = cold_operands.rotation(cold_operands.nbytes(operands), device, cold_operands.clone_nbytes(operands)) \
+        if cold else 1
     evict = evictor() if not copies else None  # small layers: 2 x LLC written before each sequence, as alone
     copies = max(copies, 1)
     rotations = []
@@ -106,23 +113,38 @@ def time_sequence(kind: str, uses: list, dtype: str, model: str, impls: dict, de
 
     sequence_calls = [in_sequence(turn) for turn in range(copies)]
     busy: list[str] = []
-    alone, samples = [], []
-    for _ in range(TURNS):
-        alone.append(sum(use.count * _median(planned.calls, device, timer, probe, busy, planned.evict)[0]
-                         for planned, use in zip(alone_calls, uses, strict=True)))
-        samples += _median(sequence_calls, device, timer, probe, busy, evict)[1]
-    sequence_ms, alone_ms = statistics.median(samples), statistics.median(alone)
-    return _row(kind, uses, sequence_ms=sequence_ms, alone_ms=alone_ms, term_ms=sequence_ms - alone_ms,
-                term_pct=100 * (sequence_ms - alone_ms) / alone_ms, samples=len(samples),
+    alone, sequence, effects, samples = [], [], [], []
+    form = FORMS["cuda" if device.type == "cuda" else "cpu"]
+
+    def alone_ms() -> float:
+        return sum(use.count * _median(planned.calls, device, timer, probe, busy, planned.evict)[0]
+                   for planned, use in zip(alone_calls, uses, strict=True))
+
+    def sequence_ms() -> float:
+        median, found = _median(sequence_calls, device, timer, probe, busy, evict)
+        samples.extend(found)
+        return median
+
+    for _ in range(TURNS):  # A B B A
+        first, seq = alone_ms(), sequence_ms()
+        seq, last = (seq + sequence_ms()) / 2, alone_ms()
+        alone.append((first + last) / 2)
+        sequence.append(seq)
+        effects.append(turn_effect(alone[-1], seq, form))
+    sequence_med, alone_med, effect = (statistics.median(v) for v in (sequence, alone, effects))
+    term = (effect - 1) * alone_med if form == "ratio" else effect
+    return _row(kind, uses, sequence_ms=sequence_med, alone_ms=alone_med, term_ms=term, term_pct=100 * term / alone_med,
+                form=form, turns=TURNS, turn_effects=effects_text(effects), samples=len(samples),
                 sequence_p20_ms=float(np.percentile(samples, 20)), sequence_p80_ms=float(np.percentile(samples, 80)),
-                copies=copies, cold=cold,
-                noisy=2 * len(busy) > TURNS * (len(uses) + 1), noise_reason=busy[0] if busy else "")
+                copies=copies, cold=cold, noisy=2 * len(busy) > TURNS * 2 * (len(uses) + 1),
+                noise_reason=busy[0] if busy else "")
 
 
 def sequence_timer(sweep: TimerConfig) -> TimerConfig:
-    """The sweep's sampling (its seconds per op, its L2 flush, its cold operands), each timing warmed by its first
-    call only and of at least 3 samples: a layer's dozen ops alone and in sequence stay within seconds per layer."""
-    return dataclasses.replace(sweep, warmup_s=0.0, min_samples=min(sweep.min_samples, 3))
+    """The sweep's L2 flush and cold operands, each timing of a turn warmed by its first call only and of 2 or 3
+    samples (no interval target: the turns make the interval), so that a layer's six turns stay within seconds."""
+    return dataclasses.replace(sweep, warmup_s=0.0, warmup_calls=1, min_samples=2, max_samples=3, target=0.0,
+                               min_time_s=0.0, budget_s=min(sweep.budget_s, 0.05))
 
 
 def time_sequences(sequences, dtype: str, model: str, impls: dict, device: str, timer: TimerConfig,

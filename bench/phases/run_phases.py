@@ -14,9 +14,10 @@ import pandas as pd
 import torch
 
 from ...analysis.phases import check as phase_check
-from ...analysis.phases import hybrid_check
+from ...analysis.phases import hybrid_check, remedies
 from ...analysis.phases import model as pm
 from ...analysis.phases import speculative as sp
+from ...analysis.phases.sequence import decisions as sequence_decisions
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
@@ -132,8 +133,9 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
 
 
 def measured_hybrid(cfg: PhasesConfig) -> pd.DataFrame:
-    """The hybrid iterations `phasebench interference` timed for this model, dtype, device and all its layers
-    (unquantized and contiguous: the interference decoder's weights and cache are)."""
+    """The hybrid iterations `phasebench interference` timed for this model, dtype and device, through any number
+    of its layers (each checked against the model cut to them; unquantized and contiguous: the interference
+    decoder's weights and cache are)."""
     if cfg.weights or cfg.page_size:
         return pd.DataFrame()
     return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
@@ -175,6 +177,7 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
                            weights=cfg.weights)
     page = cfg.page_size
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
+    hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
     if cfg.weights:
         plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
@@ -182,12 +185,14 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
         "decode": decode,
-        "chunked": pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context,
-                                  page),
-        "colocated": pm.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
+        # the published chunked table with the verdict of the measured hybrid rows of its own shapes
+        "chunked": hybrid_check.chunked_verdicts(
+            pm.chunk_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunks, cfg.chunk_batch, cfg.context, page),
+            hybrid),
+        "colocated": remedies.colocated_table(measured, cfg.model, cfg.chunk_prompt, cfg.chunk_batch, cfg.context,
                                         cfg.interference, page),
         # the composed hybrid iterations against the measured ones (empty without --interference hybrid rows)
-        "hybrid_check": hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page),
+        "hybrid_check": hybrid,
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
@@ -266,7 +271,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
     reference, brackets, sequences = reference_check(cfg, timer, impls, df)
     tables = compose(df, cfg, sequences)
-    tables.update(reference=reference, reference_brackets=brackets, sequences=sequences)
+    tables.update(reference=reference, reference_brackets=brackets, sequences=sequence_decisions(sequences))
     if cfg.speculate:
         tables.update(speculative_tables(cfg, df, sequences, timer, impls))
     for name, table in tables.items():
@@ -280,12 +285,16 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "check_goal_pct": phase_check.goal_pct(cfg.device),
         "over_goal": phase_check.over_goal_notes(tables["reference"]),
+        "unresolved": phase_check.verdict_notes(tables["reference"], "unresolved"),
+        "sequence_terms_applied": int(tables["sequences"]["applied"].sum()) if len(tables["sequences"]) else 0,
         "hybrid_checked": int(tables["hybrid_check"]["checked"].sum()),
         "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
+        "hybrid_unresolved": int((tables["hybrid_check"]["verdict"] == "unresolved").sum()),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
-            "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum())}},
+            "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum()),
+            "loop_unresolved": int((tables["speculative_check"]["verdict"] == "unresolved").sum())}},
         indent=1))
     return tables
 
@@ -297,16 +306,20 @@ def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFr
     spec, page = cfg.speculate, cfg.page_size
     frame = functools.partial(pm.Measured, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
 
-    def steps(rows, target, draft):
+    def steps(rows, target, draft, plain=()):
         return sp.composed_steps(target, draft, frame(rows, model=target.name), frame(rows, model=draft.name),
-                                 cfg.reference_batches, cfg.context, spec.gammas, page)
+                                 cfg.reference_batches, cfg.context, spec.gammas, page, plain_batches=plain)
 
-    table = sp.speculative_table(steps(df, cfg.model, spec.draft), cfg.reference_batches, cfg.context, spec.gammas,
-                                 spec.alphas)
-    target = speculative_loop.cut(cfg.model, cfg.reference_layers)
-    draft = speculative_loop.cut(spec.draft, cfg.reference_layers)
-    plan = speculative_loop.LoopPlan(target, draft, str(cfg.device), cfg.dtype, tuple(cfg.reference_batches),
-                                     cfg.context, tuple(spec.gammas), tuple(spec.alphas), spec.iterations)
+    # plain decode may be padded to any batch of the decode sweep (measured for the sweep)
+    table = sp.speculative_table(steps(df, cfg.model, spec.draft, cfg.batches), cfg.reference_batches, cfg.context,
+                                 spec.gammas, spec.alphas)
+    layers = cfg.reference_layers
+    target, draft = (speculative_loop.cut(m, layers) for m in (cfg.model, spec.draft))
+    deep_target, deep_draft = (speculative_loop.cut(m, 2 * layers) for m in (cfg.model, spec.draft))
+    plan = speculative_loop.LoopPlan(deep_target, deep_draft, str(cfg.device), cfg.dtype,
+                                     tuple(cfg.reference_batches), cfg.context, tuple(spec.gammas),
+                                     tuple(spec.alphas), spec.iterations,
+                                     depths=tuple(dict.fromkeys((target.layers, deep_target.layers))))
     uses = [(target, u) for u in step_defs.distinct_uses(
         [step_defs.decode_step(target, b, cfg.context) for b in plan.batches]
         + [step_defs.verify_step(target, b, cfg.context, g) for b in plan.batches for g in plan.gammas])]
@@ -315,9 +328,12 @@ def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFr
     cases = [case_of(u, cfg.dtype, model.name) for model, u in uses]
     loops, rows = speculative_loop.run_loop_check(plan, cases, impls, cfg.out_dir / "speculative", timer=timer,
                                                   isolation=cfg.isolation, rounds=spec.rounds, on_row=cfg.on_row)
+    deep = None if deep_target.layers == target.layers else {  # the per-layer check: the loop at L and 2L
+        "layers": deep_target.layers, "draft_layers": deep_draft.layers,
+        "published": steps(df, deep_target, deep_draft)}
     checked = sp.loop_check_table(loops, steps(rows, target, draft), steps(df, target, draft),
                                   layers=target.layers, draft_layers=draft.layers,
-                                  goal_pct=phase_check.goal_pct(cfg.device))
+                                  goal_pct=phase_check.goal_pct(cfg.device), deep=deep)
     return {"speculative": table, "speculative_check": checked,
             "speculative_loops": loops.drop(columns=["ms", "tokens"]).assign(
                 iterations=[len(m) if isinstance(m, list) else 0 for m in loops["ms"]],

@@ -41,10 +41,12 @@ class SpeculativeLoop:
     rows stand for the prompt). `length` is the target's valid cache rows, `last` the newest token (fed to neither
     model yet), `pending` the tokens the draft has not seen (last, and the final proposal when all were kept)."""
 
-    def __init__(self, target: ReferenceDecoder, draft: ReferenceDecoder, batch: int, context: int, seed: int = 0):
+    def __init__(self, target: ReferenceDecoder, draft: ReferenceDecoder, batch: int, context: int, seed: int = 0,
+                 depths: tuple[int | None, int | None] = (None, None)):
         if target.config.vocab != draft.config.vocab:
             raise ValueError(f"draft: vocabulary {draft.config.vocab} is not the target's {target.config.vocab}")
         self.target, self.draft, self.batch, self.context = target, draft, batch, context
+        self.depth, self.draft_depth = depths  # the first layers of each that run (None: all built)
         gen = torch.Generator().manual_seed(seed * 7919 + 11)
         self.tables = {id(m): torch.randn(EMBED_ROWS, m.config.hidden, generator=gen, dtype=torch.float64)
                        .to(device=m.device, dtype=m.dtype) for m in (target, draft)}
@@ -63,10 +65,11 @@ class SpeculativeLoop:
         """γ draft tokens [batch, γ], one decode step each (the first also feeds what the draft has not seen)."""
         out = []
         ids = self.draft.extend(self.batch, self.draft_length, self.pending.shape[1],
-                                x=self._embed(self.draft, self.pending))
+                                x=self._embed(self.draft, self.pending), depth=self.draft_depth)
         out.append(ids.view(self.batch, 1))
         for i in range(1, gamma):
-            ids = self.draft.decode_step(self.batch, self.length + i, x=self._embed(self.draft, out[-1]))
+            ids = self.draft.decode_step(self.batch, self.length + i, x=self._embed(self.draft, out[-1]),
+                                         depth=self.draft_depth)
             out.append(ids.view(self.batch, 1))
         return torch.cat(out, dim=1)
 
@@ -75,7 +78,7 @@ class SpeculativeLoop:
         each, [batch, γ + 1]."""
         fed = torch.cat((self.last, proposals), dim=1)
         return self.target.extend(self.batch, self.length, fed.shape[1], x=self._embed(self.target, fed),
-                                  every_position=True).view(self.batch, -1)
+                                  every_position=True, depth=self.depth).view(self.batch, -1)
 
     def iteration(self, acceptance) -> torch.Tensor:
         """One draft-then-verify iteration with these draws (γ booleans): the tokens it yields, [batch, n + 1]."""
@@ -99,8 +102,8 @@ class SpeculativeLoop:
         """Feed `tokens` ([batch, t], starting with last) to both models as plain context, no proposal: what a loop
         that never proposed a rejected token holds; the token after them becomes `last`."""
         t = tokens.shape[1]
-        ids = self.target.extend(self.batch, self.length, t, x=self._embed(self.target, tokens))
-        self.draft.extend(self.batch, self.length, t, x=self._embed(self.draft, tokens))
+        ids = self.target.extend(self.batch, self.length, t, x=self._embed(self.target, tokens), depth=self.depth)
+        self.draft.extend(self.batch, self.length, t, x=self._embed(self.draft, tokens), depth=self.draft_depth)
         self.length += t
         self.draft_length = self.length
         self.last = self.pending = ids.view(self.batch, 1)
@@ -108,7 +111,8 @@ class SpeculativeLoop:
 
 @dataclass(frozen=True)
 class LoopPlan:
-    """What the check's loop runs: target and draft (cut to the layers built), on one device and dtype."""
+    """What the check's loop runs: target and draft (cut to the layers built), on one device and dtype, at each of
+    `depths` (the target's first L layers, the draft's first min(L, its own); none: all built)."""
 
     target: DecoderConfig
     draft: DecoderConfig
@@ -120,6 +124,12 @@ class LoopPlan:
     alphas: tuple[float, ...]
     iterations: int
     seed: int = 0
+    depths: tuple[int, ...] = ()
+
+    def depth_pairs(self, bracket: int = 0) -> list[tuple[int, int]]:
+        """(target depth, draft depth) per depth, their order turned every other bracket."""
+        pairs = [(d, min(d, self.draft.layers)) for d in self.depths] or [(self.target.layers, self.draft.layers)]
+        return pairs if bracket % 2 == 0 else pairs[::-1]
 
     def max_tokens(self) -> int:
         return self.context + (self.iterations + WARMUP_ITERATIONS + 1) * (max(self.gammas) + 1) + 2
@@ -162,13 +172,14 @@ def time_loop(loop: SpeculativeLoop, acceptance: np.ndarray) -> tuple[list[float
     return ms, tokens
 
 
-def time_plain(target: ReferenceDecoder, batch: int, context: int, steps: int) -> list[float]:
-    """Plain decode on the same target: one token per step, per step's wall milliseconds."""
+def time_plain(target: ReferenceDecoder, batch: int, context: int, steps: int, depth: int | None = None) -> list[float]:
+    """Plain decode on the same target (its first `depth` layers): one token per step, per step's wall
+    milliseconds."""
     device, ms = target.device, []
     for i in range(steps + WARMUP_ITERATIONS):
         _sync(device)
         start = time.perf_counter_ns()
-        target.decode_step(batch, context + i)
+        target.decode_step(batch, context + i, depth=depth)
         _sync(device)
         if i >= WARMUP_ITERATIONS:
             ms.append((time.perf_counter_ns() - start) / 1e6)
@@ -176,29 +187,33 @@ def time_plain(target: ReferenceDecoder, batch: int, context: int, steps: int) -
 
 
 def time_loops(plan: LoopPlan, bracket: int, last: bool) -> list[dict]:
-    """One bracket: every (batch, γ, α) loop for plan.iterations timed iterations (draws seeded per bracket), and
-    plain decode per batch, watched by the contention probe; the decoders are freed after the last bracket."""
+    """One bracket: at each depth, every (batch, γ, α) loop for plan.iterations timed iterations (draws seeded per
+    bracket, the same at each depth), and plain decode per batch, watched by the contention probe; the decoders are
+    freed after the last bracket."""
     from ..instruments.contention import ContentionProbe
 
     device = torch.device(plan.device)
     probe, rows = ContentionProbe(device), []
     try:
         target, draft = _decoders(plan)
-        for batch in plan.batches:
-            loop = SpeculativeLoop(target, draft, batch, plan.context, plan.seed)
-            with probe.watch() as seen:
-                plain = time_plain(target, batch, plan.context, plan.iterations)
-            rows.append({"kind": "plain", "bracket": bracket, "batch": batch, "gamma": 0, "alpha": np.nan,
-                         "ms": plain, "tokens": [1] * len(plain), "noisy": seen.noisy, "noise_reason": seen.reason})
-            for gamma in plan.gammas:
-                for alpha in plan.alphas:
-                    seed = [plan.seed, bracket, batch, gamma, round(alpha * 1e6)]
-                    acceptance = draws(seed, plan.iterations + WARMUP_ITERATIONS, gamma, alpha)
-                    with probe.watch() as seen:
-                        ms, tokens = time_loop(loop, acceptance)
-                    rows.append({"kind": "speculative", "bracket": bracket, "batch": batch, "gamma": gamma,
-                                 "alpha": alpha, "ms": ms, "tokens": tokens, "noisy": seen.noisy,
-                                 "noise_reason": seen.reason})
+        for depth, draft_depth in plan.depth_pairs(bracket):
+            at = {"layers": depth, "draft_layers": draft_depth}
+            for batch in plan.batches:
+                loop = SpeculativeLoop(target, draft, batch, plan.context, plan.seed, (depth, draft_depth))
+                with probe.watch() as seen:
+                    plain = time_plain(target, batch, plan.context, plan.iterations, depth)
+                rows.append({"kind": "plain", "bracket": bracket, **at, "batch": batch, "gamma": 0, "alpha": np.nan,
+                             "ms": plain, "tokens": [1] * len(plain), "noisy": seen.noisy,
+                             "noise_reason": seen.reason})
+                for gamma in plan.gammas:
+                    for alpha in plan.alphas:
+                        seed = [plan.seed, bracket, batch, gamma, round(alpha * 1e6)]
+                        acceptance = draws(seed, plan.iterations + WARMUP_ITERATIONS, gamma, alpha)
+                        with probe.watch() as seen:
+                            ms, tokens = time_loop(loop, acceptance)
+                        rows.append({"kind": "speculative", "bracket": bracket, **at, "batch": batch, "gamma": gamma,
+                                     "alpha": alpha, "ms": ms, "tokens": tokens, "noisy": seen.noisy,
+                                     "noise_reason": seen.reason})
     except (RuntimeError, ValueError) as err:
         rows.append({"kind": "error", "bracket": bracket, "error": str(err).strip().splitlines()[0]})
     finally:
@@ -231,5 +246,6 @@ def run_loop_check(plan: LoopPlan, cases, impls: dict, out_dir, *, timer, isolat
 
     rows = run(RunConfig(list(cases), impls, torch.device(plan.device), out_dir, suite="phases-speculate",
                          timer=timer, isolation=isolation, rounds=rounds, between_rounds=between, on_row=on_row))
-    columns = ("kind", "bracket", "batch", "gamma", "alpha", "ms", "tokens", "noisy", "noise_reason", "error")
+    columns = ("kind", "bracket", "layers", "draft_layers", "batch", "gamma", "alpha", "ms", "tokens", "noisy",
+               "noise_reason", "error")
     return pd.DataFrame(loops, columns=list(columns)), rows

@@ -128,10 +128,12 @@ def compile_variant(v: Variant, arch: int = 90) -> Build:
     from ...kernels.attention import triton_decode, triton_prefill
     from ...kernels.linear import triton_linear
     from ...kernels.mla import triton_mla
+    from ...kernels.moe import triton_moe
     from ...kernels.qlinear import triton_qlinear
 
     fn = {"triton_prefill": triton_prefill, "triton_decode": triton_decode, "triton_linear": triton_linear,
-          "triton_qlinear": triton_qlinear, "triton_mla": triton_mla}[_MODULES[v.kernel]].__dict__[v.kernel]
+          "triton_qlinear": triton_qlinear, "triton_mla": triton_mla,
+          "triton_moe": triton_moe}[_MODULES[v.kernel]].__dict__[v.kernel]
     build = Build(v.name, v.kernel, v.config, v.dtype, v.flags, v.source)
     start = time.perf_counter()
     log = io.StringIO()

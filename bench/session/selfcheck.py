@@ -157,7 +157,8 @@ def format_summary(summary: dict, out: Path) -> list[str]:
     for row in (summary.get("interference") or {}).get("interference", []):
         if row.get("mode") == "hybrid" and row.get("status") == "ok":
             lines.append(f"interference: batch {row['batch']} prompt {row['prompt']} hybrid (chunk {row['chunk']}): "
-                         f"ITL p99 {row['itl_p99_ms']:.3g} ms (decode-only {row['decode_only_ms']:.3g}), TTFT "
+                         f"ITL {row.get('itl_tail') or 'p99'} {row.get('itl_tail_ms', row['itl_p99_ms']):.3g} ms "
+                         f"(decode-only {row['decode_only_ms']:.3g}), TTFT "
                          f"{row['ttft_ms']:.4g} ms")
         elif row.get("mode") != "alone" and row.get("status") == "ok":
             lines.append(f"interference: batch {row['batch']} prompt {row['prompt']} {row['mode']} "

@@ -146,3 +146,61 @@ def _triple(side) -> tuple[float, float, float]:
         return side.median, side.low, side.high
     median, low, high = side
     return float(median), float(low), float(high)
+
+
+# ---------------------------------------------------------------- composed figures (docs/phases.md: how intervals
+# propagate). A figure is (value, low, high); NaN ends where a side has no interval.
+
+VERDICTS = ("within", "over", "unresolved")
+
+
+def sum_interval(terms) -> tuple[float, float, float]:
+    """Σ count · median and its interval from terms (count, (median, low, high)): independent medians whose arms add
+    in quadrature (each arm taken as a normal error at the same confidence), a row used `count` times moving
+    count-fold (one measurement read count times; a negative count swaps its arms)."""
+    value, down, up, known = 0.0, 0.0, 0.0, True
+    for count, side in terms:
+        median, low, high = _triple(side)
+        value += count * median
+        below, above = count * (median - low), count * (high - median)
+        if count < 0:
+            below, above = -above, -below
+        known &= math.isfinite(below) and math.isfinite(above)
+        down, up = down + below * below, up + above * above
+    if not (known and math.isfinite(value)):
+        return value, math.nan, math.nan
+    return value, value - math.sqrt(down), value + math.sqrt(up)
+
+
+def scale_interval(side, factor: float) -> tuple[float, float, float]:
+    """factor · (median, low, high), the ends swapped for a negative factor."""
+    median, low, high = _triple(side)
+    ends = sorted((factor * low, factor * high)) if math.isfinite(low) and math.isfinite(high) else (math.nan,) * 2
+    return factor * median, ends[0], ends[1]
+
+
+def error_interval(composed, measured) -> tuple[float, float, float]:
+    """The error in percent of a composed figure against a measured one, 100 (composed / measured - 1) (< 0: the
+    composition is faster), with its interval from both sides' (ratio_interval)."""
+    ratio, low, high = ratio_interval(_triple(composed), _triple(measured))
+    return 100 * (ratio - 1), 100 * (low - 1), 100 * (high - 1)
+
+
+def verdict(low: float, high: float, goal: float) -> str:
+    """'within' where the whole interval of an error lies within ±goal, 'over' where it lies wholly beyond, and
+    'unresolved' where it straddles the goal or is unknown: an error inside the noise is no verdict."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "unresolved"
+    if -goal <= low and high <= goal:
+        return "within"
+    if low > goal or high < -goal:
+        return "over"
+    return "unresolved"
+
+
+def worst_verdict(verdicts) -> str:
+    """One verdict of several on one figure: over if any is, within if all are, unresolved otherwise."""
+    found = list(verdicts)
+    if "over" in found:
+        return "over"
+    return "within" if found and all(v == "within" for v in found) else "unresolved"

@@ -21,8 +21,9 @@ from .roof import COPY, MEMORY
 # 7: latency_ci_low_ms, latency_ci_high_ms, latency_ci_rel, converged, outliers (the 95% interval of the median from
 #    its order statistics, its relative half-width, whether sampling stopped on its target, and the samples beyond
 #    Tukey's 1.5 IQR fences, counted and kept: bench.spec.interval); blank in older files.
-#    cache_state, l2_bytes, llc_bytes, roof_level, level_read_gbps, level_write_gbps, level_copy_gbps,
-#    ceiling_drift_pct: how the operands were prepared (rotated, evicted, warm; flushed-l2 on a GPU), the footprint's
+#    cache_state, cold_how, l2_bytes, llc_bytes, roof_level, level_read_gbps, level_write_gbps, level_copy_gbps,
+#    ceiling_drift_pct: how the operands were prepared (rotated, evicted, warm; flushed-l2 on a GPU; in words, with
+#    the copies and the bytes read between two reads of one copy, or before each call), the footprint's
 #    caches, the level the roof reads from and its ceilings (a warm row that fits a cache), and how far the ceilings
 #    moved between their measurements before and after the run (rows are judged against the higher).
 #    window_left (an attention case's sliding window, FlashInfer's; -1: none, and in older files and other operators),
@@ -80,6 +81,7 @@ RESULT_COLUMNS = (
     "roof_model",  # "read+write": the floor of read_bytes and write_bytes; "copy": bytes at peak_gbps (bench.spec.roof)
     "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: drawn hollow and counted, the finding in `reason`
     "cache_state",  # rotated / evicted / warm (host), flushed-l2 (GPU): how the operands were prepared (spec.roof)
+    "cold_how",  # what the timer did for it: the operands rotated and the copies, the bytes read before each call
     "l2_bytes", "llc_bytes",  # the caches its footprint (`bytes`) is held against, summed over their instances
     "roof_level",  # memory, llc or l2: where its bytes are read from (a warm row that fits a cache), its roof's level
     "level_read_gbps", "level_write_gbps", "level_copy_gbps",  # that cache level's ceilings; blank for memory
@@ -114,7 +116,7 @@ MODES = ("compiled", "interpreter")
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
-    "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "roof_level",
+    "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",

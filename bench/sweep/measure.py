@@ -23,10 +23,18 @@ from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
 from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
-from ..spec import roof as states
 from ..spec.interval import interval_columns
-from ..spec.roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, pct_of_roof, roof_level, roof_of_row
-from ..spec.schema import ABOVE_ROOF_PCT, cell_float
+from ..spec.roof import MEMORY, compute_peak, level_ceilings, roof_level, roof_of_row
+from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', through here)
+    LEVEL_COLUMNS,
+    MEMORY_COLUMNS,
+    judged,
+    rejudged,
+    roof_finding,
+    speed_figures,
+    with_ceiling_load,
+)
+from ..spec.schema import cell_float
 
 # interpreter timings prove nothing about speed: one sample, after the gate's call, no warm-up (then the checked call)
 INTERPRETER_SAMPLES = 1
@@ -226,7 +234,7 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "compute_dtype": compute,
         "peak_gbps": ceil.copy_gbps, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
         "pct_roofline": math.nan, "above_roof": False, "max_rel_err": math.nan, "status": "ok", "reason": "",
-        "profiled": False, "cache_state": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
+        "profiled": False, "cache_state": "", "cold_how": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
         "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
         "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
         "_levels": level_ceilings(ceil.levels, {"read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
@@ -234,15 +242,6 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
-
-
-def speed_figures(row: dict, latency_ms: float) -> dict:
-    """Latency, TFLOP/s, GB/s and % of roofline of a row from its median latency: % of roof is the least time its
-    roof allows over the time measured (for an op with no arithmetic, a copy, its share of its memory floor)."""
-    seconds = latency_ms / 1e3
-    roof_s = float(roof_of_row(row)[1])
-    return {"latency_ms": latency_ms, "tflops": row["flops"] / seconds / 1e12, "gbps": row["bytes"] / seconds / 1e9,
-            "pct_roofline": float(pct_of_roof(roof_s, latency_ms))}
 
 
 def with_state(row: dict, state: str, levels: dict) -> dict:
@@ -255,75 +254,6 @@ def with_state(row: dict, state: str, levels: dict) -> dict:
            **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")}}
     roof_tflops, _, bound, model = roof_of_row(out)
     return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
-
-
-_HOW = {states.ROTATED: "timed cold: its streamed operands rotated over copies past 2x the LLC, its activations warm",
-        states.EVICTED: "timed cold: 2x the LLC read before each call",
-        states.FLUSHED_L2: "timed cold: the L2 flushed before each call"}
-
-
-def roof_finding(row: dict) -> str:
-    """Why a compiled row may stand above the roof its state implies: where its figures most likely come from."""
-    pct = f"{row['pct_roofline']:.0f}% of its measured roof"
-    state, level, mib = row.get("cache_state") or "", row.get("roof_level") or MEMORY, row["bytes"] / 2**20
-    if level in (L2, LLC):
-        size = cell_float(row.get(f"{level}_bytes")) / 2**20
-        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are "
-                f"judged at the ceilings measured resident there: a cache ceiling measured low or a cost model that "
-                "counts too few bytes: a bug to find before it is a result")
-    if state == WARM:
-        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB judged at memory's ceilings (no ceiling of a "
-                "cache level it fits), so it may read from cache, not memory")
-    basis = ("its bytes at the copy bandwidth (its cost model gives no read/write split)"
-             if row.get("roof_model") == COPY else "its read and write bytes at the read and write ceilings")
-    return (f"above roof: {pct} ({basis}); {_HOW.get(state, 'cache state unknown')}: a ceiling measured low (a busy "
-            "machine?) or a cost model that counts too few bytes or FLOPs: a bug to find before it is a result")
-
-
-def judged(row: dict) -> dict:
-    """above_roof from a row's % of the roof its state implies (compiled rows only: an interpreter's times are not
-    speed), its finding in `reason`; a finding that no longer holds is cleared."""
-    above = row["mode"] == "compiled" and float(row["pct_roofline"]) > ABOVE_ROOF_PCT
-    reason = roof_finding(row) if above else ("" if str(row.get("above_roof")) == "True" else row["reason"])
-    return {**row, "above_roof": above, "reason": reason}
-
-
-MEMORY_COLUMNS = ("peak_gbps", "read_gbps", "write_gbps")  # a row judged against the ceilings before has these
-LEVEL_COLUMNS = {"level_read_gbps": "read_gbps", "level_write_gbps": "write_gbps", "level_copy_gbps": "copy_gbps"}
-
-
-def rejudged(row: dict, substitutions: dict, ceil: Ceilings) -> dict:
-    """A stored row (CSV text) judged anew where its memory ceilings are among `substitutions` (bench.instruments.
-    ceiling_drift: "values", {value before: (value used, drift)} of the streams and matmuls, found by value; "levels",
-    {level: {figure: (value used, drift)}} of a warm row's level ceilings): its ceilings replaced, its roof, % of roof
-    and finding recomputed, the largest drift of its ceilings in `ceiling_drift_pct`; a row judged against other
-    ceilings (an earlier invocation's) is returned as it was."""
-    values, subs = {c: cell_float(row.get(c)) for c in (*MEMORY_COLUMNS, "peak_tflops")}, substitutions["values"]
-    if not any(values[c] in subs for c in MEMORY_COLUMNS):
-        return row
-    hits = {c: subs[v] for c, v in values.items() if v in subs}
-    level = substitutions["levels"].get(row.get("roof_level"), {})
-    hits.update({c: level[figure] for c, figure in LEVEL_COLUMNS.items() if figure in level})
-    drifts = [abs(d) for _, d in hits.values() if math.isfinite(d)]
-    numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms",
-                                                   *LEVEL_COLUMNS)}
-    out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()},
-           "ceiling_drift_pct": 100 * max(drifts) if drifts else math.nan}
-    roof_tflops, _, bound, model = roof_of_row(out)
-    out.update(roof_tflops=float(roof_tflops), bound=str(bound), roof_model=str(model))
-    if row.get("status") != "ok":
-        return out
-    out["pct_roofline"] = speed_figures(out, out["latency_ms"])["pct_roofline"]
-    return with_ceiling_load(judged(out), ceil)
-
-
-def with_ceiling_load(row: dict, ceil: Ceilings) -> dict:
-    """An above-roof row's finding, with the load its ceilings were measured under where they carry a load warning
-    (a roof measured while others held the CPU reads low, and the rows timed in quieter moments stand above it)."""
-    load = [w for w in ceil.warnings if "under load" in w]
-    if not row.get("above_roof") or not load:
-        return row
-    return {**row, "reason": f"{row['reason']}; {load[0]}: they read low (PHASEBENCH_HOST_CEILINGS keeps quiet ones)"}
 
 
 def _free_cache() -> str:
@@ -356,7 +286,7 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with nvtx_range(stage_name(SETUP, key)):
             timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"],
                                        flush_l2=getattr(sampler, "flush_l2", False))
-        row = with_state(row, timed.state, levels)
+        row = {**with_state(row, timed.state, levels), "cold_how": timed.how}
         watch = probe.watch() if probe is not None else contextlib.nullcontext()
         # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
         # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block

@@ -98,10 +98,24 @@ class ResultsStore:
                 rows = [r for r in kept if row_key(r) in measured]
             self.done = {row_key(r) for r in rows}
         else:
-            if self.csv_path.exists():
-                self.csv_path.unlink()
-                self.parquet_path.unlink(missing_ok=True)
+            self._keep_earlier_rows()
+
+    def _keep_earlier_rows(self) -> None:
+        """A run without --resume starts the folder afresh, but rows an earlier run measured there are kept beside
+        it (results.csv.earlier-N, samples.jsonl.earlier-N; names no loader reads) and said in one line: a user who
+        forgot --resume after a kill loses nothing."""
+        self.parquet_path.unlink(missing_ok=True)  # derived from results.csv, kept below
+        held = self.csv_path.exists() and b"\n" in self.csv_path.read_bytes().rstrip(b"\n")  # past its header
+        if not held:
+            self.csv_path.unlink(missing_ok=True)
             self.samples_path.unlink(missing_ok=True)
+            return
+        n = 1 + sum(1 for _ in self.out_dir.glob("results.csv.earlier-*"))
+        for path in (self.csv_path, self.samples_path):
+            if path.exists():
+                path.rename(path.with_name(f"{path.name}.earlier-{n}"))
+        note(f"{self.out_dir}: rows of an earlier run (not --resume) kept as results.csv.earlier-{n}; this run "
+             "starts the folder afresh")
 
     def _check_options(self, options: dict | None) -> None:
         previous = (self.previous_run() or {}).get("measurement")

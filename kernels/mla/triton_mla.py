@@ -18,7 +18,7 @@ from .. import buffers
 from ..attention.paged import bhsd_strides
 from ..attention.triton_decode import LOG2E, choose_splits, page_offsets, reduce_partials
 from ..registry import Impl, PlannedCall, add_builtin
-from ..triton_mode import interpreted, mode, multiprocessor_count, why_unavailable
+from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import MLARequest
 
 MLA_MAX_SPLITS = 32  # the reduce kernel holds [splits, Dv] partials: 32 x 512, the attention decode's 128 x 128
@@ -166,6 +166,7 @@ TRITON_MLA = add_builtin(Impl(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
     unavailable=why_unavailable,
+    compute=compute,
     backends=lambda device_type: f"triton-mla-splitkv ({mode()})",
     op="mla",
 ))

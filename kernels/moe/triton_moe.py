@@ -19,7 +19,7 @@ import triton.language as tl
 from .. import buffers
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
-from ..triton_mode import interpreted, mode, why_unavailable
+from ..triton_mode import compute, interpreted, mode, why_unavailable
 from .request import MoeRequest, validate_moe
 from .sorting import Blocks, align_blocks
 
@@ -166,6 +166,7 @@ TRITON_MOE = add_builtin(Impl(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
     unavailable=why_unavailable,
+    compute=compute,
     backends=lambda device_type: f"{BACKEND} ({mode()})",
     op="moe",
 ))

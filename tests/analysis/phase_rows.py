@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases import remedies
 from phasebench.bench.spec import steps as step_defs
 from phasebench.bench.spec.models import DecoderConfig
 
@@ -46,7 +47,7 @@ def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4
         "prefill": pm.prefill_table(measured, config, prompts),
         "decode": pm.batch_sweep(measured, config, batches, context),
         "chunked": pm.chunk_table(measured, config, chunk_prompt, chunks, chunk_batch, context),
-        "colocated": pm.colocated_table(measured, config, chunk_prompt, chunk_batch, context, interference),
+        "colocated": remedies.colocated_table(measured, config, chunk_prompt, chunk_batch, context, interference),
         "interactive": pm.interactive_limits(measured, config, prompts, batches),
         "decode_parts": pm.tpot(measured, config, chunk_batch, context).items,
     }

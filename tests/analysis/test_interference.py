@@ -211,15 +211,16 @@ def test_hybrid_rows_print_per_chunk_with_their_tail_ttft_and_whole_model_basis(
     rows = pd.concat([designed_rows(), designed_hybrid_rows()], ignore_index=True)
     text = interference_summary(rows)
     lines = text.splitlines()
-    start = lines.index("Hybrid iteration: one prompt's arrival in the decode users' iterations (ITL in ms over the "
-                        "prompt's iterations)")
-    table = [line.split() for line in lines[start + 2:start + 8]]
-    # batch prompt chunk iterations samples decode_only mean p50 p90 p99 max ttft chunk_cost ...: the p99's sample
-    # count beside it (a whole prompt's tail is that of its few arrivals)
-    assert [(r[0], r[2], r[4], r[9], r[11], r[12]) for r in table] == [
-        ("1", "64", "32", "40", "400", "1.33"), ("1", "256", "8", "90", "320", "1.07"),
-        ("1", "whole", "4", "300", "300", "1"), ("8", "64", "32", "60", "500", "1.32"),
-        ("8", "256", "8", "120", "420", "1.11"), ("8", "whole", "4", "380", "380", "1")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("Hybrid iteration: one prompt's arrival"))
+    assert "@L: of the layers timed, model_: the whole model" in lines[start]
+    header, table = lines[start + 1].split(), [line.split() for line in lines[start + 2:start + 8]]
+    assert header[:8] == ["batch", "prompt", "chunk", "iterations", "arrivals", "samples", "decode_only@L", "mean@L"]
+    # rows of schema 3: a p99 from 32, 8 or 4 samples is no p99, the tail is the max of N (never a bare "p99")
+    assert [(r[0], r[2], r[5], r[9], " ".join(r[10:13])) for r in table] == [
+        ("1", "64", "32", "40", "max of 32"), ("1", "256", "8", "90", "max of 8"),
+        ("1", "whole", "4", "300", "max of 4"), ("8", "64", "32", "60", "max of 32"),
+        ("8", "256", "8", "120", "max of 8"), ("8", "whole", "4", "380", "max of 4")]
+    assert "400 [–]" in lines[start + 2] and "1.33" in lines[start + 2]  # TTFT without an interval says so
     assert "Spatial sharing: the decode step beside a looped prefill (ITL in ms over the decode steps)" in lines
     found = verdicts(designed_hybrid_rows()).set_index(["batch", "prompt", "target"])
     # whole model of 32 layers scaled from 2: ITL 1 + (mean - 1) x 16 ms; chunk 64 at batch 1: 209 ms, 4.8 tok/s
@@ -237,7 +238,8 @@ def test_chunk_figure_draws_the_tail_and_ttft_per_chunk_and_batch(tmp_path):
     assert len(fig.axes) == 4  # ITL and TTFT for each of the two batches
     series = {(ax_i, line.get_label()): list(line.get_ydata()) for ax_i, ax in enumerate(fig.axes)
               for line in ax.get_lines() if line.get_gid() == SERIES_GID}
-    assert series[(0, "prompt 512 p99")] == [40.0, 90.0, 300.0] and series[(0, "prompt 512 mean")] == [14, 30, 300]
+    assert series[(0, "prompt 512 tail (p99, or max of N)")] == [40.0, 90.0, 300.0]
+    assert series[(0, "prompt 512 mean")] == [14, 30, 300]
     assert series[(3, "prompt 512")] == [500.0, 420.0, 380.0]  # batch 8's TTFT
     assert [t.get_text() for t in fig.axes[3].get_xticklabels()] == ["64", "256", "whole"]
     # row-major: batch 1's and batch 8's ITL panels, then their TTFT panels

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from phasebench.analysis import moe_coverage, moe_coverage_table
-from phasebench.analysis.figures.kit import SERIES_GID
+from phasebench.analysis.figures.kit import FINDING_GID, INTERVAL_GID, SERIES_GID
 from phasebench.analysis.figures.moe import EXPECTED_GID, all_touched_batch
 from phasebench.analysis.report.context import Context
 from phasebench.analysis.report.sections import SECTIONS, moe_section
@@ -53,6 +53,20 @@ def test_the_figure_draws_coverage_bytes_and_roof_per_layer():
     assert len([line for line in coverage.lines if line.get_gid() == SERIES_GID]) == 2  # two routings
     assert any(line.get_gid() == SERIES_GID for line in roof.lines)
     assert "left out: 1 interpreter-mode rows (correctness only); 1 noisy rows" in fig._suptitle.get_text()
+    assert any(c.get_gid() == INTERVAL_GID for c in [*roof.collections, *roof.lines])  # % of roof with its interval
+
+
+def test_a_row_above_its_roof_stays_in_the_table_and_is_drawn_hollow_with_its_share():
+    df = frame()
+    above = conform(pd.DataFrame([row("torch", 5, 9, 0.4, pct_roofline=131.0, above_roof=True),
+                                  row("torch", 5, 9, 0.5, pct_roofline=110.0)]))
+    table = moe_coverage_table(pd.concat([df, above], ignore_index=True))
+    five = table[(table["m"] == 5)].iloc[0]
+    assert bool(five["above_roof"]) and five["timed_rows"] == 2 and np.isfinite(five["pct_roofline"])
+    assert np.isclose(five["latency_ci_low_ms"], 0.36) and np.isclose(five["latency_ci_high_ms"], 0.6)  # widest ends
+    roof = moe_coverage(pd.concat([df, above], ignore_index=True)).axes[2]
+    assert [t.get_text() for t in roof.texts if t.get_gid() == FINDING_GID] == ["120%"]
+    assert any(c.get_gid() == FINDING_GID for c in roof.collections)
 
 
 def test_the_report_section_names_where_every_expert_is_touched(tmp_path):

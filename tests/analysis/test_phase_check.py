@@ -20,7 +20,9 @@ from phasebench.analysis.phases.check import (
     goal_pct,
     normalised,
     over_goal_notes,
+    pct_interval,
     plan_of,
+    verdict_notes,
 )
 from phasebench.analysis.report import headline
 
@@ -166,7 +168,8 @@ def test_the_per_layer_error_from_l_and_2l_references_removes_the_head_exactly()
         assert row["head_share_pct"] == pytest.approx(100 * head / whole, rel=1e-12)
         assert row["deep_reference_ms"] == pytest.approx(4 * real_layer + real_head, rel=1e-12)
         assert np.isnan(row["interleaved_error_pct"]) and row["rounds"] == 0
-        assert row["over_goal"] == (abs(row["per_layer_error_pct"]) > 15 or abs(row["published_error_pct"]) > 15)
+        # one sample per bracket and rows without intervals: no noise band, so no verdict
+        assert row["verdict"] == "unresolved" and not row["over_goal"]
 
 
 def test_brackets_that_disagree_on_the_layer_make_the_row_noisy():
@@ -186,16 +189,22 @@ def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the
     tables = load_phases(SAMPLE)
     reference = tables["reference"].copy()
     prefill, decode = reference["phase"] == "prefill", reference["phase"] == "decode"
-    reference.loc[prefill, ["published_error_pct", "interleaved_error_pct", "per_layer_error_pct"]] = [14.7, 1.1, 3.0]
-    reference.loc[decode, ["published_error_pct", "interleaved_error_pct", "per_layer_error_pct"]] = [1.5, -3.2, -21.0]
+    columns = ["published_error_pct", "published_error_low_pct", "published_error_high_pct", "interleaved_error_pct",
+               "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct"]
+    # prefill: +14.7% whose interval straddles the goal (unresolved); decode: a per-layer error wholly beyond it
+    reference.loc[prefill, columns] = [14.7, 10.0, 19.0, 1.1, 3.0, 1.0, 5.0]
+    reference.loc[decode, columns] = [1.5, -1.0, 4.0, -3.2, -21.0, -25.0, -18.0]
     tables["reference"] = normalised(reference, "cpu")  # the decode rows' per-layer error as the issue measured it
+    assert tables["reference"]["verdict"].tolist() == ["unresolved", "over", "over"] * 2
     summary = phases_summary(tables)
     decode_lines = summary.split("Decode at context")[1].split("Chunked prefill")[0]
-    assert "per layer -21.0%" in decode_lines and "OVER GOAL" in decode_lines  # beside the TPOT figures
-    prefill_lines = summary.split("Prefill (one prompt):")[1].split("Decode at context")[0]
-    assert "OVER GOAL" not in prefill_lines and "published +14.7%" in prefill_lines
+    assert "per layer -21.0% [-25.0%, -18.0%]" in decode_lines and "OVER GOAL" in decode_lines  # beside TPOT
+    prefill_lines = summary.split("Prefill (one prompt")[1].split("Decode at context")[0]
+    assert "OVER GOAL" not in prefill_lines and "published +14.7% [+10.0%, +19.0%]" in prefill_lines
+    assert "unresolved" in prefill_lines
     text = headline(None, tables).markdown()
-    assert "decode batch 1 published +1.5% (interleaved -3.2%, per layer -21.0%)" in text and "OVER GOAL" in text
+    assert ("decode batch 1 published +1.5% [-1.0%, +4.0%] (interleaved -3.2%, per layer -21.0% [-25.0%, -18.0%])"
+            in text and "OVER GOAL" in text)
     tables["sequences"] = pd.DataFrame([{"key": "3f2a", "sequence": "layer", "phase": "decode", "m": 8, "ops": 12,
                                          "sequence_ms": 41.5, "alone_ms": 40.25, "term_ms": 1.25, "status": "ok"}])
     page = write_report(load(SAMPLE / "ops"), tmp_path, phases=tables)["html"].read_text(encoding="utf-8")
@@ -203,14 +212,20 @@ def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the
     assert '<p class="over-goal">Checked against real passes' in phases and "OVER GOAL" in phases
     assert "The ops in sequence against alone" in phases and "41.5" in phases
     notes = over_goal_notes(tables["reference"])
-    assert len(notes) == 4 and notes[0].startswith("phasebench decode batch 1: per-layer error -21.0%, beyond the 15%")
+    assert len(notes) == 4 and notes[0] == ("phasebench decode batch 1: per-layer error -21.0% [-25.0%, -18.0%], "
+                                            "over the 15% goal")
+    unresolved = verdict_notes(tables["reference"], "unresolved")
+    assert len(unresolved) == 2 and "published error +14.7% [+10.0%, +19.0%], unresolved against" in unresolved[0]
 
 
 def test_the_goal_is_the_hosts_on_the_host_and_the_gpus_on_any_accelerator():
     assert goal_pct("cpu") == 15.0 and goal_pct("cuda") == goal_pct("cuda:1") == GOAL_PCT["cuda"] == 10.0
     row = pd.DataFrame([{"phase": "decode", "batch": 16, "layers": 4, "published_error_pct": -12.0,
-                         "per_layer_error_pct": -9.0, "reference_ms": 1.0, "left_out": ""}])
-    assert normalised(row, "cuda:0")["over_goal"].item() and not normalised(row, "cpu")["over_goal"].item()
+                         "published_error_low_pct": -13.0, "published_error_high_pct": -11.0,
+                         "per_layer_error_pct": -9.0, "per_layer_error_low_pct": -9.5, "per_layer_error_high_pct": -8.5,
+                         "reference_ms": 1.0, "left_out": ""}])
+    assert normalised(row, "cuda:0")["verdict"].item() == "over" and normalised(row, "cuda:0")["over_goal"].item()
+    assert normalised(row, "cpu")["verdict"].item() == "within" and not normalised(row, "cpu")["over_goal"].item()
 
 
 def _sample_measured(sequences: bool) -> tuple[pd.DataFrame, pm.Measured, ReferencePlan]:
@@ -228,14 +243,17 @@ def test_the_committed_sample_publishes_the_composition_of_its_own_ops_and_seque
     raw, measured, plan = _sample_measured(sequences=True)
     tables = load_phases(SAMPLE)
     assert len(raw) == 6 and raw["per_layer_error_pct"].notna().all() and raw["sequence_pct"].notna().all()
-    for row in raw.itertuples(index=False):
+    for row, shown in zip(raw.itertuples(index=False), tables["reference"].to_dict("records"), strict=True):
         step = plan.composed(measured, row.phase, int(row.batch), int(row.tokens), int(row.layers))
         assert step.complete
         assert step.total_ms == pytest.approx(row.published_composed_ms, rel=1e-9)
         assert row.published_error_pct == pytest.approx(pm.model_error(step.total_ms, row.reference_ms), rel=1e-9)
-        if row.reference == "phasebench" and row.phase == "prefill":
-            assert (f"published {row.published_error_pct:+.1f}% (interleaved {row.interleaved_error_pct:+.1f}%, "
-                    f"per layer {row.per_layer_error_pct:+.1f}%)") in check_sentence(tables["reference"], "prefill")
+        if row.reference == "phasebench" and row.phase == "prefill":  # each error with its interval where it has one
+            errors = [pct_interval(*(float(shown.get(f"{stem}{end}", np.nan)) for end in ("_pct", "_low_pct",
+                                                                                          "_high_pct")))
+                      for stem in ("published_error", "interleaved_error", "per_layer_error")]
+            assert (f"published {errors[0]} (interleaved {errors[1]}, per layer {errors[2]})"
+                    in check_sentence(tables["reference"], "prefill"))
     # the 32-layer decode table is the same composition at the model's depth
     decode = tables["decode"].set_index("batch")
     for batch in tables["meta"]["reference_batches"]:
@@ -268,4 +286,43 @@ def test_a_table_from_before_the_rounds_reads_its_error_as_the_published_one():
                          "composed_ms": 8.0, "error_pct": -20.0, "left_out": ""}])
     row = normalised(old, "cpu").iloc[0]
     assert row["published_error_pct"] == -20.0 and row["published_composed_ms"] == 8.0
-    assert np.isnan(row["interleaved_error_pct"]) and row["over_goal"]
+    # -20% with no interval: beyond the goal by its point, but a table from before the intervals gives no verdict
+    assert np.isnan(row["interleaved_error_pct"]) and row["verdict"] == "unresolved" and not row["over_goal"]
+
+
+def test_each_check_answers_within_over_or_unresolved_from_its_errors_intervals():
+    """Rows with their intervals (±1%), brackets of 8 samples each: an error near 0 is within, -30% over, -14% with a
+    reference spread of ±12% unresolved (its interval straddles the 15% goal); the ends come from both sides."""
+    from phasebench.bench.spec.interval import error_interval, median_interval
+
+    latency = _latencies(21)
+    rows = _rows(latency)
+    rows["latency_ci_low_ms"], rows["latency_ci_high_ms"] = 0.99 * rows["latency_ms"], 1.01 * rows["latency_ms"]
+    rng = np.random.default_rng(22)
+    setting = {("prefill", 1): (1.0, 0.01), ("decode", 1): (1 / 0.7, 0.01), ("decode", 8): (1 / 0.86, 0.12)}
+    brackets = []
+    for phase, batch, tokens in PLAN.scenarios:
+        layer, head = _layer_and_head(latency, phase, batch, tokens)
+        slower, spread = setting[phase, batch]
+        for k in range(3):
+            for depth in PLAN.depths:
+                ms = slower * (depth * layer + head)
+                draw = list(ms * (1 + spread * rng.uniform(-1, 1, 8)))
+                brackets.append({**_bracket(k, phase, batch, tokens, depth, float(np.median(draw))),
+                                 "samples_ms": draw})
+    measured = _measured(rows)
+    table = check_table(brackets, PLAN, published=measured).set_index(["phase", "batch"])
+    assert table["published_verdict"].tolist() == ["within", "over", "unresolved"]
+    assert table["verdict"].tolist()[:2] == ["within", "over"] and table["over_goal"].tolist()[:2] == [False, True]
+    for (phase, batch), row in table.iterrows():
+        tokens = 64 if phase == "prefill" else 48
+        samples = [s for b in brackets if (b["phase"], b["batch"], b["layers"]) == (phase, batch, 2)
+                   for s in b["samples_ms"]]
+        ref = median_interval(samples)
+        step = PLAN.composed(measured, phase, batch, tokens)
+        expected = error_interval(step.interval, (ref.median, ref.low, ref.high))
+        assert (row["published_error_pct"], row["published_error_low_pct"], row["published_error_high_pct"]) == \
+            pytest.approx(expected, rel=1e-12)
+        assert row["published_error_low_pct"] < row["published_error_pct"] < row["published_error_high_pct"]
+        assert (row["reference_low_ms"], row["reference_high_ms"]) == (ref.low, ref.high)
+        assert row["per_layer_error_low_pct"] < row["per_layer_error_pct"] < row["per_layer_error_high_pct"]

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis.phases import model as pm
+from phasebench.analysis.phases import remedies
 from phasebench.analysis.phases.coverage import coverage_lines
 from phasebench.analysis.phases.remedies import remedy_lines
 from phasebench.bench.spec import steps as step_defs
@@ -229,7 +230,7 @@ def test_colocated_estimate_is_a_fair_share_until_measured():
     prompt, batch, context = 12, 3, 9
     m = measured([step_defs.prefill_step(TINY, prompt), step_defs.decode_step(TINY, batch, context)])
     first, step = hand_ttft(prompt), hand_tpot(batch, context)
-    table = pm.colocated_table(m, TINY, prompt, batch, context).set_index("option")
+    table = remedies.colocated_table(m, TINY, prompt, batch, context).set_index("option")
     assert list(table.index) == ["separated", "co-located", "protected"]
     assert table.loc["separated", "itl_ms"] == step and table.loc["separated", "ttft_ms"] == first
     # each decode step yields up to its own length to the prefill, which gets half the device
@@ -247,7 +248,7 @@ def test_colocated_estimate_is_a_fair_share_until_measured():
         ("colocated", "process", 9.0, 9.0, True, context),  # noisy: left out
         ("protected", "priority stream", 1.25, 2.0, False, context),
         ("protected", "priority stream", 0.5, 1.0, False, context + 1)])  # another context: left out
-    table = pm.colocated_table(m, TINY, prompt, batch, context, measured_rows).set_index("option")
+    table = remedies.colocated_table(m, TINY, prompt, batch, context, measured_rows).set_index("option")
     assert table.loc["co-located", "itl_ms"] == 2.5 * step and table.loc["co-located", "ttft_ms"] == 1.5 * first
     assert table.loc["co-located", "source"] == "measured: colocated/process on cpu"
     assert table.loc["protected", "itl_ms"] == 1.25 * step and table.loc["protected", "ttft_ms"] == 2 * first
@@ -266,13 +267,13 @@ def test_a_stretch_of_another_device_or_layer_count_is_not_used_and_the_table_sa
     step, first = hand_tpot(batch, context), hand_ttft(prompt)
     rows = interference_rows([("alone", "alone", 1.0, 1.0, False, context),
                               ("colocated", "process", 2.5, 1.5, False, context)], **fields)
-    table = pm.colocated_table(m, TINY, prompt, batch, context, rows).set_index("option")
+    table = remedies.colocated_table(m, TINY, prompt, batch, context, rows).set_index("option")
     assert table.loc["co-located", "itl_ms"] == step + min(step, first)  # the fair share, as if none were given
     source = table.loc["co-located", "source"]
     assert source.startswith("fair share (composed); ") and says in source and source.endswith("not used")
     assert says in "\n".join(remedy_lines({"colocated": table.reset_index()}))  # the phases summary says it too
     assert table.loc["protected", "source"] == "not measured (phasebench interference)"  # none of any device
-    same = pm.colocated_table(m, TINY, prompt, batch, context, interference_rows(
+    same = remedies.colocated_table(m, TINY, prompt, batch, context, interference_rows(
         [("colocated", "process", 2.5, 1.5, False, context)])).set_index("option")
     assert same.loc["co-located", "itl_ms"] == 2.5 * step  # the same rows keyed to this device and layers: used
 

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis import headline, load_phases
+from phasebench.analysis.phases.check import pct_interval
 from phasebench.bench.spec import steps as step_defs
 from phasebench.bench.spec.schema import conform
 
@@ -137,17 +138,22 @@ def test_the_committed_phases_sample_reads_as_its_numbers():
     assert "prompt 32: missed" in text  # no prompt meets a 3 s TTFT on the 2-core host
     # the published error (the ops/ rows the tables show) beside the check's rounds' and the per-layer one
     reference = pd.read_csv(REPO / "analysis" / "sample" / "cpu-phases" / "reference.csv")
+    shown = load_phases(REPO / "analysis" / "sample" / "cpu-phases")["reference"].to_dict("records")
     published = lead.phases[0]["composition"]
     named = set()  # each reference is named once per sentence, then its rows by batch
-    for r, p in zip(reference.itertuples(index=False), published.itertuples(index=False), strict=True):
+    for r, p, s in zip(reference.itertuples(index=False), published.itertuples(index=False), shown, strict=True):
         where = "prefill" if r.phase == "prefill" else f"decode batch {r.batch}"
         if (r.reference, r.phase) in named:
             where = where.replace("decode batch", "batch")
         who = "" if (r.reference, r.phase) in named else f"{r.reference} (2 layers) "
         named.add((r.reference, r.phase))
         assert r.published_error_pct == p.published_error_pct
-        assert (f"{who}{where} published {p.published_error_pct:+.1f}% (interleaved "
-                f"{r.interleaved_error_pct:+.1f}%, per layer {r.per_layer_error_pct:+.1f}%)"
+        # each error with its interval where the sample has one (a sample from before the intervals has none)
+        published_error, interleaved, per_layer = (
+            pct_interval(*(float(s.get(f"{stem}{end}", np.nan)) for end in ("_pct", "_low_pct", "_high_pct")))
+            for stem in ("published_error", "interleaved_error", "per_layer_error"))
+        assert published_error.startswith(f"{p.published_error_pct:+.1f}%")
+        assert (f"{who}{where} published {published_error} (interleaved {interleaved}, per layer {per_layer})"
                 + (" noisy" if r.noisy else "")) in text
 
 

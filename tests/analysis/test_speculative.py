@@ -4,6 +4,7 @@ in float64 against values worked by hand and against the limits α -> 0 and α -
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from phasebench.analysis.phases import speculative as sp
 
@@ -149,7 +150,7 @@ def _loops():
     return pd.DataFrame(rows)
 
 
-def test_the_loop_check_compares_at_the_realised_tokens_and_flags_over_goal():
+def test_the_loop_check_compares_at_the_realised_tokens_with_the_reference_checks_sign():
     composed = {("tpot", 2): (11.0, 0), ("draft", 2): (2.0, 0), ("verify", 2, 3): (13.0, 0)}  # 19 ms per iteration
     published = {("tpot", 2): (11.0, 0), ("draft", 2): (3.0, 0), ("verify", 2, 3): (12.0, 0)}  # 21 ms
     table = sp.loop_check_table(_loops(), composed, published, layers=2, draft_layers=1, goal_pct=15.0)
@@ -157,17 +158,63 @@ def test_the_loop_check_compares_at_the_realised_tokens_and_flags_over_goal():
     assert row.realised_tokens_per_pass == 2.5 and row.iterations == 4 and row.loop_iteration_ms == 21.0
     assert row.loop_tokens_per_s_per_user == pytest.approx(1e3 * 2.5 / 21.0, rel=1e-14)
     assert row.composed_tokens_per_s_per_user == pytest.approx(1e3 * 2.5 / 19.0, rel=1e-14)
-    assert row.error_pct == pytest.approx(100 * (21.0 / 19.0 - 1), rel=1e-12) and not row.over_goal
+    # composed / measured - 1 on times, as every check: < 0, the composition is faster
+    assert row.error_pct == pytest.approx(100 * (19.0 / 21.0 - 1), rel=1e-12)
     assert row.published_error_pct == pytest.approx(0.0, abs=1e-12)
     assert row.plain_ms == 11.0 and row.loop_speedup == pytest.approx(2.5 * 11.0 / 21.0, rel=1e-14)
+    assert row.composed_speedup == pytest.approx(2.5 * 11.0 / 21.0, rel=1e-14) and row.speedup_error_pct == 0.0
     e, std = sp.expected_tokens(0.7, 3), sp.tokens_std(0.7, 3)
     assert row.expected_tokens_per_pass == e and row.realised_z == pytest.approx((2.5 - e) / (std / 2), rel=1e-12)
     assert row.noisy_brackets == 1 and row.brackets == 2
-    slow = {**composed, ("verify", 2, 3): (7.0, 0)}  # 13 ms composed against 21 measured: +61.5%
-    assert sp.loop_check_table(_loops(), slow, published, layers=2, draft_layers=1, goal_pct=15.0)["over_goal"].all()
-    gone = {**composed, ("verify", 2, 3): (math.nan, 3)}
-    missing = sp.loop_check_table(_loops(), gone, published, layers=2, draft_layers=1, goal_pct=15.0).iloc[0]
-    assert math.isnan(missing["error_pct"]) and missing["over_goal"]
+    # 4 iterations and 2 plain steps per side: too few for an interval, so no verdict on any error
+    assert row.verdict == "unresolved" and not row.over_goal
+    gone = {**published, ("verify", 2, 3): (math.nan, 3)}
+    missing = sp.loop_check_table(_loops(), composed, gone, layers=2, draft_layers=1, goal_pct=15.0).iloc[0]
+    assert math.isnan(missing["published_error_pct"]) and missing["published_verdict"] == "unresolved"
+
+
+def _timed_loops(depth: int, iteration_ms: float, plain_ms: float, spread: float, seed: int):
+    """Three brackets of 8 iterations at one depth, each time iteration_ms (plain_ms) x (1 ± spread)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(3):
+        rows.append({"kind": "plain", "bracket": k, "layers": depth, "batch": 2, "gamma": 0, "alpha": float("nan"),
+                     "ms": list(plain_ms * (1 + spread * rng.uniform(-1, 1, 8))), "tokens": [1] * 8, "noisy": False})
+        rows.append({"kind": "speculative", "bracket": k, "layers": depth, "batch": 2, "gamma": 3, "alpha": 0.7,
+                     "ms": list(iteration_ms * (1 + spread * rng.uniform(-1, 1, 8))),
+                     "tokens": list(rng.integers(1, 5, 8)), "noisy": False})
+    return pd.DataFrame(rows)
+
+
+def _steps_with_ends(tpot, draft, verify, rel=0.01, layer=None):
+    """Steps with ±rel intervals; layer: one layer's (draft, verify) ms for the per-layer interval."""
+    layer = layer or (draft / 2, verify / 2)
+
+    def one(ms, per_layer):
+        return (ms, 0, ms * (1 - rel), ms * (1 + rel), (per_layer, per_layer * (1 - rel), per_layer * (1 + rel)))
+
+    return {("tpot", 2): one(tpot, tpot / 2), ("draft", 2): one(draft, layer[0]),
+            ("verify", 2, 3): one(verify, layer[1])}
+
+
+@pytest.mark.parametrize(("verify", "spread", "expected"), [(12.0, 0.01, "within"), (6.0, 0.01, "over"),
+                                                             (9.5, 0.15, "unresolved")])
+def test_the_loop_check_answers_within_over_or_unresolved_on_the_published_figures(verify, spread, expected):
+    # the loop: 21 ms per iteration at 2 layers, 33 ms at 4 (12 ms per layer more: one verify layer and 3 draft
+    # layers of 2 ms); plain decode 11 ms. The published composition: 3 x 3 + verify ms at 2 layers
+    loops = pd.concat([_timed_loops(2, 21.0, 11.0, spread, 1), _timed_loops(4, 33.0, 17.0, spread, 2)])
+    shallow = _steps_with_ends(11.0, 3.0, verify, layer=(2.0, 6.0))
+    deep = {"layers": 4, "draft_layers": 2, "published": _steps_with_ends(17.0, 5.0, verify + 12.0 - 6.0,
+                                                                           layer=(2.0, 6.0))}
+    row = sp.loop_check_table(loops, shallow, shallow, layers=2, draft_layers=1, goal_pct=15.0, deep=deep).iloc[0]
+    assert row["published_iteration_ms"] == 9.0 + verify and row["deep_layers"] == 4
+    assert row["published_error_low_pct"] < row["published_error_pct"] < row["published_error_high_pct"]
+    assert row["per_layer_composed_ms"] == pytest.approx(((15.0 + verify + 6.0) - (9.0 + verify)) / 2)
+    assert row["per_layer_error_low_pct"] < row["per_layer_error_pct"] < row["per_layer_error_high_pct"]
+    assert row["published_verdict"] == expected and row["verdict"] in (expected, "over")
+    assert row["over_goal"] == (row["verdict"] == "over")
 
 
 def test_the_figures_mark_break_even_points_and_the_summary_flags_over_goal():
@@ -176,8 +223,10 @@ def test_the_figures_mark_break_even_points_and_the_summary_flags_over_goal():
 
     batches, gammas, alphas = (1, 3), (1, 2, 5), (0.55, 0.8, 0.93)
     table = sp.speculative_table(_steps(batches, gammas), batches, 37, gammas, alphas)
-    composed = {**_steps(batches, gammas), ("verify", 2, 3): (7.0, 0), ("draft", 2): (2.0, 0), ("tpot", 2): (11.0, 0)}
-    check = sp.loop_check_table(_loops(), composed, composed, layers=2, draft_layers=1, goal_pct=15.0)
+    loops = _timed_loops(2, 21.0, 11.0, 0.01, 3)
+    composed = {**_steps(batches, gammas), **_steps_with_ends(11.0, 2.0, 7.0)}  # 13 ms against 21: over
+    check = sp.loop_check_table(loops, composed, composed, layers=2, draft_layers=1, goal_pct=15.0)
+    assert check["verdict"].tolist() == ["over"]
     tables = {"speculative": table, "speculative_check": check,
               "meta": {"speculate": {"draft": {"name": "the-draft"}}}}
     fig = figs.speculative_figure(tables)
@@ -206,6 +255,8 @@ def test_a_phases_folder_with_speculation_loads_and_reports_it(tmp_path):
 
     folder = tmp_path / "phases"
     shutil.copytree(Path(pa.__file__).parent / "sample" / "cpu-phases", folder)
+    for name in ("speculative.csv", "speculative_check.csv", "speculative_loops.csv"):  # a sample run with them
+        (folder / name).unlink(missing_ok=True)
     assert pa.load_phases(folder).get("speculative") is None and speculative_tables(pa.load_phases(folder)) == []
     batches, gammas, alphas = (1,), (2, 4), (0.6, 0.8)
     sp.speculative_table(_steps(batches, gammas), batches, 128, gammas, alphas).to_csv(folder / "speculative.csv",
@@ -218,3 +269,29 @@ def test_a_phases_folder_with_speculation_loads_and_reports_it(tmp_path):
     html = "".join(speculative_tables(tables))
     assert "the best γ per α" in html and "the break-even α per γ" in html and "against a real loop" in html
     assert "speedup over plain decode" in pa.speculative_figure(tables).axes[0].get_ylabel()
+
+
+def test_plain_decode_and_the_verify_pass_take_the_fastest_shape_a_server_could_pad_to():
+    # plain decode at batch 1 and 2 slower than at 4 (a slow BLAS shape): a server pads to 4; the verify of 1 x 2
+    # positions slower than 1 x 3; a step with a missing op is never padded to
+    steps = {("tpot", 1): (10.0, 0), ("tpot", 2): (14.0, 0), ("tpot", 4): (8.0, 0), ("tpot", 8): (5.0, 3),
+             ("draft", 1): (1.0, 0), ("draft", 2): (1.5, 0),
+             ("verify", 1, 1): (12.0, 0), ("verify", 1, 2): (11.0, 0), ("verify", 2, 1): (13.0, 0),
+             ("verify", 2, 2): (15.0, 0)}
+    table = sp.speculative_table(steps, (1, 2), 40, (1, 2), (0.6,)).set_index(["batch", "gamma"])
+    assert table.loc[(1, 1), "tpot_ms"] == 8.0 and table.loc[(1, 1), "plain_padded_to"] == "4"
+    assert table.loc[(2, 1), "tpot_ms"] == 8.0 and table.loc[(2, 1), "plain_padded_to"] == "4"
+    assert table.loc[(1, 1), "verify_ms"] == 11.0 and table.loc[(1, 1), "verify_padded_to"] == "1x3"
+    assert table.loc[(2, 1), "verify_ms"] == 13.0 and table.loc[(2, 1), "verify_padded_to"] == "2x2"
+    assert table.loc[(1, 2), "draft_padded_to"] == "1" and table.loc[(2, 2), "draft_step_ms"] == 1.5
+    e = sp.expected_tokens(0.6, 1)
+    assert table.loc[(1, 1), "speedup"] == pytest.approx(e * 8.0 / (1.0 + 11.0), rel=1e-14)
+    # against the padded plain decode no speedup passes E (every verify here costs more than 8 ms)
+    assert not table["exceeds_e"].any() and (table["speedup"] <= table["expected_tokens_per_pass"]).all()
+    quick = sp.speculative_table({**steps, ("verify", 1, 1): (4.0, 0)}, (1,), 40, (1,), (0.6,)).iloc[0]
+    assert quick["exceeds_e"] and quick["speedup"] > quick["expected_tokens_per_pass"]
+    # without intervals the speedup has none; with them, its ends bracket it
+    assert math.isnan(table.loc[(1, 1), "speedup_low"])
+    ends = {k: (v[0], v[1], 0.95 * v[0], 1.05 * v[0], (math.nan,) * 3) for k, v in steps.items()}
+    row = sp.speculative_table(ends, (1,), 40, (1,), (0.6,)).iloc[0]
+    assert row["speedup_low"] < row["speedup"] < row["speedup_high"]

@@ -30,6 +30,11 @@ class ExpertWeights:
         per_expert = (self.w_gate_up.nbytes + self.w_down.nbytes) // self.w_gate_up.shape[0]
         return per_expert * self.touched
 
+    @property
+    def clone_nbytes(self) -> int:
+        """What a clone allocates: every expert, touched or not (the memory a cold rotation is charged)."""
+        return self.w_gate_up.nbytes + self.w_down.nbytes
+
     def clone(self) -> ExpertWeights:
         """A copy with its own storage (a cold copy of the streamed weights)."""
         return ExpertWeights(self.w_gate_up.clone(), self.w_down.clone(), self.touched)

@@ -1,7 +1,7 @@
 """The higher-precision reference of a routed-experts case, written from the definition, not from any impl: for each
-touched expert, its tokens' gate, up and down products in the reference dtype (fp64 on the host, fp32 without TF32 on
-a GPU), SiLU(gate) * up, each output scaled by its routing weight and added to its token's row. The low-precision
-baseline (baseline.py) runs the same arithmetic in fp32 with the case dtype's rounding points."""
+touched expert, its tokens' gate, up and down products in the reference dtype (fp64 on every device), SiLU(gate) *
+up, each output scaled by its routing weight and added to its token's row. The low-precision baseline
+(baseline.py) runs the same arithmetic in fp32 with the case dtype's rounding points."""
 
 from __future__ import annotations
 
@@ -48,5 +48,5 @@ def expert_mixture(case: MoeCase, inputs: MoeInputs, device: torch.device, dtype
 
 
 def reference(case: MoeCase, inputs: MoeInputs, device: torch.device) -> torch.Tensor:
-    """The case's output in higher precision (fp64 on the host, fp32 without TF32 on a GPU)."""
+    """The case's output in higher precision (fp64 on every device)."""
     return expert_mixture(case, inputs, device, reference_dtype(device))

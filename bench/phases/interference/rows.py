@@ -11,6 +11,7 @@ import numpy as np
 from ...instruments.roofline import device_name
 from ...instruments.timing import Timing
 from ...spec.interference_schema import COVERED_MIN
+from ...spec.interval import median_interval, sum_interval
 from .corunner import cpu_list
 
 # a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone
@@ -27,16 +28,26 @@ def base_row(cfg, batch: int) -> dict:
             "model": cfg.model.name, "layers": cfg.layers, "dtype": cfg.dtype, "batch": batch, "context": cfg.context}
 
 
+# The fewest samples a percentile is read from: 1 / (1 - q), so that one sample at least lies past it (p99 from 100,
+# p90 from 10); below, the column is blank and the tail is the max of N.
+def supported(pct: float, count: int) -> bool:
+    return count >= round(1 / (1 - pct / 100))
+
+
 def itl_columns(samples_ms) -> dict:
     """The inter-token latency's mean, p50, p90, p99 and max over samples (ms): a time-sliced or bimodal latency
-    hides its stalls from the median."""
+    hides its stalls from the median. A percentile the count does not support is blank; itl_tail_ms is the p99
+    where supported, else the max, and itl_tail says which ("p99" or "max of N")."""
     values = np.asarray(list(samples_ms), dtype=float)
     if not len(values):
         return {"itl_mean_ms": math.nan, "itl_p50_ms": math.nan, "itl_p90_ms": math.nan, "itl_p99_ms": math.nan,
-                "itl_max_ms": math.nan}
+                "itl_max_ms": math.nan, "itl_tail_ms": math.nan, "itl_tail": ""}
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"itl_mean_ms": float(values.mean()), "itl_p50_ms": float(p50), "itl_p90_ms": float(p90),
-            "itl_p99_ms": float(p99), "itl_max_ms": float(values.max())}
+    n = len(values)
+    p90, p99 = (float(v) if supported(q, n) else math.nan for q, v in ((90, p90), (99, p99)))
+    tail = ("p99", p99) if supported(99, n) else (f"max of {n}", float(values.max()))
+    return {"itl_mean_ms": float(values.mean()), "itl_p50_ms": float(p50), "itl_p90_ms": p90, "itl_p99_ms": p99,
+            "itl_max_ms": float(values.max()), "itl_tail_ms": tail[1], "itl_tail": tail[0]}
 
 
 def whole_model_columns(itl_mean_ms: float, head_ms: float, layers: int, model_layers: int,
@@ -122,3 +133,61 @@ def mode_rows(cfg, modes: list, skipped: dict, batch: int, prompt: int, windows,
     for (name, mechanism), why in skipped.items():
         rows.append({**base, "mode": name, "mechanism": mechanism, "status": "skipped", "reason": why})
     return rows
+
+
+def _range_pct(values) -> float:
+    values = [v for v in values if math.isfinite(v)]
+    return 100 * (max(values) / min(values) - 1) if len(values) > 1 and min(values) > 0 else math.nan
+
+
+def hybrid_columns(arrivals_ms: list[list[float]], shallow_ms: list[list[float]], batch: int, layers: int,
+                   shallow_layers: int | None, model_layers: int) -> dict:
+    """The figures of one hybrid (batch, prompt, chunk) from each arrival's iterations (ms, in order) through the
+    `layers` timed and, where fewer than the model's were timed, through `shallow_layers` too (the same arrivals).
+    Timed layers: the ITL over every iteration (itl_columns), TTFT as the median of the arrivals with its 95%
+    interval, the slowest position's median over arrivals with its interval (itl_position_max_ms: the prompt's
+    position, apart from the arrivals' spread), position_range_pct (slowest against fastest position's median) and
+    arrival_range_pct (slowest against fastest arrival's TTFT). Whole model (model_*): each iteration position's
+    per-layer cost from the two depths (the median over arrivals of (deep - shallow) / (layers - shallow_layers)),
+    so whatever runs once per iteration (the head, concatenations, the positions' gather) cancels and is added once
+    (fixed_ms: its mean over positions), times the layers not timed added to every sample of that position: every
+    latency column scaled the same way."""
+    done = [a for a in arrivals_ms if a]
+    count = len(done[0]) if done else 0
+    deep = np.array([a for a in done if len(a) == count], dtype=float).reshape(-1, count)
+    ttft = deep.sum(axis=1)
+    found = median_interval(ttft)
+    positions = [median_interval(deep[:, i]) for i in range(count)]
+    slowest = max(positions, key=lambda p: p.median) if positions else median_interval([])
+    out = {**itl_columns(deep.ravel()), "arrivals": len(ttft), "iterations": count, "ttft_ms": found.median,
+           "ttft_low_ms": found.low, "ttft_high_ms": found.high,
+           "ttft_max_ms": float(ttft.max()) if len(ttft) else math.nan,
+           "itl_position_max_ms": slowest.median, "itl_position_max_low_ms": slowest.low,
+           "itl_position_max_high_ms": slowest.high, "position_range_pct": _range_pct([p.median for p in positions]),
+           "arrival_range_pct": _range_pct(list(ttft)), "model_layers": model_layers,
+           "decode_tokens_per_s": batch * count * 1e3 / found.median if found.median > 0 else math.nan}
+    if layers == model_layers:
+        increase, low, high, fixed = np.zeros(count), found.low, found.high, math.nan
+        label = f"all {model_layers} layers"
+    else:
+        shallow = np.array([a for a in shallow_ms if len(a) == count], dtype=float).reshape(-1, count)
+        if shallow_layers is None or not len(shallow) or len(shallow) != len(deep):
+            return {**out, "whole_model": f"not scaled: {layers} of {model_layers} layers timed at one depth only"}
+        apart = layers - shallow_layers
+        per_layer = np.median(deep - shallow, axis=0) / apart
+        increase = (model_layers - layers) * per_layer
+        fixed = float(np.mean(np.median(deep, axis=0) - layers * per_layer))
+        # the extrapolation's own noise: the arrivals' summed (deep - shallow), scaled, beside TTFT's
+        center, low, high = sum_interval(((1, found), ((model_layers - layers) / apart,
+                                                       median_interval((deep - shallow).sum(axis=1)))))
+        shift = found.median + float(increase.sum()) - center  # centred on the scaled samples' median
+        low, high = low + shift, high + shift
+        label = f"from {shallow_layers} and {layers} of {model_layers} layers, the per-iteration fixed cost once"
+    whole = deep + increase
+    model_ttft = found.median + float(increase.sum())
+    itl = itl_columns(whole.ravel())
+    return {**out, "model_itl_ms": itl["itl_mean_ms"], "model_itl_tail_ms": itl["itl_tail_ms"],
+            "model_ttft_ms": model_ttft, "model_ttft_low_ms": low, "model_ttft_high_ms": high, "fixed_ms": fixed,
+            "model_decode_tokens_per_s": batch * count * 1e3 / model_ttft if model_ttft > 0 else math.nan,
+            "tokens_per_s_per_user": 1e3 / itl["itl_mean_ms"] if itl["itl_mean_ms"] > 0 else math.nan,
+            "whole_model": label}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -16,7 +17,7 @@ from ...spec.interference_schema import WHOLE
 from ...sweep.measure import one_line
 from ..hybrid_step import HybridStep, chunk_plan, hybrid_step
 from ..reference_decoder import ReferenceDecoder
-from .rows import itl_columns, whole_model_columns
+from .rows import hybrid_columns, itl_columns
 
 MIN_DECODE_ONLY = 8  # decode-only iterations per round, at least (as many as the prompt's iterations otherwise)
 
@@ -57,10 +58,18 @@ def arrival_steps(batch: int, context: int, prompt: int, chunk: int | str) -> li
             enumerate(plan)]
 
 
+def shallow_depth(layers: int, model_layers: int) -> int | None:
+    """The second depth each arrival is timed at where fewer than the model's layers are (half of them), so that a
+    layer's cost is read from the difference and the per-iteration fixed cost added once; None where all the
+    model's layers are timed or only one is."""
+    return layers // 2 if 2 <= layers < model_layers else None
+
+
 def time_iterations(decoder: ReferenceDecoder, steps: list[HybridStep], x_decode: torch.Tensor | None,
-                    x_prompt: torch.Tensor | None) -> list[float]:
+                    x_prompt: torch.Tensor | None, depth: int | None = None) -> list[float]:
     """Each iteration's duration in ms, in order, the tokens read back after each as a serving loop does: CUDA events
-    around each on the current stream, perf_counter_ns on the host (the garbage collector held off)."""
+    around each on the current stream, perf_counter_ns on the host (the garbage collector held off); through the
+    first `depth` layers (default all)."""
     cuda = decoder.device.type == "cuda"
     out = []
     gc_was_on = gc.isenabled()
@@ -72,13 +81,13 @@ def time_iterations(decoder: ReferenceDecoder, steps: list[HybridStep], x_decode
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
-                ids = hybrid_step(decoder, step, xd, xp)
+                ids = hybrid_step(decoder, step, xd, xp, depth=depth)
                 end.record()
                 ids.cpu()
                 out.append(begin.elapsed_time(end))
             else:
                 t0 = time.perf_counter_ns()
-                hybrid_step(decoder, step, xd, xp).cpu()
+                hybrid_step(decoder, step, xd, xp, depth=depth).cpu()
                 out.append((time.perf_counter_ns() - t0) / 1e6)
     finally:
         if gc_was_on:
@@ -93,6 +102,8 @@ class Scenario:
     itl_ms: list[float] = field(default_factory=list)  # every iteration of every arrival
     decode_only_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)  # one per arrival
+    arrivals_ms: list[list[float]] = field(default_factory=list)  # each arrival's iterations, in order
+    shallow_ms: list[list[float]] = field(default_factory=list)  # the same arrivals through the shallow depth
     iterations: int = 0
     error: str = ""
     noisy: int = 0  # arrivals whose window the contention probe judged noisy
@@ -100,9 +111,10 @@ class Scenario:
     others_cores: list[float] = field(default_factory=list)
 
 
-def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: list, watch=None) -> list[dict]:
+def measure_hybrid(cfg, decoder: ReferenceDecoder, say, interrupted: list, watch=None) -> list[dict]:
     """For each batch and prompt, `cfg.arrivals` rounds over the chunk sizes (their order turned each round): the
-    decode-only iterations, then one prompt's arrival to its first token (the prompt in cache row `batch`); the
+    decode-only iterations, then one prompt's arrival to its first token (the prompt in cache row `batch`), and
+    where fewer than the model's layers are timed the same arrival through the shallow depth (shallow_depth); the
     prompt's prefill alone once per round. `watch()`: the contention probe's context around each arrival (its
     verdict has .noisy, .reason, .stats). Returns one row per (batch, prompt, chunk); an interrupt (appended to
     `interrupted`) ends the rounds and the rows keep what was measured."""
@@ -111,6 +123,7 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: li
     found: dict[tuple, Scenario] = defaultdict(Scenario)
     alone: dict[int, list[float]] = defaultdict(list)
     prompts = {p: torch.randn(1, p, hidden, generator=gen, device=decoder.device).to(dtype) for p in cfg.prompts}
+    shallow = shallow_depth(cfg.layers, cfg.model.layers)
     try:
         for round_ in range(cfg.arrivals):
             for prompt in cfg.prompts:
@@ -129,11 +142,15 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: li
                         try:
                             if round_ == 0:  # every shape's first call (allocations, kernel choice) untimed
                                 time_iterations(decoder, steps, x_decode, prompts[prompt])
+                                if shallow:
+                                    time_iterations(decoder, steps, x_decode, prompts[prompt], shallow)
                             with watch() if watch else contextlib.nullcontext() as seen:
                                 one.decode_only_ms += time_iterations(
                                     decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
                                     x_decode, None)
                                 spans = time_iterations(decoder, steps, x_decode, prompts[prompt])
+                                cut = (time_iterations(decoder, steps, x_decode, prompts[prompt], shallow)
+                                       if shallow else [])
                             if seen is not None:
                                 one.noisy += bool(seen.noisy)
                                 one.noise_reason = one.noise_reason or seen.reason
@@ -144,12 +161,15 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, head_ms, say, interrupted: li
                             continue
                         one.itl_ms += spans
                         one.ttft_ms.append(sum(spans))
+                        one.arrivals_ms.append(spans)
+                        if cut:
+                            one.shallow_ms.append(cut)
                         one.iterations = len(steps)
                     say(progress_line(round_, cfg, batch, prompt, chunks, found))
     except KeyboardInterrupt:
         interrupted.append(True)
         say("interrupted: the hybrid rows hold the arrivals measured so far")
-    return hybrid_rows(cfg, found, alone, head_ms)
+    return hybrid_rows(cfg, found, alone)
 
 
 def progress_line(round_: int, cfg, batch: int, prompt: int, chunks, found) -> str:
@@ -166,13 +186,14 @@ def progress_line(round_: int, cfg, batch: int, prompt: int, chunks, found) -> s
     return f"hybrid round {round_ + 1}/{cfg.arrivals} prompt {prompt} batch {batch}: " + head + ", ".join(parts)
 
 
-def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
-    """The rows of the hybrid form: the ITL's mean and tail over the prompt's iterations against the decode-only
-    iteration, TTFT, the decode users' tokens/s meanwhile and the cost of chunking (against `whole`)."""
-    rows = []
+def hybrid_rows(cfg, found: dict, alone: dict) -> list[dict]:
+    """The rows of the hybrid form (rows.hybrid_columns): the ITL's mean and tail over the prompt's iterations
+    against the decode-only iteration, TTFT with its interval, the decode users' tokens/s meanwhile and the cost of
+    chunking (against `whole`), at the timed layers; the whole model's figures (model_*) beside them."""
+    rows, shallow = [], shallow_depth(cfg.layers, cfg.model.layers)
     for batch in cfg.batches:
         for prompt in cfg.prompts:
-            ttft = {}
+            ttft, whole_model = {}, {}
             for chunk in cfg.chunks:
                 row = {"mode": "hybrid", "mechanism": "whole prompt" if chunk == WHOLE else "chunked",
                        "batch": batch, "prompt": prompt, "chunk": chunk_label(chunk),
@@ -185,26 +206,26 @@ def hybrid_rows(cfg, found: dict, alone: dict, head_ms) -> list[dict]:
                 if one is None or not one.ttft_ms:
                     rows.append({**row, "status": "failed", "reason": (one.error if one else "") or "not measured"})
                     continue
-                itl, only = itl_columns(one.itl_ms), itl_columns(one.decode_only_ms)
-                ttft[chunk] = statistics.median(one.ttft_ms)
+                only = itl_columns(one.decode_only_ms)
+                figures = hybrid_columns(one.arrivals_ms, one.shallow_ms, batch, cfg.layers, shallow,
+                                         cfg.model.layers)
+                ttft[chunk] = figures["ttft_ms"]
+                whole_model[chunk] = figures.get("model_ttft_ms", math.nan)
                 reasons = [f"{len(one.ttft_ms)} of {cfg.arrivals} arrivals"] if len(one.ttft_ms) < cfg.arrivals else []
-                rows.append({**row, **itl, "iterations": one.iterations, "samples": len(one.itl_ms),
+                rows.append({**row, **figures, "samples": len(one.itl_ms),
                              "decode_only_ms": only["itl_mean_ms"], "decode_only_p99_ms": only["itl_p99_ms"],
-                             "decode_ms": itl["itl_p50_ms"], "stretch": itl["itl_mean_ms"] / only["itl_mean_ms"],
-                             "p90_stretch": itl["itl_p90_ms"] / only["itl_p90_ms"],
-                             "ttft_ms": ttft[chunk], "ttft_max_ms": max(one.ttft_ms),
-                             "decode_tokens_per_s": batch * one.iterations * 1e3 / ttft[chunk],
+                             "decode_ms": figures["itl_p50_ms"],
+                             "stretch": figures["itl_mean_ms"] / only["itl_mean_ms"],
+                             "p90_stretch": figures["itl_p90_ms"] / only["itl_p90_ms"],
                              "prefill_alone_ms": statistics.median(alone[prompt]) if alone.get(prompt) else None,
                              "prefill_ms": ttft[chunk],
-                             # the head is not slowed by the prompt's tokens (they are more work, not a
-                             # co-runner): its time alone, once
-                             **whole_model_columns(itl["itl_mean_ms"], head_ms(batch), cfg.layers, cfg.model.layers),
                              "noisy": one.noisy > 0, "noise_reason": one.noise_reason,
                              "others_cores": max(one.others_cores) if one.others_cores else None,
                              "status": "ok", "reason": "; ".join(reasons + ([one.error] if one.error else []))})
             for row in rows[-len(cfg.chunks):]:
                 if row["status"] == "ok" and WHOLE in ttft:
                     row["chunk_cost"] = row["ttft_ms"] / ttft[WHOLE]
+                    row["model_chunk_cost"] = row.get("model_ttft_ms", math.nan) / whole_model.get(WHOLE, math.nan)
                 if row["status"] == "ok" and row.get("prefill_alone_ms"):
                     row["prefill_slowdown"] = row["ttft_ms"] / row["prefill_alone_ms"]
     return rows

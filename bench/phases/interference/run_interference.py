@@ -329,7 +329,7 @@ def _run_interference(cfg: InterferenceConfig) -> pd.DataFrame:
             if cfg.device.type != "cuda":
                 place_host(Placement(), session.every)
             companions = tuple(r.pid for r in session.runners.values() if r.pid)  # idle, but ours
-            hybrid = measure_hybrid(cfg, session.decoder, session.head_ms, say, stopped,
+            hybrid = measure_hybrid(cfg, session.decoder, say, stopped,
                                     watch=lambda: session.probe.watch(companions))
             if stopped:
                 raise KeyboardInterrupt

@@ -48,6 +48,23 @@ def test_small_streamed_operands_are_evicted_instead(small_llc):
     timed.evict()
 
 
+def test_a_mixture_is_charged_the_memory_its_copies_allocate_not_the_experts_it_reads(small_llc, monkeypatch):
+    from phasebench.bench.ops.moe.cases import MoeCase
+    case = MoeCase(2, 40, 96, 13, 2, "uniform", "float32", "decode")  # 2 tokens read at most 4 of 13 experts
+    state = CaseState(case, CPU)
+    experts = state.inputs.experts
+    assert experts.nbytes < experts.clone_nbytes
+    copy = experts.clone()
+    assert copy.w_gate_up.nbytes + copy.w_down.nbytes == cold.clone_nbytes([experts])
+    count = cold.copies_needed(experts.nbytes, 2 << 20)
+    charged = (count - 1) * experts.clone_nbytes
+    monkeypatch.setattr(cold, "free_bytes", lambda device: charged / cold.HEADROOM * 0.99)
+    assert (count - 1) * experts.nbytes < charged * 0.99 and cold.rotation(experts.nbytes, CPU) == count
+    assert cold.rotation(experts.nbytes, CPU, cold.clone_nbytes([experts])) == 0  # the real copies do not fit
+    call = state.op.prepare(case, state.inputs, "naive")
+    assert cold.plan(state, "naive", call, cold=True, mode="compiled").state == "evicted"
+
+
 @pytest.mark.parametrize("why", ["warm", "interpreter", "streams nothing"])
 def test_nothing_is_copied_where_nothing_needs_to_be_cold(small_llc, why):
     case = LinearCase(m=3, n=251, k=1025, dtype="float32", phase="decode")

@@ -127,7 +127,8 @@ def test_a_baseline_above_its_cap_passes_the_right_and_fails_the_wrong():
     cap, lossy = BASELINE_CAP["float16"], 0.01
     assert judge(out, ref, "float16", lossy).ok  # within FACTOR x the cap: right, however lossy the baseline
     rows = torch.arange(3, dtype=torch.float64)[:, None, None]  # each output row off by its own share of its scale
-    for share in (FACTOR * (cap + lossy) / 2, 1.5 * FACTOR * lossy):  # past the capped limit, within 2x the baseline or not
+    # past the capped limit, within 2x the baseline or not
+    for share in (FACTOR * (cap + lossy) / 2, 1.5 * FACTOR * lossy):
         off = (ref * (1 + share * (rows == 2))).to(torch.float16)
         verdict = judge(off, ref, "float16", lossy)
         assert verdict.status == "incorrect" and verdict.limit == pytest.approx(FACTOR * cap + EPS), verdict

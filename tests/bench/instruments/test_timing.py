@@ -152,9 +152,9 @@ def test_event_batches_flush_before_each_call_and_take_the_calls_in_turn_across_
 def test_cpu_timer_warms_up_then_samples_each_call():
     calls = []
     cfg = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=7, max_samples=7)
-    timing = time_cpu(lambda: calls.append(1), cfg)
+    timing = time_cpu(lambda: calls.append(sum(range(20000))), cfg)  # tens of microseconds: past any clock's step
     assert timing.count == 7 and len(calls) == 8  # one warm-up call, then one per sample
-    assert all(s >= 0 for s in timing.samples_ms) and timing.method == "perf_counter_ns"
+    assert all(s > 0 for s in timing.samples_ms) and timing.method == "perf_counter_ns"
 
 
 def test_cpu_timer_takes_the_calls_in_turn_and_evicts_before_each():

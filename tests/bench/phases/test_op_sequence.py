@@ -3,6 +3,8 @@ row holds, and that a sequence that cannot run costs its row only."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 from phasebench.analysis.phases import model as pm
@@ -31,13 +33,18 @@ def test_each_layer_and_head_is_one_sequence_layers_first():
 
 
 @pytest.mark.parametrize("cold", [True, False])
-def test_a_layer_in_sequence_gives_its_time_its_ops_alone_and_the_term_between(cold):
+def test_a_layer_in_sequence_gives_its_time_its_ops_alone_and_the_term_between(cold, monkeypatch):
+    monkeypatch.setattr(op_sequence, "TURNS", 2)  # the turns' arithmetic, in a third of the time of six
     kind, _, uses = pm.sequence_parts(step_defs.decode_step(TINY, 3, 29))[0]
     row = op_sequence.time_sequence(kind, uses, "float32", TINY.name, dict(pm.DEFAULT_IMPLS), torch.device("cpu"),
                                     QUICK, ContentionProbe(torch.device("cpu")), cold)
     assert row["status"] == "ok" and row["sequence"] == "layer" and row["key"] == pm.sequence_key(uses)
-    assert row["sequence_ms"] > 0 and row["alone_ms"] > 0 and row["samples"] == op_sequence.TURNS * 3
-    assert row["term_ms"] == row["sequence_ms"] - row["alone_ms"]
+    assert row["sequence_ms"] > 0 and row["alone_ms"] > 0 and row["samples"] == op_sequence.TURNS * 2 * 3
+    # the host's form: one ratio per ABBA turn, the term their median's excess over the ops alone
+    effects = [float(v) for v in row["turn_effects"].split(";")]
+    assert row["form"] == "ratio" and row["turns"] == len(effects) == op_sequence.TURNS
+    assert all(e > 0 for e in effects)
+    assert row["term_ms"] == pytest.approx((statistics.median(effects) - 1) * row["alone_ms"], rel=1e-6)
     assert row["ops"] == 12 and row["phase"] == "decode" and row["m"] == 3 and row["cold"] is cold
     assert "2 x elementwise rmsnorm" in row["uses"] and "1 x attention attention" in row["uses"]
     assert set(row) <= set(op_sequence.COLUMNS)

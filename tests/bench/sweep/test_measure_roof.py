@@ -163,6 +163,7 @@ def test_above_the_roof_starts_at_100_percent_and_the_finding_names_the_state():
     assert "rotated over copies" in rotated["reason"] and "ceiling measured low" in rotated["reason"]
     assert "2x the LLC read" in measure_mod.judged({**row, "cache_state": "evicted"})["reason"]
     assert "L2 flushed" in measure_mod.judged({**row, "cache_state": "flushed-l2"})["reason"]
+    assert "(no interval)" in rotated["reason"]
     assert "may read from cache" in measure_mod.judged({**row, "cache_state": "warm", "roof_level": "memory"})[
         "reason"]
     below = measure_mod.judged({**row, "pct_roofline": 99.9, "cache_state": "warm"})
@@ -170,6 +171,16 @@ def test_above_the_roof_starts_at_100_percent_and_the_finding_names_the_state():
     assert not measure_mod.judged({**row, "mode": "interpreter", "cache_state": "warm"})["above_roof"]
     cleared = measure_mod.judged({**warm_l2, "pct_roofline": 93.0})  # judged again against a higher ceiling
     assert not cleared["above_roof"] and cleared["reason"] == ""
+
+
+@pytest.mark.parametrize("slow, said", [(1.02, "above beyond the noise"), (1.07, "unresolved: the interval straddles")])
+def test_a_finding_says_whether_its_interval_stands_above_the_roof_too(slow, said):
+    row = {"pct_roofline": 106.0, "bytes": 9 * 2**20, "roof_model": "read+write", "above_roof": False,
+           "mode": "compiled", "reason": "", "cache_state": "rotated", "roof_level": "memory",
+           "latency_ms": 0.5, "latency_ci_low_ms": 0.49, "latency_ci_high_ms": 0.5 * slow}
+    found = measure_mod.judged(row)
+    assert found["above_roof"] and said in found["reason"]
+    assert f"{106 / slow:.0f}% at the slow end of its 95% interval" in found["reason"]
 
 
 def test_an_above_roof_finding_names_a_busy_ceiling():
@@ -223,6 +234,31 @@ def test_a_stored_warm_row_is_judged_again_at_its_levels_higher_ceilings():
     assert again["pct_roofline"] < 100 and again["reason"] == "" and again["read_gbps"] == before.read_gbps
     other = {**text, "read_gbps": "29.9", "write_gbps": "13.0", "peak_gbps": "21.0"}
     assert measure_mod.rejudged(other, subs, used) is other
+
+
+def test_a_compute_bound_row_of_two_dtypes_takes_the_matmul_ceilings_measured_after_and_their_drift_alone():
+    """Naive attention multiplies in fp32 and bf16 (its peak the harmonic mean of the two, found by no value): measured
+    again after the run, the bf16 matmul reads 40% higher and the streams 20%: the row's compute ceiling is
+    recomputed from the higher ones, and its drift is the matmul's (the ceiling that sets a compute-bound roof)."""
+    from phasebench.bench.instruments import ceiling_drift
+    from phasebench.bench.spec.roof import compute_peak
+
+    before = replace(host(), peak_tflops={"float32": 0.2, "bfloat16": 0.05})
+    after = replace(before, peak_tflops={"float32": 0.2, "bfloat16": 0.07}, read_gbps=before.read_gbps * 1.2)
+    used = ceiling_drift.higher(before, after)
+    case = AttentionCase(1, 8, 8, 509, 509, 64, True, "bfloat16")
+    base = base_row(case, "naive", "run", "suite", before, "clock")
+    assert base["compute_dtype"] == "float32+bfloat16"
+    assert base["peak_tflops"] == pytest.approx(compute_peak(before.peak_tflops, "float32+bfloat16"))
+    row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "rotated", base["_levels"])
+    assert row["bound"] == "compute"
+    stored = measure_mod.judged({**row, **speed_figures(row, 1e3 * float(measure_mod.roof_of_row(row)[1]) / 1.2),
+                                 "mode": "compiled", "status": "ok"})
+    text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
+    again = measure_mod.rejudged(text, ceiling_drift.substitutions(before, used, after), used)
+    assert again["peak_tflops"] == pytest.approx(compute_peak(used.peak_tflops, "float32+bfloat16"))
+    assert again["ceiling_drift_pct"] == pytest.approx(40.0) and again["bound"] == "compute"
+    assert again["pct_roofline"] < stored["pct_roofline"]
 
 
 def test_a_rows_compute_roof_is_the_ceiling_of_what_its_kernel_multiplies_in():

@@ -145,7 +145,8 @@ def test_merge_refuses_shards_of_different_sweeps_missing_twice_or_unfinished(sw
     (torn / "results.csv").write_text("\n".join(lines[:-1]) + "\n")
     err = merge_error(capsys, sweep / "s1", torn, "--out", out)
     assert "is unfinished" in err and "--shard 2/2 --resume --out" in err
-    (torn / "results.csv").write_text("\n".join(lines + [(sweep / "s1" / "results.csv").read_text().splitlines()[1]]))
+    twice = (sweep / "s1" / "results.csv").read_text().splitlines()[1]
+    (torn / "results.csv").write_text("\n".join([*lines, twice]) + "\n")  # whole: a last line cut short is torn
     assert "is in shard 1/2 and in shard 2/2" in merge_error(capsys, sweep / "s1", torn, "--out", out, "--partial")
     assert main(["merge", str(sweep / "s1"), "--out", str(out), "--partial"]) == 0
     assert "2/2 missing" in capsys.readouterr().err
