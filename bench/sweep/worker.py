@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -132,6 +134,7 @@ def _serve(conn, plugins) -> None:
     import faulthandler
 
     faulthandler.enable()  # a segfault prints its Python stack to the inherited stderr
+    _exit_with_parent()
     try:
         from ...kernels import load_plugin
         from . import measure  # noqa: F401  (torch, the kernels, the gate: imported while the parent starts too)
@@ -160,6 +163,18 @@ def _serve(conn, plugins) -> None:
             conn.send(("raised", _portable(err)))
         if _STATE.get("lost"):
             return
+
+
+def _exit_with_parent(every_s: float = 0.5) -> None:
+    """A worker whose parent died (killed mid-call) ends within `every_s`, instead of timing on beside the next run."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="phasebench-parent-watch").start()
 
 
 def _portable(err: BaseException) -> BaseException:

@@ -153,6 +153,48 @@ def test_the_worker_answers_calls_and_is_replaced_after_it_dies():
         w.close()
 
 
+ORPHAN = """
+import sys, time
+from phasebench.bench.sweep.worker import Worker
+w = Worker()
+print(w.call(__import__("os").getpid, timeout=120), flush=True)
+w.call(time.sleep, 600, timeout=900)  # the parent is killed in here
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left unreaped by a container's init counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_worker_ends_when_its_parent_is_killed_in_the_middle_of_a_call():
+    """A verb killed mid-call must not leave its worker timing on beside the next run (it held a CPU for minutes)."""
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        child = int(parent.stdout.readline())
+        parent.kill()
+        parent.wait(timeout=60)
+        for _ in range(600):  # a liveness wait (up to a minute), not a timing
+            if not _alive(child):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail(f"worker {child} lived on after its parent was killed")
+    finally:
+        parent.kill()
+
+
 def test_case_clock_defaults_and_settings():
     clock = CaseClock()
     assert clock.limit("naive") == worker.FIRST_ROW_S  # a first row compiles and autotunes
