@@ -17,7 +17,7 @@ from phasebench.kernels import OPS, available_impls, register
 CPU = torch.device("cpu")
 
 
-def mixture(x, w_gate_up, w_down, weights, ids, *, use_weights=True, skip_last=False, swap=False):
+def mixture(x, w_gate_up, w_down, weights, ids, *, use_weights=True, skip_last=False, swap=False, drop_column=False):
     """The experts token by token with one bug switched on."""
     out = torch.zeros(x.shape, dtype=torch.float32)
     n, last = w_down.shape[2], w_gate_up.shape[0] - 1
@@ -27,7 +27,10 @@ def mixture(x, w_gate_up, w_down, weights, ids, *, use_weights=True, skip_last=F
                 continue
             h = w_gate_up[e].float() @ x[t].float()
             gate, up = (h[n:], h[:n]) if swap else (h[:n], h[n:])
-            out[t] += (weights[t, j] if use_weights else 1.0) * (w_down[e].float() @ (F.silu(gate) * up))
+            act = F.silu(gate) * up
+            if drop_column:  # one column of the down projection's reduction lost (a block of a tiled K loop)
+                act = torch.cat([act[:-1], act.new_zeros(1)])
+            out[t] += (weights[t, j] if use_weights else 1.0) * (w_down[e].float() @ act)
     return out.to(x.dtype)
 
 
@@ -67,6 +70,19 @@ def test_each_moe_bug_is_incorrect(broken, m, n, k, experts, top_k, routing, dty
             continue  # the drawn routing never picks the last expert: dropping it changes nothing
         found = verdict(case, name)
         assert found.status == "incorrect", f"{name} passed the gate on {case.shape_label}: {found}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_down_projection_that_loses_one_column_in_224_is_incorrect(dtype):
+    """1 of 224 terms of the reduction lost: the share of a 64-wide block in Mixtral's 14336, near the cap in bf16."""
+    case = MoeCase(5, 224, 64, 4, 2, "uniform", dtype, "decode")
+    register("moe", "drops_a_column", lambda *args: mixture(*args, drop_column=True))
+    register("moe", "whole", lambda *args: mixture(*args))  # the same loop without the bug: it must pass
+    try:
+        found, whole = verdict(case, "drops_a_column"), verdict(case, "whole")
+    finally:
+        OPS["moe"].pop("drops_a_column"), OPS["moe"].pop("whole")
+    assert found.status == "incorrect" and whole.ok, (found, whole)
 
 
 @pytest.mark.parametrize("m, n, k, experts, top_k, routing, dtype", AWKWARD)
