@@ -321,6 +321,22 @@ def draw_bars(ax, xs, ys, low, high, color="0.3") -> None:
                     zorder=2.8, gid=INTERVAL_GID)
 
 
+def column_ends(table: pd.DataFrame, column: str, suffix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
+    """The 95% interval ends of a composed table's column, by their names (ttft_ms: ttft_low_ms and ttft_high_ms;
+    speedup: speedup_low and speedup_high; error_pct: error_low_pct ...; `suffix` after them); None without."""
+    stem, unit = (column[:-3], "_ms") if column.endswith("_ms") else (column[:-4], "_pct") \
+        if column.endswith("_pct") else (column, "")
+    low, high = f"{stem}_low{unit}{suffix}", f"{stem}_high{unit}{suffix}"
+    return (floats(table[low]), floats(table[high])) if low in table and high in table else None
+
+
+def column_bars(ax, xs, table: pd.DataFrame, column: str, color="0.3") -> None:
+    """A composed table column's 95% interval (column_ends) as bars at its points, where the table has its ends."""
+    ends = column_ends(table, column)
+    if ends is not None:
+        draw_bars(ax, xs, floats(table[column]), *ends, color=color)
+
+
 def draw_intervals(ax, xs, ys, rows: pd.DataFrame, *, inverse: bool, color="0.3") -> None:
     """Each row's interval carried into the value drawn (interval_ends) as a bar at its point."""
     draw_bars(ax, xs, ys, *interval_ends(rows, ys, inverse=inverse), color=color)

@@ -188,8 +188,11 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         reasons = _noise(timed + deeper, errors, layer_errors)
         shown = error_columns("published", step.interval if step is not None else (np.nan,) * 3, reference, goal)
         layer_ref_ci = per_layer_interval(reference, deep_ref, deep - shallow)
-        layer_composed_ci = step.layer_interval(shallow) if step is not None else (np.nan,) * 3
+        deep_step = _composed(plan, published, phase, batch, tokens, deep) if step is not None else None
+        layer_composed_ci = deep_step.added_interval(step, deep - shallow) if deep_step is not None else (np.nan,) * 3
         per_layer = error_columns("per_layer", (layer_composed, *layer_composed_ci[1:]), layer_ref_ci, goal)
+        if reasons:  # brackets or rounds disagreeing, a busy machine: no verdict beyond "unresolved"
+            shown["published_verdict"] = per_layer["per_layer_verdict"] = "unresolved"
         judged = worst_verdict(v for v, e in ((shown["published_verdict"], shown["published_error_pct"]),
                                               (per_layer["per_layer_verdict"], layer_error)) if np.isfinite(e))
         interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))

@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
-from ..figures.kit import SERIES_GID, floats, new_figure, no_data, save_png
+from ..figures.kit import SERIES_GID, column_bars, column_ends, floats, new_figure, no_data, save_png
 from .check import check_sentence, normalised, over_goal_notes, verdict_notes
 from .coverage import coverage_lines, kv_lines
 from .folder import as_bool
@@ -81,6 +81,7 @@ def ttft_figure(tables: dict, *, figsize=None) -> Figure:
     for ax, column, label, color in ((axes[0, 0], "ttft_ms", "TTFT (ms)", "#1f77b4"),
                                      (axes[0, 1], "prompt_tokens_per_s", "prompt tokens/s", "#ff7f0e")):
         ax.plot(prompts, floats(table[column]), marker="o", color=color, gid=SERIES_GID, label=column)
+        column_bars(ax, prompts, table, column, color)
         _log2_batches(ax, prompts)
         _plain_log(ax)
         ax.set_xlabel("prompt length (tokens)")
@@ -106,10 +107,12 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     fig, axes = new_figure(1, 2, figsize=figsize)
     ax = axes[0, 0]
     ax.plot(batches, floats(table["tpot_ms"]), marker="o", color="#1f77b4", gid=SERIES_GID, label="TPOT (ms)")
-    ax.set_ylabel("TPOT (ms)", color="#1f77b4")
+    column_bars(ax, batches, table, "tpot_ms", "#1f77b4")
+    ax.set_ylabel("TPOT (ms), 95% CI", color="#1f77b4")
     twin = ax.twinx()
     twin.plot(batches, floats(table["tokens_per_s"]), marker="s", color="#ff7f0e", gid=SERIES_GID,
               label="output tokens/s")
+    column_bars(twin, batches, table, "tokens_per_s", "#ff7f0e")
     twin.set_ylabel("output tokens/s (batch / TPOT)", color="#ff7f0e")
     saturated = table[table["saturated"].map(as_bool)]
     if len(saturated):
@@ -129,6 +132,7 @@ def decode_figure(tables: dict, *, figsize=None) -> Figure:
     ax = axes[0, 1]
     ax.plot(batches, floats(table["tokens_per_s_per_user"]), marker="o", color="#2ca02c", gid=SERIES_GID,
             label="tokens/s per user")
+    column_bars(ax, batches, table, "tokens_per_s_per_user", "#2ca02c")
     for target, style in zip(USER_TARGETS, (":", "--"), strict=True):
         ax.axhline(target, color="0.4", linestyle=style, linewidth=1, gid="target", label=f"{target:g} tok/s")
     _log2_batches(ax, batches)
@@ -156,6 +160,7 @@ def chunk_figure(tables: dict, *, figsize=(7.0, 5.0)) -> Figure:
     ax = axes[0, 0]
     itl, ttft = floats(table["itl_ms"]), floats(table["ttft_ms"])
     ax.plot(itl, ttft, marker="o", color="#1f77b4", gid=SERIES_GID, label="chunked (mean ITL)")
+    column_bars(ax, itl, table, "ttft_ms", "#1f77b4")  # TTFT's interval; the ITL's is in the table
     for x, y, chunk in zip(itl, ttft, table["chunk"], strict=True):
         if np.isfinite(x) and np.isfinite(y):
             ax.annotate(f"C={chunk}", (x, y), xytext=(5, 4), textcoords="offset points", fontsize="small",
@@ -300,16 +305,13 @@ def _text(table: pd.DataFrame, columns) -> str:
 
 def with_ends(table: pd.DataFrame, *columns: str, suffix: str = "") -> pd.DataFrame:
     """The table with each column's value written with its 95% interval, '12.3 [11.9, 12.8]', where the table has
-    its ends (COLUMN's stem + _low / _high + suffix: ttft_ms -> ttft_low_ms, speedup -> speedup_low)."""
+    its ends (kit.column_ends)."""
     out = table.copy()
     for column in columns:
-        stem, unit = (column[:-3], "_ms") if column.endswith("_ms") else (column[:-4], "_pct") \
-            if column.endswith("_pct") else (column, "")
-        low, high = f"{stem}_low{unit}{suffix}", f"{stem}_high{unit}{suffix}"
-        if column in out and low in out and high in out:
+        ends = column_ends(out, column, suffix) if column in out else None
+        if ends is not None:
             out[column] = [_number(v) + (f" [{_number(lo)}, {_number(hi)}]" if np.isfinite(lo) and np.isfinite(hi)
-                                         else "") for v, lo, hi in zip(floats(out[column]), floats(out[low]),
-                                                                       floats(out[high]), strict=True)]
+                                         else "") for v, lo, hi in zip(floats(out[column]), *ends, strict=True)]
     return out
 
 

@@ -49,6 +49,14 @@ class StepTime:
     def interval(self) -> tuple[float, float, float]:
         return self.total_ms, self.low_ms, self.high_ms
 
+    def added_interval(self, shallow: StepTime, layers: int) -> tuple[float, float, float]:
+        """What `layers` more layers add per layer (this step less the `shallow` one, its body only) with its
+        interval: the rows of the layers added (a model whose layers differ adds other kinds than its first)."""
+        if self.missing or shallow.missing:
+            return float("nan"), float("nan"), float("nan")
+        body = [s.items[s.items["part"] != "head"] for s in (self, shallow)]
+        return scale_interval(composed_interval(body[0], body[1].assign(count=-body[1]["count"])), 1.0 / layers)
+
     def layer_interval(self, layers: int) -> tuple[float, float, float]:
         """One layer's share (every part but the head, over `layers`) with its interval: what a layer more adds."""
         body = self.items[self.items["part"] != "head"]

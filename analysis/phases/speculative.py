@@ -30,7 +30,7 @@ from . import model as pm
 COLUMNS = ("batch", "context", "gamma", "alpha", "expected_tokens_per_pass", "tpot_ms", "plain_padded_to",
            "draft_step_ms", "draft_padded_to", "verify_ms", "verify_padded_to", "iteration_ms",
            "tokens_per_s_per_user", "tokens_per_s", "plain_tokens_per_s_per_user", "speedup", "speedup_low",
-           "speedup_high", "exceeds_e", "best_gamma", "break_even_alpha", "missing")
+           "speedup_high", "exceeds_e", "loop_shapes", "best_gamma", "break_even_alpha", "missing")
 
 
 def check_alpha(alpha, *, open_interval: bool = False) -> float:
@@ -151,8 +151,10 @@ def speculative_table(steps: dict, batches, context: int, gammas, alphas) -> pd.
     pass each take the fastest complete step a server could pad to (padded; the table says which: plain_padded_to,
     draft_padded_to, verify_padded_to as B' or B' x positions); the speedup carries its interval (the ratio of plain
     decode's to the iteration's, the iteration the sum of γ draft steps and the verify) and exceeds_e marks a speedup
-    above E(α, γ), what a verify no faster than plain decode allows. `best_gamma` marks the γ with the most tokens/s
-    at each (batch, α), `break_even_alpha` is per (batch, γ); rows with a missing op are nan and never best."""
+    above E(α, γ), what a verify no faster than plain decode allows; loop_shapes where no step was padded (the
+    shapes the loop check runs: a padded row's speedup is not the one it checks). `best_gamma` marks the γ with the
+    most tokens/s at each (batch, α), `break_even_alpha` is per (batch, γ); rows with a missing op are nan, and they
+    and rows past E are never best."""
     rows = []
     for batch in batches:
         tpot, plain_to, tpot_missing = padded(steps, "tpot", batch)
@@ -174,9 +176,12 @@ def speculative_table(steps: dict, batches, context: int, gammas, alphas) -> pd.
                              "plain_tokens_per_s_per_user": 1e3 / tpot[0], "speedup": per_user * tpot[0] / 1e3,
                              "speedup_low": e * ratio[1], "speedup_high": e * ratio[2],
                              "exceeds_e": bool(per_user * tpot[0] / 1e3 > e), "break_even_alpha": even,
+                             "loop_shapes": (plain_to, draft_to, verify_to) == (str(batch), str(batch),
+                                                                                f"{batch}x{gamma + 1}"),
                              "missing": missing})
     table = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "best_gamma"])
-    rate = table["tokens_per_s_per_user"].where(table["missing"] == 0)
+    # a speedup past E is a composition to doubt (the verify composed faster than plain decode), never the best γ
+    rate = table["tokens_per_s_per_user"].where((table["missing"] == 0) & ~table["exceeds_e"].astype(bool))
     table["best_gamma"] = False
     for _, group in table.groupby(["batch", "alpha"]):
         finite = rate[group.index].dropna()

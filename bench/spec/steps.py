@@ -213,7 +213,7 @@ def with_weights(uses: list[OpUse], scheme: str) -> list[OpUse]:
     fields plus scheme); the lm_head keeps the activation dtype, as serving stacks mostly leave it. "": unchanged."""
     if not scheme:
         return uses
-    return [OpUse("qlinear", tuple(sorted((*u.fields, ("scheme", scheme)))), u.count, u.part, u.label)
+    return [dataclasses.replace(u, op="qlinear", fields=tuple(sorted((*u.fields, ("scheme", scheme)))))
             if u.op == "linear" and u.part == "weights" else u for u in uses]
 
 

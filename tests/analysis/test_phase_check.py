@@ -112,6 +112,8 @@ def test_the_rounds_are_compared_with_their_brackets_so_a_shared_drift_cancels()
     assert decode1["interleaved_error_pct"] == pytest.approx(20.0)
     decode8 = table.loc[("decode", 8)]
     assert decode8["noisy"] and decode8["noise_reason"].startswith("busy in 3 of 4 timings (busy host)")
+    for row in (decode1, decode8):  # a noisy row gives no verdict beyond unresolved, whatever its errors read
+        assert row["verdict"] == row["published_verdict"] == row["per_layer_verdict"] == "unresolved"
     assert decode8["interleaved_error_pct"] == pytest.approx(0.0, abs=1e-9)
     unbuilt = [{"reference": "transformers", "bracket": k, "phase": "prefill", "batch": 1, "tokens": 64,
                 "error": "no transformers"} for k in range(2)]

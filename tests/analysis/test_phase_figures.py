@@ -280,3 +280,18 @@ def test_the_phases_module_imports_without_torch():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_phase_figures_draw_each_composed_figure_with_its_interval():
+    """Rows with their 95% intervals: TTFT, TPOT, both rates and the chunked TTFT carry bars that bracket them."""
+    from phasebench.analysis.figures.kit import INTERVAL_GID
+
+    steps = scenario_steps(TINY, batches=(1, 2, 4), **SIZES)
+    rows = op_rows(step_defs.distinct_uses(steps), knee_at_8)
+    rows = rows.assign(latency_ci_low_ms=0.9 * rows["latency_ms"], latency_ci_high_ms=1.1 * rows["latency_ms"])
+    found = compose(rows, TINY, batches=(1, 2, 4), **SIZES)
+    assert (found["decode"]["tpot_low_ms"] < found["decode"]["tpot_ms"]).all()
+    for figure, panels in ((ttft_figure, 2), (decode_figure, 3), (chunk_figure, 1)):
+        bars = [c for ax in figure(found).axes for c in ax.containers
+                if any(a.get_gid() == INTERVAL_GID for a in c.get_children())]
+        assert len(bars) == panels, figure.__name__

@@ -290,6 +290,11 @@ def test_plain_decode_and_the_verify_pass_take_the_fastest_shape_a_server_could_
     assert not table["exceeds_e"].any() and (table["speedup"] <= table["expected_tokens_per_pass"]).all()
     quick = sp.speculative_table({**steps, ("verify", 1, 1): (4.0, 0)}, (1,), 40, (1,), (0.6,)).iloc[0]
     assert quick["exceeds_e"] and quick["speedup"] > quick["expected_tokens_per_pass"]
+    assert not quick["best_gamma"]  # a speedup past E is never the best γ
+    # the loop check runs the unpadded shapes: only a row padded nowhere is the figure it checks
+    assert not table["loop_shapes"].any()
+    plain = {k: v for k, v in steps.items() if k != ("tpot", 4)} | {("verify", 1, 2): (30.0, 0)}
+    assert sp.speculative_table(plain, (1,), 40, (1,), (0.6,)).iloc[0]["loop_shapes"]
     # without intervals the speedup has none; with them, its ends bracket it
     assert math.isnan(table.loc[(1, 1), "speedup_low"])
     ends = {k: (v[0], v[1], 0.95 * v[0], 1.05 * v[0], (math.nan,) * 3) for k, v in steps.items()}
