@@ -273,10 +273,11 @@ def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
     goal = goal_pct(device)
     table["goal_pct"] = pd.to_numeric(table["goal_pct"], errors="coerce").fillna(goal) if "goal_pct" in table \
         else goal
-    judged = []  # the three verdicts from the errors' intervals; a table from before them has none: unresolved
+    judged = []  # the three verdicts from the errors' intervals; a table from before them, or a noisy row: unresolved
     for row in table.to_dict("records"):
-        found = {name: verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"], row["goal_pct"])
-                 for name in ("published", "per_layer")}
+        noisy = str(row.get("noisy")).strip().lower() in ("true", "1", "1.0")
+        found = {name: "unresolved" if noisy else verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"],
+                                                          row["goal_pct"]) for name in ("published", "per_layer")}
         judged.append((*found.values(), worst_verdict(v for name, v in found.items()
                                                       if np.isfinite(row[f"{name}_error_pct"]))))
     for k, name in enumerate(("published_verdict", "per_layer_verdict", "verdict")):

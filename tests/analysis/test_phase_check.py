@@ -228,6 +228,9 @@ def test_the_goal_is_the_hosts_on_the_host_and_the_gpus_on_any_accelerator():
                          "reference_ms": 1.0, "left_out": ""}])
     assert normalised(row, "cuda:0")["verdict"].item() == "over" and normalised(row, "cuda:0")["over_goal"].item()
     assert normalised(row, "cpu")["verdict"].item() == "within" and not normalised(row, "cpu")["over_goal"].item()
+    for noisy in (True, "True"):  # read back from a table (CSV text) or built: a noisy row gives no verdict
+        again = normalised(row.assign(noisy=noisy), "cuda:0")
+        assert (again[["published_verdict", "per_layer_verdict", "verdict"]] == "unresolved").all(axis=None)
 
 
 def _sample_measured(sequences: bool) -> tuple[pd.DataFrame, pm.Measured, ReferencePlan]:
