@@ -321,12 +321,17 @@ def draw_bars(ax, xs, ys, low, high, color="0.3") -> None:
                     zorder=2.8, gid=INTERVAL_GID)
 
 
-def column_ends(table: pd.DataFrame, column: str, suffix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
-    """The 95% interval ends of a composed table's column, by their names (ttft_ms: ttft_low_ms and ttft_high_ms;
-    speedup: speedup_low and speedup_high; error_pct: error_low_pct ...; `suffix` after them); None without."""
+def end_names(column: str, suffix: str = "") -> tuple[str, str]:
+    """The names of a composed table column's 95% interval ends: ttft_ms: ttft_low_ms and ttft_high_ms; speedup:
+    speedup_low and speedup_high; error_pct: error_low_pct and error_high_pct (`suffix` after them)."""
     stem, unit = (column[:-3], "_ms") if column.endswith("_ms") else (column[:-4], "_pct") \
         if column.endswith("_pct") else (column, "")
-    low, high = f"{stem}_low{unit}{suffix}", f"{stem}_high{unit}{suffix}"
+    return f"{stem}_low{unit}{suffix}", f"{stem}_high{unit}{suffix}"
+
+
+def column_ends(table: pd.DataFrame, column: str, suffix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
+    """The 95% interval ends of a composed table's column (end_names); None where the table has none."""
+    low, high = end_names(column, suffix)
     return (floats(table[low]), floats(table[high])) if low in table and high in table else None
 
 

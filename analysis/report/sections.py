@@ -7,13 +7,14 @@ import html
 
 from ...bench.spec.store.files import write_table
 from ..comparison.pairs import VERDICTS
-from ..figures.kit import op_rows
+from ..figures.kit import end_names, op_rows
 from ..figures.linear import linear_crossings
 from ..figures.moe import CAPTION as MOE_CAPTION
 from ..figures.moe import all_touched_batch, moe_coverage, moe_coverage_table
 from ..figures.quantized import CAPTION as QUANT_CAPTION
 from ..figures.quantized import quant_speedup, quant_speedup_table
 from ..phases.check import check_sentence
+from ..phases.coverage import kv_lines
 from ..phases.figures import PHASE_FIGURES, reference_table, with_ends
 from ..phases.speculative import best_gammas, break_evens
 from ..phases.speculative_figures import SPECULATIVE_FIGURES
@@ -147,7 +148,15 @@ def phases_section(ctx: Context) -> Section | None:
         for name, title in (("prefill", "Prefill: TTFT per prompt"), ("decode", "Decode: the batch sweep"),
                             ("chunked", "Chunked prefill"), ("interactive", "Interactive limits")):
             if tables.get(name) is not None:
-                body.append(folded(title, tables[name]))
+                shown = merged_ends(tables[name])
+                notes = shown.pop("monotone_note") if "monotone_note" in shown else []  # sentences, not columns
+                if "context" in shown and shown["context"].nunique() == 1:  # said once, in the title
+                    title, shown = f"{title} at context {shown['context'].iloc[0]}", shown.drop(columns="context")
+                body.append(folded(title, shown))
+                body += [f"<p>batch {html.escape(str(b))}: {html.escape(n)}</p>" for b, n in
+                         zip(shown.get("batch", []), notes, strict=False) if isinstance(n, str) and n]
+                body += [f"<p>{html.escape(line)}</p>" for line in (kv_lines(tables[name]) if name == "decode"
+                                                                    else [])]
                 sentence = check_sentence(checked, name)
                 if sentence:
                     flag = ' class="over-goal"' if "OVER GOAL" in sentence else ""
@@ -169,11 +178,23 @@ def phases_section(ctx: Context) -> Section | None:
 ENDED = ("reference_ms", "published_composed_ms", "published_error_pct", "per_layer_error_pct")
 
 
+def merged_ends(table):
+    """A composed table as the page shows it: each column with its 95% interval ends in one cell ('12.3 [11.9,
+    12.8]') and the ends' own columns dropped, so that wide tables fit the page."""
+    ended = [c for c in table.columns if all(n in table for n in end_names(c))]
+    return with_ends(table, *ended).drop(columns=[n for c in ended for n in end_names(c)])
+
+
 def shown_with_ends(checked):
     """The reference table as the page shows it: each figure with its interval in one cell ('12.3 [11.9, 12.8]'),
     so that the table fits the page's width."""
     ends = [f"{c.rsplit('_', 1)[0]}_{side}_{c.rsplit('_', 1)[1]}" for c in ENDED for side in ("low", "high")]
-    return with_ends(checked, *ENDED).drop(columns=[c for c in ends if c in checked])
+    return with_ends(checked, *ENDED).drop(columns=[c for c in (*ends, *CSV_ONLY) if c in checked])
+
+
+# reference.csv keeps them; the page shows the errors and their verdicts
+CSV_ONLY = ("round_error_min_pct", "round_error_max_pct", "per_layer_ops_alone_error_pct", "goal_pct", "gap_ms",
+            "head_share_pct", "sequence_pct", "tokens")
 
 
 SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per batch and acceptance rate α the draft "
@@ -184,6 +205,11 @@ SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per b
                     "E(α, γ) in standard errors (realised_z).")
 
 
+LOOP_COLUMNS = ("batch", "gamma", "alpha", "realised_z", "published_error_pct", "published_verdict",
+                "per_layer_error_pct", "per_layer_verdict", "loop_speedup", "composed_speedup", "speedup_error_pct",
+                "speedup_verdict", "verdict")
+
+
 def speculative_tables(tables: dict) -> list[str]:
     """The speculative tables of a phases folder written with --speculate (none otherwise)."""
     table = tables.get("speculative")
@@ -191,11 +217,12 @@ def speculative_tables(tables: dict) -> list[str]:
         return []
     table = table.assign(best_gamma=table["best_gamma"].astype(str).str.lower().isin(["true", "1"]))
     out = [f'<p class="note">{html.escape(SPECULATIVE_NOTE)}</p>',
-           folded("Speculative decoding: the best γ per α", best_gammas(table)),
+           folded("Speculative decoding: the best γ per α", merged_ends(best_gammas(table))),
            folded("Speculative decoding: the break-even α per γ", break_evens(table))]
     check = tables.get("speculative_check")
     if check is not None:
-        out.append(folded("Speculative decoding against a real loop", check))
+        shown = [c for c in LOOP_COLUMNS if c in check]  # speculative_check.csv keeps the rest
+        out.append(folded("Speculative decoding against a real loop", merged_ends(check)[shown]))
     return out
 
 

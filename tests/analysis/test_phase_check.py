@@ -196,6 +196,7 @@ def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the
     # prefill: +14.7% whose interval straddles the goal (unresolved); decode: a per-layer error wholly beyond it
     reference.loc[prefill, columns] = [14.7, 10.0, 19.0, 1.1, 3.0, 1.0, 5.0]
     reference.loc[decode, columns] = [1.5, -1.0, 4.0, -3.2, -21.0, -25.0, -18.0]
+    reference["noisy"] = False  # quiet rows: a noisy one gives no verdict beyond unresolved
     tables["reference"] = normalised(reference, "cpu")  # the decode rows' per-layer error as the issue measured it
     assert tables["reference"]["verdict"].tolist() == ["unresolved", "over", "over"] * 2
     summary = phases_summary(tables)

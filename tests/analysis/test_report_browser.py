@@ -25,13 +25,16 @@ def page(tmp_path_factory):
 
 
 def one_machine() -> list:
-    """The phases sample and the samples measured on its machine: what one user's report of one host holds (samples
-    of two hosts add a headline block per host)."""
+    """The phases sample and the samples measured on its machine in the same headline groups (device, mode, dtype,
+    timer): one user's report of one host and setting (each other group adds a headline block, as a second host
+    does)."""
     from phasebench.analysis import load
 
+    group = ["device", "mode", "dtype", "timer"]
     phases = next(p for p in SAMPLES if (p / "phases.json").is_file())
-    device = set(load(phases / "ops")["device"])
-    return [p for p in SAMPLES if p == phases or ((p / "results.csv").is_file() and set(load(p)["device"]) <= device)]
+    mine = set(map(tuple, load(phases / "ops")[group].drop_duplicates().to_numpy()))
+    return [p for p in SAMPLES if p == phases or ((p / "results.csv").is_file() and set(
+        map(tuple, load(p)[group].drop_duplicates().to_numpy())) <= mine)]
 
 
 @pytest.fixture(scope="module")
