@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 
 import pandas as pd
 import pytest
@@ -50,7 +51,11 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     sequences = pd.read_csv(out / "sequences.csv")
     assert sorted(sequences["sequence"].value_counts().items()) == [("head", 3), ("layer", 14)]
     assert set(sequences["status"]) == {"ok"} and (sequences["sequence_ms"] > 0).all()
-    assert (sequences["term_ms"] == sequences["sequence_ms"] - sequences["alone_ms"]).all()
+    # the term is the median turn's effect (ABBA turns; a ratio on the host) applied to the median alone time
+    effects = sequences["turn_effects"].astype(str).str.split(";").map(lambda e: statistics.median(map(float, e)))
+    assert set(sequences["form"]) == {"ratio"} and (sequences["turns"] == 6).all()
+    off = (sequences["term_ms"] - (effects - 1) * sequences["alone_ms"]).abs()
+    assert (off <= 1e-6 * sequences["alone_ms"]).all()  # the effects are written with 9 digits
     assert "sequence_ms" in pd.read_csv(out / "decode.csv")
     check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
     assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
