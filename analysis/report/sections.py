@@ -263,9 +263,9 @@ def quant_section(ctx: Context) -> Section | None:
 
 MOE_NOTE = ("touched_experts: the distinct experts the case's seeded routing sends a token to, beside expected_touched "
             "= E·(1 - (1 - k/E)^M) under uniform routing; read_bytes: those experts' weights, x and the routing "
-            "weights and ids (never the untouched experts). latency_ms (median, with p20/p80) and pct_roofline come "
-            "from the rows neither interpreter-mode, noisy nor above their roof (timed_rows of them); blank where "
-            "none.")
+            "weights and ids (never the untouched experts). latency_ms (median, with the 95% interval of that median) "
+            "and pct_roofline come from the rows neither interpreter-mode nor noisy (timed_rows of them; blank where "
+            "none); above_roof marks a key where one of them stands above its roof (a finding, drawn hollow).")
 
 
 def moe_section(ctx: Context) -> Section | None:
