@@ -72,14 +72,23 @@ def plan(state, impl: str, call, *, cold: bool, mode: str, flush_l2: bool = Fals
     if not cold or not names or mode == "interpreter":
         return ColdCalls((call.run,), None, "warm", (state.inputs,), WARM)
     streamed = [getattr(state.inputs, n) for n in names]
-    count = rotation(nbytes(streamed), device, clone_nbytes(streamed))
+    read = streamed_read_bytes(op, state.case, streamed)
+    count = rotation(read, device, clone_nbytes(streamed))
     if count:
         copies = state.cold_copies(names, count)
         calls = (call.run, *(op.prepare(state.case, x, impl).run for x in copies))
-        between = (count - 1) * nbytes(streamed) / 2**20
+        between = (count - 1) * read / 2**20
         how = f"{'/'.join(names)} rotated over {count} copies ({between:.0f} MiB read between two reads of one copy)"
         return ColdCalls(calls, None, how, (state.inputs, *copies), ROTATED)
     return ColdCalls((call.run,), evictor(), f"{COLD_FACTOR} x LLC read before each call", (state.inputs,), EVICTED)
+
+
+def streamed_read_bytes(op, case, streamed) -> int:
+    """Bytes of the streamed operands one call reads: their size, or what the cost model says the call reads where
+    that is less (a sliding window reads the last keys of a cache, a ragged batch the keys each sequence holds), so
+    that the rotation streams its COLD_FACTOR x LLC in bytes the calls really read."""
+    read = op.moved_bytes(case)[0] if op.moved_bytes is not None else op.min_bytes(case)
+    return int(min(nbytes(streamed), read))
 
 
 def rotation(streamed: int, device, allocated: int | None = None) -> int:

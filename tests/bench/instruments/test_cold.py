@@ -38,6 +38,19 @@ def test_a_linear_case_rotates_over_copies_of_its_weights_and_shares_its_activat
     assert "w rotated over" in timed.how and timed.state == "rotated"
 
 
+def test_a_window_rotates_over_the_keys_its_calls_read_not_the_whole_cache(small_llc):
+    # 3000 keys of 2 x 2 heads x 64 fp32: 6.1 MB of K/V, of which a decode step in a window of 127 reads 128 keys
+    case = AttentionCase(1, 4, 2, 1, 3000, 64, True, "float32", window_left=127)
+    state = CaseState(case, CPU)
+    whole = state.inputs.k.nbytes + state.inputs.v.nbytes
+    read = cold.streamed_read_bytes(state.op, case, [state.inputs.k, state.inputs.v])
+    assert read == 2 * 2 * 128 * 64 * 4 + 4 * 64 * 4 < whole / 20  # the window's K/V and q
+    timed = cold.plan(state, "naive", state.op.prepare(case, state.inputs, "naive"), cold=True, mode="compiled")
+    assert len(timed.calls) == cold.copies_needed(read, 2 << 20) > cold.copies_needed(whole, 2 << 20)
+    full = dataclasses.replace(case, window_left=-1)  # without the window every key is read: its size counts
+    assert cold.streamed_read_bytes(state.op, full, [state.inputs.k, state.inputs.v]) == whole
+
+
 def test_small_streamed_operands_are_evicted_instead(small_llc):
     case = AttentionCase(1, 4, 2, 1, 17, 16, True, "float32")  # k/v: a few KB, past MAX_COPIES copies
     state = CaseState(case, CPU)
