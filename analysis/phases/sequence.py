@@ -88,9 +88,10 @@ def _width(low: float, high: float) -> float:
 
 def decisions(sequences: pd.DataFrame | None) -> pd.DataFrame:
     """sequences.csv with where each term is applied (DECISION_COLUMNS): each ok row's effect over its own turns with
-    the 95% interval of their median; the pool of every quiet row's turns of the same kind (layer or head), phase
-    and form; the pooled effect used where it is narrower than the row's own and agrees with it (their intervals
-    overlap); applied where that interval excludes no effect (1 for a ratio, 0 for a difference). Noisy rows are
+    the 95% interval of their median; the pool of the turns of the quiet rows of the same kind (layer or head),
+    phase and form whose own intervals meet the row's; the pooled effect used where each two members' intervals
+    meet, the pool meets each and is narrower than the row's own (one effect, not several narrowed by their
+    number); applied where that interval excludes no effect (1 for a ratio, 0 for a difference). Noisy rows are
     never applied; legacy rows are applied as measured, without an interval."""
     if sequences is None or not len(sequences) or "key" not in sequences:
         return pd.DataFrame(columns=["key", *DECISION_COLUMNS])
@@ -116,11 +117,16 @@ def decisions(sequences: pd.DataFrame | None) -> pd.DataFrame:
     out = {name: [] for name in DECISION_COLUMNS if name not in ("form", "turns", "effect", "effect_low",
                                                                   "effect_high")}
     for i in range(len(table)):
-        members = pools.get(group[i], [])
+        mine = own[i]
+        # a pool assumes one effect: the shapes whose own intervals meet this one's, pooled only where each two of
+        # them meet and the pool meets each (shapes of two effects would narrow it by their number alone)
+        members = [j for j in pools.get(group[i], []) if overlap((mine.low, mine.high), (own[j].low, own[j].high))]
         pooled = median_interval([v for j in members for v in turns[j]]) if len(members) > 1 and i in members \
             else None
-        mine = own[i]
-        use_pool = (pooled is not None and _width(pooled.low, pooled.high) < _width(mine.low, mine.high)
+        ends = [(own[j].low, own[j].high) for j in members]
+        one_effect = (pooled is not None and all(overlap(a, b) for a in ends for b in ends)
+                      and all(overlap(a, (pooled.low, pooled.high)) for a in ends))
+        use_pool = (one_effect and _width(pooled.low, pooled.high) < _width(mine.low, mine.high)
                     and overlap((mine.low, mine.high), (pooled.low, pooled.high)))
         chosen = pooled if use_pool else mine
         effect, low, high = ((float(table.loc[i, "effect"]), math.nan, math.nan) if legacy[i]

@@ -75,12 +75,12 @@ def test_a_phase_pools_its_shapes_where_that_narrows_a_shape_and_agrees_with_it(
     steps = [step_defs.decode_step(TINY, b, 29) for b in (1, 2, 3, 5)]
     wide = [1.0, 1.12, 1.03, 1.09, 1.06, 1.08]  # alone: its extremes hold 1.0, no effect
     rows = [_row(steps[0], "layer", wide)] + [_row(s, "layer", 1.05 + 0.01 * RNG.random(6)) for s in steps[1:3]]
-    rows.append(_row(steps[3], "layer", [1.5, 1.52, 1.49, 1.51, 1.5, 1.53]))  # another effect: kept apart
+    rows.append(_row(steps[3], "layer", [1.5, 1.52, 1.49, 1.51, 1.5, 1.53]))  # another effect: kept out of the pool
     table = seq.decisions(pd.DataFrame(rows))
     own = median_interval(wide)
-    assert own.low <= 1.0 and table["pooled_shapes"].tolist() == [4] * 4
-    assert table["basis"].iloc[0] == "pooled over 4 shapes" and table["applied"].iloc[0]
-    pooled = median_interval([v for r in rows for v in seq._effects(r["turn_effects"])])
+    assert own.low <= 1.0 and table["pooled_shapes"].tolist() == [3, 3, 3, 0]
+    assert table["basis"].iloc[0] == "pooled over 3 shapes" and table["applied"].iloc[0]
+    pooled = median_interval([v for r in rows[:3] for v in seq._effects(r["turn_effects"])])
     assert table["applied_effect"].iloc[0] == pooled.median and table["applied_low"].iloc[0] == pooled.low
     assert table["basis"].iloc[3] == "its own 6 turns" and table["applied_effect"].iloc[3] == pytest.approx(1.505)
     # a noisy row joins no pool and is never applied; the head's rows pool apart from the layers'
@@ -88,6 +88,21 @@ def test_a_phase_pools_its_shapes_where_that_narrows_a_shape_and_agrees_with_it(
                                                    _row(steps[1], "head", [1.2] * 6)]))
     assert noisy["pooled_shapes"].tolist() == [3, 3, 3, 0, 0] and not noisy["applied"].iloc[3]
     assert noisy["why"].iloc[3].startswith("noisy")
+
+
+def test_shapes_of_two_effects_do_not_pool_into_one_narrow_interval():
+    # two low shapes (1.00-1.04), one between (1.02-1.07), two high ones (1.05-1.09): the middle one meets both ends,
+    # but they do not meet each other, so it keeps its own turns; each end pools with its pair and the middle one
+    low = [1.0, 1.01, 1.02, 1.02, 1.03, 1.04]
+    middle = [1.02, 1.03, 1.04, 1.05, 1.06, 1.07]
+    high = [1.05, 1.06, 1.07, 1.07, 1.08, 1.09]
+    effects = [low, low[::-1], middle, high, high[::-1]]
+    steps = [step_defs.decode_step(TINY, b, 29) for b in (1, 2, 3, 5, 7)]
+    table = seq.decisions(pd.DataFrame([_row(s, "layer", e) for s, e in zip(steps, effects, strict=True)]))
+    everything = median_interval([v for e in effects for v in e])
+    assert everything.high - everything.low < 1.07 - 1.02  # the pool the middle shape would take is narrower
+    assert table["basis"].iloc[2] == "its own 6 turns" and table["applied_low"].iloc[2] == 1.02
+    assert table["basis"].iloc[0] == "pooled over 3 shapes" and table["basis"].iloc[4] == "pooled over 3 shapes"
 
 
 def test_composed_figures_carry_the_sum_of_their_rows_intervals():
