@@ -11,7 +11,7 @@ import numpy as np
 from ...instruments.roofline import device_name
 from ...instruments.timing import Timing
 from ...spec.interference_schema import COVERED_MIN
-from ...spec.interval import median_interval, sum_interval
+from ...spec.interval import median_interval
 from .corunner import cpu_list
 
 # a co-located window grows until a whole prefill iteration lies in it: up to this many windows or prefills alone
@@ -151,7 +151,8 @@ def hybrid_columns(arrivals_ms: list[list[float]], shallow_ms: list[list[float]]
     per-layer cost from the two depths (the median over arrivals of (deep - shallow) / (layers - shallow_layers)),
     so whatever runs once per iteration (the head, concatenations, the positions' gather) cancels and is added once
     (fixed_ms: its mean over positions), times the layers not timed added to every sample of that position: every
-    latency column scaled the same way."""
+    latency column scaled the same way; model_ttft_ms is the median of each arrival's own whole-model TTFT (its timed
+    sum plus its own scaled deep - shallow), with the 95% interval of that median."""
     done = [a for a in arrivals_ms if a]
     count = len(done[0]) if done else 0
     deep = np.array([a for a in done if len(a) == count], dtype=float).reshape(-1, count)
@@ -167,24 +168,27 @@ def hybrid_columns(arrivals_ms: list[list[float]], shallow_ms: list[list[float]]
            "arrival_range_pct": _range_pct(list(ttft)), "model_layers": model_layers,
            "decode_tokens_per_s": batch * count * 1e3 / found.median if found.median > 0 else math.nan}
     if layers == model_layers:
-        increase, low, high, fixed = np.zeros(count), found.low, found.high, math.nan
+        increase, fixed = np.zeros(count), math.nan
+        model_ttft, low, high = found.median, found.low, found.high
         label = f"all {model_layers} layers"
     else:
-        shallow = np.array([a for a in shallow_ms if len(a) == count], dtype=float).reshape(-1, count)
-        if shallow_layers is None or not len(shallow) or len(shallow) != len(deep):
+        # the same arrival at both depths (an arrival that did not finish at either is left out of the pairs)
+        paired = [(a, b) for a, b in zip(arrivals_ms, shallow_ms, strict=False) if len(a) == count == len(b)]
+        if shallow_layers is None or not paired or not count:
             return {**out, "whole_model": f"not scaled: {layers} of {model_layers} layers timed at one depth only"}
+        at_deep = np.array([a for a, _ in paired], dtype=float)
+        at_shallow = np.array([b for _, b in paired], dtype=float)
         apart = layers - shallow_layers
-        per_layer = np.median(deep - shallow, axis=0) / apart
+        per_layer = np.median(at_deep - at_shallow, axis=0) / apart
         increase = (model_layers - layers) * per_layer
-        fixed = float(np.mean(np.median(deep, axis=0) - layers * per_layer))
-        # the extrapolation's own noise: the arrivals' summed (deep - shallow), scaled, beside TTFT's
-        center, low, high = sum_interval(((1, found), ((model_layers - layers) / apart,
-                                                       median_interval((deep - shallow).sum(axis=1)))))
-        shift = found.median + float(increase.sum()) - center  # centred on the scaled samples' median
-        low, high = low + shift, high + shift
+        fixed = float(np.mean(np.median(at_deep, axis=0) - layers * per_layer))
+        # each arrival's own whole-model TTFT, its median and interval: its timed sum and its scaled
+        # (deep - shallow) move together, so their noise is neither independent nor added in quadrature
+        arrival = median_interval(at_deep.sum(axis=1) + (model_layers - layers) / apart
+                                  * (at_deep - at_shallow).sum(axis=1))
+        model_ttft, low, high = arrival.median, arrival.low, arrival.high
         label = f"from {shallow_layers} and {layers} of {model_layers} layers, the per-iteration fixed cost once"
     whole = deep + increase
-    model_ttft = found.median + float(increase.sum())
     itl = itl_columns(whole.ravel())
     return {**out, "model_itl_ms": itl["itl_mean_ms"], "model_itl_tail_ms": itl["itl_tail_ms"],
             "model_ttft_ms": model_ttft, "model_ttft_low_ms": low, "model_ttft_high_ms": high, "fixed_ms": fixed,

@@ -84,3 +84,20 @@ def test_all_layers_timed_are_not_scaled_and_one_depth_is_not_scaled_at_all():
     cut = hybrid_columns(arrivals, [], 2, 1, None, 32)
     assert "model_ttft_ms" not in cut and cut["whole_model"].startswith("not scaled")
     assert shallow_depth(1, 32) is None and shallow_depth(32, 32) is None and shallow_depth(9, 32) == 4
+
+
+def test_the_whole_model_ttft_interval_keeps_the_arrivals_correlation():
+    # each arrival's deep and shallow times move together so that its whole-model TTFT (deep + 2 (deep - shallow)
+    # from 1 and 2 of 4 layers) is the same for every arrival: its interval has no width, where adding the
+    # timed TTFT's and the extrapolation's intervals in quadrature would make it wide
+    rng = np.random.default_rng(11)
+    drift = rng.normal(0, 1.5, size=(9, 3))
+    deep = 10.0 + drift
+    shallow = 5.0 + 1.5 * drift
+    row = hybrid_columns(deep.tolist(), shallow.tolist(), 1, 2, 1, 4)
+    assert row["ttft_high_ms"] - row["ttft_low_ms"] > 1.0
+    for name in ("model_ttft_ms", "model_ttft_low_ms", "model_ttft_high_ms"):  # 3 x 30 - 2 x 15, every arrival
+        assert row[name] == pytest.approx(60.0, abs=1e-9)
+    # an arrival missing at the shallow depth is left out of the pairs, not matched with the next one
+    gone = hybrid_columns(deep.tolist(), [[]] + shallow[1:].tolist(), 1, 2, 1, 4)
+    assert gone["model_ttft_ms"] == pytest.approx(60.0, abs=1e-9)
