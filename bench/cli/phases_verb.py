@@ -110,6 +110,10 @@ def cmd_phases(args) -> int:
                          f"{model.attention.upper()} attention")
     if args.reference_layers is not None and args.reference_layers > model.layers:
         raise UsageError(f"reference-layers: {model.name} has {model.layers} layers, got {args.reference_layers}")
+    if args.reference_layers is not None and args.reference_layers < model.dense_layers:
+        raise UsageError(f"reference-layers: {model.name}'s first {model.dense_layers} layers are dense; L must be "
+                         f"at least {model.dense_layers} so that the layers 2L adds are mixture layers, "
+                         f"got {args.reference_layers}")
     references = tuple(dict.fromkeys(("phasebench", *(args.reference or ()))))
     from ...analysis.phases import model as pm
 

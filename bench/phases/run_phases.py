@@ -105,7 +105,9 @@ class PhasesConfig:
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
         base = GPU if device.type == "cuda" else HOST
-        sizes = {**base, "reference_layers": min(base["reference_layers"], model.layers),
+        # past a mixture's first dense layers, so that the layers 2L adds (the per-layer check) are mixture layers
+        layers = min(max(base["reference_layers"], model.dense_layers), model.layers)
+        sizes = {**base, "reference_layers": layers,
                  **{k: v for k, v in given.items() if v is not None}}
         sizes.setdefault("chunk_prompt", max(sizes["prompts"]))
         sizes.setdefault("dtype", "bfloat16" if device.type == "cuda" else "float32")
@@ -314,12 +316,15 @@ def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFr
     table = sp.speculative_table(steps(df, cfg.model, spec.draft, cfg.batches), cfg.reference_batches, cfg.context,
                                  spec.gammas, spec.alphas)
     layers = cfg.reference_layers
-    target, draft = (speculative_loop.cut(m, layers) for m in (cfg.model, spec.draft))
-    deep_target, deep_draft = (speculative_loop.cut(m, 2 * layers) for m in (cfg.model, spec.draft))
+    draft_layers = speculative_loop.draft_depth(cfg.model, spec.draft, layers)
+    target, draft = speculative_loop.cut(cfg.model, layers), speculative_loop.cut(spec.draft, draft_layers)
+    deep_target, deep_draft = speculative_loop.cut(cfg.model, 2 * layers), speculative_loop.cut(spec.draft,
+                                                                                                  2 * draft_layers)
+    pairs = dict.fromkeys(((target.layers, draft.layers), (deep_target.layers, deep_draft.layers)))
     plan = speculative_loop.LoopPlan(deep_target, deep_draft, str(cfg.device), cfg.dtype,
                                      tuple(cfg.reference_batches), cfg.context, tuple(spec.gammas),
                                      tuple(spec.alphas), spec.iterations,
-                                     depths=tuple(dict.fromkeys((target.layers, deep_target.layers))))
+                                     depths=tuple(t for t, _ in pairs), draft_depths=tuple(d for _, d in pairs))
     uses = [(target, u) for u in step_defs.distinct_uses(
         [step_defs.decode_step(target, b, cfg.context) for b in plan.batches]
         + [step_defs.verify_step(target, b, cfg.context, g) for b in plan.batches for g in plan.gammas])]

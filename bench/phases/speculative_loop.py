@@ -112,7 +112,8 @@ class SpeculativeLoop:
 @dataclass(frozen=True)
 class LoopPlan:
     """What the check's loop runs: target and draft (cut to the layers built), on one device and dtype, at each of
-    `depths` (the target's first L layers, the draft's first min(L, its own); none: all built)."""
+    `depths` (the target's first L layers) with the draft's first `draft_depths` (default min(L, its own); none:
+    all built)."""
 
     target: DecoderConfig
     draft: DecoderConfig
@@ -125,10 +126,12 @@ class LoopPlan:
     iterations: int
     seed: int = 0
     depths: tuple[int, ...] = ()
+    draft_depths: tuple[int, ...] = ()
 
     def depth_pairs(self, bracket: int = 0) -> list[tuple[int, int]]:
         """(target depth, draft depth) per depth, their order turned every other bracket."""
-        pairs = [(d, min(d, self.draft.layers)) for d in self.depths] or [(self.target.layers, self.draft.layers)]
+        drafts = self.draft_depths or tuple(min(d, self.draft.layers) for d in self.depths)
+        pairs = list(zip(self.depths, drafts, strict=True)) or [(self.target.layers, self.draft.layers)]
         return pairs if bracket % 2 == 0 else pairs[::-1]
 
     def max_tokens(self) -> int:
@@ -220,6 +223,12 @@ def time_loops(plan: LoopPlan, bracket: int, last: bool) -> list[dict]:
         if last:
             _BUILT.clear()
     return rows
+
+
+def draft_depth(target: DecoderConfig, draft: DecoderConfig, layers: int) -> int:
+    """The draft's layers beside `layers` of the target, in the whole models' ratio (llama-3.2-1b's 16 beside
+    llama-3-8b's 32: 1 beside 2), so that a layer the loop check adds weighs draft and target as the model does."""
+    return max(1, min(draft.layers, round(layers * draft.layers / target.layers)))
 
 
 def cut(config: DecoderConfig, layers: int) -> DecoderConfig:

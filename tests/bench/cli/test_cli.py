@@ -217,6 +217,14 @@ def test_phases_counts_are_checked_before_a_folder_is_made(args, message, tmp_pa
     assert message in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_a_mixtures_reference_layers_must_pass_its_dense_layers(tmp_path, capsys):
+    out = tmp_path / "phases"
+    assert main(["phases", "--model", "deepseek-v3", "--reference-layers", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "reference-layers: deepseek-v3's first 3 layers are dense; L must be at least 3" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 # last in this file: its tests before it run while another xdist worker may be making quick_run
 def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
     # what must hold on any machine: the best device here, its default dtype, every impl available on it

@@ -9,7 +9,10 @@ import statistics
 
 import pandas as pd
 import pytest
+import torch
 from phasebench.analysis.phases.check import ReferencePlan
+from phasebench.bench.phases.run_phases import PhasesConfig
+from phasebench.bench.spec.models import model_config
 
 from ...analysis.phase_rows import TINY
 from ...conftest import run_cli
@@ -192,3 +195,10 @@ def test_phases_of_an_attention_kind_compose_its_layers_and_check_them_against_t
     if references:
         assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
             hf_class).all()
+
+
+def test_the_default_reference_depth_passes_a_mixtures_dense_layers(tmp_path):
+    # at L the layers 2L adds must be mixture layers, as most of the model is: DeepSeek-V3 has 3 dense layers
+    for name, layers in (("deepseek-v3", 3), ("deepseek-v2-lite", 2), ("llama-3-8b", 2)):
+        cfg = PhasesConfig.defaults(model_config(name), torch.device("cpu"), tmp_path)
+        assert cfg.reference_layers == layers
