@@ -259,7 +259,8 @@ def _describe_roof(gbps: float, tflops: float) -> str:
 KINDS = ("GQA", "window", "MLA")
 KIND_MARKERS = {"GQA": "^", "window": "v", "MLA": "D"}
 KIND_COLUMNS = ("kind", "model", "batch", "q_len", "kv_len", "impl", "intensity", "tflops", "gbps", "roof_tflops",
-                "pct_roofline", "bound", "above_roof")
+                "pct_roofline", "bound", "above_roof", "latency_ms", "latency_ci_low_ms", "latency_ci_high_ms",
+                "cache_state")
 CAPTION = ("Decode attention of three kinds at the same cache length, each point a measured row (colour: impl, "
            "marker: kind): GQA reads every key of every kv head; a sliding-window layer reads the last window of "
            "them, whatever the context; MLA reads one latent per token for all the query heads, so its intensity "
@@ -350,6 +351,8 @@ def _kinds_panel(ax, rows: pd.DataFrame, colors: dict) -> None:
                    gid=SERIES_GID)
         draw_findings(ax, floats(group.loc[found, "intensity"]), floats(group.loc[found, "tflops"]), group[found],
                       color=colors[impl], marker=KIND_MARKERS[kind])
+        draw_intervals(ax, floats(group["intensity"]), floats(group["tflops"]), group, inverse=True,
+                       color=colors[impl])
         for x, y, batch, model in zip(floats(group["intensity"]), floats(group["tflops"]), group["batch"],
                                       group["model"], strict=True):
             ax.annotate(f"{model or kind} b{batch}", (x, y), textcoords="offset points", xytext=(4, -9),

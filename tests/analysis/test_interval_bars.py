@@ -8,10 +8,21 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.collections import LineCollection
-from phasebench.analysis import phase_comparison, prefill_scaling, roofline, speedup, speedup_table, summary_table
+from phasebench.analysis import (
+    decode_kinds_roofline,
+    decode_kinds_table,
+    phase_comparison,
+    prefill_scaling,
+    roofline,
+    speedup,
+    speedup_table,
+    summary_table,
+)
 from phasebench.analysis.figures.kit import INTERVAL_GID
 from phasebench.bench.spec.interval import ratio_interval
 from phasebench.bench.spec.schema import conform
+
+from .test_decode_kinds_plots import kinds_frame
 
 
 def with_intervals(rows: pd.DataFrame, rng) -> pd.DataFrame:
@@ -94,3 +105,12 @@ def test_the_summary_counts_rows_that_stopped_short_of_their_target(frame):
     for row in table.itertuples(index=False):
         group = ok[(ok["op"] == row.op) & (ok["phase"] == row.phase) & (ok["impl"] == row.impl)]
         assert row.median_ci_pct == pytest.approx(100 * group["latency_ci_rel"].median())
+
+
+def test_the_decode_kinds_roofline_bars_each_row_at_its_intervals_ends(rng):
+    frame = with_intervals(kinds_frame(rng), rng)
+    shown = decode_kinds_table(frame)
+    expected = sorted((x, t * m / hi, t * m / lo) for x, t, m, lo, hi in zip(
+        shown["intensity"], shown["tflops"], shown["latency_ms"], shown["latency_ci_low_ms"],
+        shown["latency_ci_high_ms"], strict=True))
+    assert len(expected) == 6 and np.allclose(sorted(bars(decode_kinds_roofline(frame))), expected, rtol=1e-9)
