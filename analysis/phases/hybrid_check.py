@@ -16,7 +16,7 @@ from ...bench.spec.models import DecoderConfig
 from .check import VERDICT_WORDS, error_columns, goal_pct, pct_interval
 from .model import Measured, composed_interval, sequence_items, step_time
 
-NOT_CHECKED = "no quiet hybrid row"  # a chunked row whose shape no ok, quiet hybrid row measured
+NOT_CHECKED = "no quiet hybrid row of this shape"  # none measured at it, or only noisy or failed ones
 FIGURES = ("ttft", "slowest")  # the arrival's sum of iterations; its slowest iteration position (not the same sum)
 COLUMNS = ("batch", "prompt", "context", "chunk", "layers", "iterations", "arrivals",
            *(f"{side}_{f}{end}" for f in FIGURES for side in ("measured", "composed")
@@ -69,6 +69,15 @@ def _measured(row, stem: str) -> tuple[float, float, float]:
                  for c in (f"{stem}_ms", f"{stem}_low_ms", f"{stem}_high_ms"))
 
 
+def chunk_label(value) -> str:
+    """A chunk as the check keys it: "64" for 64, 64.0 (a row read back as floats) and "64"; "whole" as it is."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return str(int(number)) if np.isfinite(number) and number == int(number) else str(value)
+
+
 def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, page_size: int = 0) -> pd.DataFrame:
     """Per measured hybrid row, through the layers it timed: its TTFT (median of arrivals) against the composed sum
     of the same iterations, and its slowest iteration position against the slowest composed iteration (a figure of
@@ -90,7 +99,7 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
         dropped = sum(sequence_items(measured, step_defs.with_weights(s, measured.weights))[1] for s in steps)
         checked = not missing and not dropped and np.isfinite(composed["ttft"][0])
         line = {"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
-                "chunk": str(row["chunk"]), "layers": int(row["layers"]), "iterations": len(times),
+                "chunk": chunk_label(row["chunk"]), "layers": int(row["layers"]), "iterations": len(times),
                 "arrivals": row.get("arrivals", np.nan), "goal_pct": goal, "checked": checked, "missing": missing,
                 "noisy_left_out": noisy, "measured_run": str(row.get("run_id", ""))}
         for figure in FIGURES:
@@ -108,14 +117,15 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
 
 def chunked_verdicts(chunked: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
     """The published chunked table with the check of its own rows: per (chunk, prompt, decode batch, context) the
-    measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`; "no quiet
-    hybrid row" where no ok, quiet row of that shape was given) and the TTFT error read (`check_ttft_error_pct`:
+    measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`; NOT_CHECKED
+    where no ok, quiet row of that shape was given) and the TTFT error read (`check_ttft_error_pct`:
     the largest |error|)."""
     out = chunked.copy()
     verdicts, errors = [], []
     for _, row in chunked.iterrows():
         mine = check[(check["batch"] == row["decode_batch"]) & (check["prompt"] == row["prompt"])
-                     & (check["context"] == row["context"]) & (check["chunk"] == str(row["chunk"]))] \
+                     & (check["context"] == row["context"])
+                     & (check["chunk"].map(chunk_label) == chunk_label(row["chunk"]))] \
             if len(check) else check
         verdicts.append(worst_verdict(mine["verdict"]) if len(mine) else NOT_CHECKED)
         found = mine["ttft_error_pct"].to_numpy(dtype=float) if len(mine) else np.array([])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 from phasebench.analysis.phases import hybrid_check as hc
@@ -89,8 +90,9 @@ def test_the_verdict_is_within_over_or_unresolved_on_the_errors_interval():
 
 
 def test_the_published_chunked_table_takes_the_verdict_of_its_own_shapes():
-    chunked = pd.DataFrame([{"chunk": 7, "prompt": 23, "decode_batch": 3, "context": 9},
-                            {"chunk": 11, "prompt": 23, "decode_batch": 3, "context": 9}])
+    # a float column beside the shape (as the composed table has), so that its rows read back as floats: 7.0
+    chunked = pd.DataFrame([{"chunk": 7, "prompt": 23, "decode_batch": 3, "context": 9, "ttft_ms": 41.5},
+                            {"chunk": 11, "prompt": 23, "decode_batch": 3, "context": 9, "ttft_ms": 30.25}])
     check = pd.DataFrame([{"batch": 3, "prompt": 23, "context": 9, "chunk": "7", "verdict": "within",
                            "ttft_error_pct": 3.0},
                           {"batch": 3, "prompt": 23, "context": 9, "chunk": "7", "verdict": "unresolved",
@@ -100,6 +102,7 @@ def test_the_published_chunked_table_takes_the_verdict_of_its_own_shapes():
     found = hc.chunked_verdicts(chunked, check)
     assert found["check_verdict"].tolist() == ["unresolved", hc.NOT_CHECKED]
     assert found.loc[0, "check_ttft_error_pct"] == -9.0 and pd.isna(found.loc[1, "check_ttft_error_pct"])
+    assert [hc.chunk_label(v) for v in (7, 7.0, "7", "whole", np.nan)] == ["7", "7", "7", "whole", "nan"]
 
 
 def test_a_sequence_term_left_out_as_noisy_leaves_the_row_unchecked():
