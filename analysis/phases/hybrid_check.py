@@ -115,22 +115,36 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
     return pd.DataFrame(out, columns=list(COLUMNS))
 
 
+CHUNKED_CHECK = ("check_verdict", "check_ttft_error_pct", "check_ttft_error_low_pct", "check_ttft_error_high_pct",
+                 "check_run", "check_rows")
+_RANK = {"over": 0, "unresolved": 1, "within": 2}  # the row that gives the verdict: the worst, then the largest error
+
+
 def chunked_verdicts(chunked: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
     """The published chunked table with the check of its own rows: per (chunk, prompt, decode batch, context) the
     measured hybrid rows of that shape (any layer count, any run), their worst verdict (`check_verdict`; NOT_CHECKED
-    where no ok, quiet row of that shape was given) and the TTFT error read (`check_ttft_error_pct`:
-    the largest |error|)."""
+    where no ok, quiet row of that shape was given) and the row that gives it, the worst and then the largest |TTFT
+    error|: its TTFT error with its interval and its run (`check_ttft_error_*`, `check_run`; `check_rows` counts
+    the rows of the shape), so that the error shown is the one judged."""
     out = chunked.copy()
-    verdicts, errors = [], []
+    found = {name: [] for name in CHUNKED_CHECK}
     for _, row in chunked.iterrows():
         mine = check[(check["batch"] == row["decode_batch"]) & (check["prompt"] == row["prompt"])
                      & (check["context"] == row["context"])
                      & (check["chunk"].map(chunk_label) == chunk_label(row["chunk"]))] \
             if len(check) else check
-        verdicts.append(worst_verdict(mine["verdict"]) if len(mine) else NOT_CHECKED)
-        found = mine["ttft_error_pct"].to_numpy(dtype=float) if len(mine) else np.array([])
-        errors.append(float(found[np.nanargmax(np.abs(found))]) if np.isfinite(found).any() else np.nan)
-    return out.assign(check_verdict=verdicts, check_ttft_error_pct=errors)
+        if len(mine):
+            order = mine.assign(_rank=mine["verdict"].map(_RANK).fillna(1),
+                                _size=-pd.to_numeric(mine["ttft_error_pct"], errors="coerce").abs())
+            worst = order.sort_values(["_rank", "_size"], kind="stable", na_position="last").iloc[0]
+            values = (worst_verdict(mine["verdict"]), *(float(worst.get(f"ttft_error{end}_pct", np.nan))
+                                                          for end in ("", "_low", "_high")),
+                      str(worst.get("measured_run", "")), len(mine))
+        else:
+            values = (NOT_CHECKED, np.nan, np.nan, np.nan, "", 0)
+        for name, value in zip(CHUNKED_CHECK, values, strict=True):
+            found[name].append(value)
+    return out.assign(**found)
 
 
 def hybrid_lines(table: pd.DataFrame | None) -> list[str]:

@@ -99,9 +99,18 @@ def test_the_published_chunked_table_takes_the_verdict_of_its_own_shapes():
                            "ttft_error_pct": -9.0},
                           {"batch": 4, "prompt": 23, "context": 9, "chunk": "11", "verdict": "within",
                            "ttft_error_pct": 1.0}])
+    check["ttft_error_low_pct"], check["ttft_error_high_pct"] = check["ttft_error_pct"] - 4, check["ttft_error_pct"] + 5
+    check["measured_run"] = ["run-a", "run-b", "run-a"]
     found = hc.chunked_verdicts(chunked, check)
     assert found["check_verdict"].tolist() == ["unresolved", hc.NOT_CHECKED]
     assert found.loc[0, "check_ttft_error_pct"] == -9.0 and pd.isna(found.loc[1, "check_ttft_error_pct"])
+    assert found.loc[0, ["check_ttft_error_low_pct", "check_ttft_error_high_pct"]].tolist() == [-13.0, -4.0]
+    assert found.loc[0, "check_run"] == "run-b" and found["check_rows"].tolist() == [2, 0]
+    # the error shown is the judged row's, not the largest: a within row of -12% beside an unresolved one of -6%
+    check.loc[0, ["ttft_error_pct", "ttft_error_low_pct", "ttft_error_high_pct"]] = [-12.0, -13.0, -11.0]
+    check.loc[1, ["ttft_error_pct", "ttft_error_low_pct", "ttft_error_high_pct"]] = [-6.0, -16.0, 2.0]
+    again = hc.chunked_verdicts(chunked, check)
+    assert again.loc[0, "check_verdict"] == "unresolved" and again.loc[0, "check_ttft_error_pct"] == -6.0
     assert [hc.chunk_label(v) for v in (7, 7.0, "7", "whole", np.nan)] == ["7", "7", "7", "whole", "nan"]
 
 
