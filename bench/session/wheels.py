@@ -7,6 +7,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from ..sweep.metadata import checkout_commit
+
 # runtime dependencies the lent H200 image lacks (its package list read 2026-11-17: torch 2.11, triton 3.6.0,
 # pandas, pyarrow, matplotlib, pytest, pytest-benchmark, pytest-xdist are there; nvtx, for ncu's and nsys's
 # NVTX ranges, is not)
@@ -51,15 +53,8 @@ def download_command(packages, out: Path, python_version: str) -> list[str]:
 
 
 def commit_of(root: Path) -> str:
-    """HEAD of the checkout, '-dirty' when it has uncommitted changes to tracked files."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20)
-
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    return head.stdout.strip() + ("-dirty" if dirty else "")
+    """HEAD of the checkout, '-dirty' when it has uncommitted changes to tracked files; 'unknown' without one."""
+    return checkout_commit(root) or "unknown"
 
 
 def _pip(command: list[str]) -> str | None:

@@ -22,17 +22,28 @@ def _version(package: str) -> str | None:
         return None
 
 
-def git_commit() -> str | None:
-    """The commit of the phasebench checkout it runs from, else PHASEBENCH_GIT_COMMIT (set where an installed wheel
-    runs, e.g. from the COMMIT file `phasebench wheels` writes beside it), else None."""
-    here = Path(__file__).resolve().parent
+def checkout_commit(root: Path) -> str | None:
+    """HEAD of the git checkout holding `root`, with '-dirty' where its tracked files have uncommitted changes (what
+    ran is then not that commit); None where no checkout answers."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20)
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        out = None
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        return out.stdout.strip()
-    return os.environ.get("PHASEBENCH_GIT_COMMIT") or None
+        return None
+    dirty = status.returncode == 0 and bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def git_commit() -> str | None:
+    """The commit of the phasebench checkout it runs from (checkout_commit: '-dirty' with uncommitted changes), else
+    PHASEBENCH_GIT_COMMIT (set where an installed wheel runs, e.g. from the COMMIT file `phasebench wheels` writes
+    beside it), else None."""
+    return checkout_commit(Path(__file__).resolve().parent) or os.environ.get("PHASEBENCH_GIT_COMMIT") or None
 
 
 def _nvidia_smi() -> dict:

@@ -42,6 +42,25 @@ def test_git_commit_falls_back_to_the_variable_where_no_checkout_answers(monkeyp
     assert metadata.git_commit() is None
 
 
+def test_a_checkout_with_uncommitted_changes_records_its_commit_as_dirty(tmp_path):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert metadata.checkout_commit(tmp_path) is None  # no checkout here
+    git("init", "-q")
+    (tmp_path / "kernel.py").write_text("x = 1\n")
+    git("add", "kernel.py")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    assert metadata.checkout_commit(tmp_path) == head
+    (tmp_path / "kernel.py").write_text("x = 2\n")
+    assert metadata.checkout_commit(tmp_path) == head + "-dirty"
+
+
 def test_wheels_builds_phasebench_with_its_commit(tmp_path):
     out = tmp_path / "whl"
     proc = run_cli("wheels", "--out", str(out), "--no-download", timeout=600)
