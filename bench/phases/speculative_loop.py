@@ -11,6 +11,7 @@ extend), so every sequence gains the same tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -228,7 +229,7 @@ def time_loops(plan: LoopPlan, bracket: int, last: bool) -> list[dict]:
 def draft_depth(target: DecoderConfig, draft: DecoderConfig, layers: int) -> int:
     """The draft's layers beside `layers` of the target, in the whole models' ratio (llama-3.2-1b's 16 beside
     llama-3-8b's 32: 1 beside 2), so that a layer the loop check adds weighs draft and target as the model does."""
-    return max(1, min(draft.layers, round(layers * draft.layers / target.layers)))
+    return max(1, min(draft.layers, math.floor(layers * draft.layers / target.layers + 0.5)))  # halves up
 
 
 def cut(config: DecoderConfig, layers: int) -> DecoderConfig:

@@ -88,6 +88,7 @@ def test_the_loops_draft_is_cut_in_the_whole_models_ratio_of_layers():
     assert [sl.draft_depth(target, draft, n) for n in (1, 2, 4)] == [1, 1, 2]  # at least one draft layer
     assert sl.draft_depth(dataclasses.replace(TARGET, layers=22), dataclasses.replace(DRAFT, layers=22), 2) == 2
     assert sl.draft_depth(target, dataclasses.replace(DRAFT, layers=3), 64) == 3  # never past its own
+    assert [sl.draft_depth(target, draft, n) for n in (3, 5)] == [2, 3]  # halves round up, not to even
     plan = sl.LoopPlan(sl.cut(target, 4), sl.cut(draft, 2), "cpu", "float32", (1,), 8, (1,), (0.5,), 2,
                        depths=(2, 4), draft_depths=(1, 2))
     assert plan.depth_pairs(0) == [(2, 1), (4, 2)] and plan.depth_pairs(1) == [(4, 2), (2, 1)]
