@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
-from ...bench.spec.interval import error_interval, median_interval, sum_interval, verdict, worst_verdict
+from ...bench.spec.interval import error_interval, median_interval, noisy_verdict, sum_interval, verdict, worst_verdict
 from ...bench.spec.models import DecoderConfig, config_from_dict
 from . import model as pm
 from .coverage import left_out
@@ -186,13 +186,17 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
                         for b in deeper if b["bracket"] in by_bracket]
         layer_errors = [e for e in layer_errors if np.isfinite(e)]
         reasons = _noise(timed + deeper, errors, layer_errors)
+        published_errors = [e for e in (pm.model_error(_total(step), b["ms"]) for b in timed) if np.isfinite(e)] \
+            if step is not None else []
         shown = error_columns("published", step.interval if step is not None else (np.nan,) * 3, reference, goal)
         layer_ref_ci = per_layer_interval(reference, deep_ref, deep - shallow)
         deep_step = _composed(plan, published, phase, batch, tokens, deep) if step is not None else None
         layer_composed_ci = deep_step.added_interval(step, deep - shallow) if deep_step is not None else (np.nan,) * 3
         per_layer = error_columns("per_layer", (layer_composed, *layer_composed_ci[1:]), layer_ref_ci, goal)
-        if reasons:  # brackets or rounds disagreeing, a busy machine: no verdict beyond "unresolved"
-            shown["published_verdict"] = per_layer["per_layer_verdict"] = "unresolved"
+        ends = {"published": _ends(published_errors), "per_layer": _ends(layer_errors)}
+        if reasons:  # brackets or rounds disagreeing, a busy machine: over only where every bracket is, else unresolved
+            for name, columns in (("published", shown), ("per_layer", per_layer)):
+                columns[f"{name}_verdict"] = noisy_verdict(columns[f"{name}_verdict"], *ends[name], goal)
         judged = worst_verdict(v for v, e in ((shown["published_verdict"], shown["published_error_pct"]),
                                               (per_layer["per_layer_verdict"], layer_error)) if np.isfinite(e))
         interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))
@@ -217,6 +221,8 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
             "head_share_pct": 100 * head / _total(step) if np.isfinite(head) else float("nan"),
             "deep_layers": deep, "deep_reference_ms": deep_ms, "per_layer_reference_ms": layer_ref,
             "per_layer_composed_ms": layer_composed, **per_layer,
+            **{f"{name}_bracket_{end}_pct": value for name, pair in ends.items()
+               for end, value in zip(("min", "max"), pair, strict=True)},
             "per_layer_interleaved_error_pct": layer_interleaved, "per_layer_ops_alone_error_pct": layer_alone,
             "sequence_pct": 100 * in_sequence / _total(step),
             "goal_pct": goal, "verdict": judged, "over_goal": judged == "over",
@@ -241,6 +247,10 @@ def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) 
     return reasons
 
 
+def _ends(errors: list[float]) -> tuple[float, float]:
+    return (min(errors), max(errors)) if errors else (np.nan, np.nan)
+
+
 def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: float) -> bool:
     """Whether either error's point is beyond the goal (a missing error judges nothing): a table from before the
     intervals, read without a verdict."""
@@ -254,7 +264,9 @@ FILLED = ("published_composed_ms", "published_error_pct", "interleaved_composed_
           "head_share_pct", "deep_layers", "deep_reference_ms", "per_layer_reference_ms", "per_layer_composed_ms",
           "per_layer_error_pct", "per_layer_interleaved_error_pct", "per_layer_ops_alone_error_pct", "sequence_pct",
           "reference_low_ms", "reference_high_ms", "published_composed_low_ms", "published_composed_high_ms",
-          "published_error_low_pct", "published_error_high_pct", "per_layer_error_low_pct", "per_layer_error_high_pct")
+          "published_error_low_pct", "published_error_high_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
+          "published_bracket_min_pct", "published_bracket_max_pct", "per_layer_bracket_min_pct",
+          "per_layer_bracket_max_pct")
 
 
 def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
@@ -273,11 +285,14 @@ def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
     goal = goal_pct(device)
     table["goal_pct"] = pd.to_numeric(table["goal_pct"], errors="coerce").fillna(goal) if "goal_pct" in table \
         else goal
-    judged = []  # the three verdicts from the errors' intervals; a table from before them, or a noisy row: unresolved
+    judged = []  # the three verdicts from the errors' intervals; a table from before them: unresolved
     for row in table.to_dict("records"):
         noisy = str(row.get("noisy")).strip().lower() in ("true", "1", "1.0")
-        found = {name: "unresolved" if noisy else verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"],
-                                                          row["goal_pct"]) for name in ("published", "per_layer")}
+        found = {name: verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"], row["goal_pct"])
+                 for name in ("published", "per_layer")}
+        if noisy:  # over only where every bracket is past the goal too (a table without the brackets: unresolved)
+            found = {name: noisy_verdict(v, row[f"{name}_bracket_min_pct"], row[f"{name}_bracket_max_pct"],
+                                         row["goal_pct"]) for name, v in found.items()}
         judged.append((*found.values(), worst_verdict(v for name, v in found.items()
                                                       if np.isfinite(row[f"{name}_error_pct"]))))
     for k, name in enumerate(("published_verdict", "per_layer_verdict", "verdict")):

@@ -183,6 +183,11 @@ def test_brackets_that_disagree_on_the_layer_make_the_row_noisy():
                      _bracket(k, "decode", 1, 48, 4, stretch * (4 * layer + head))]
     row = check_table(brackets, PLAN, published=_measured(_rows(latency))).iloc[0]
     assert row["noisy"] and "per-layer errors disagree" in row["noise_reason"]
+    # the brackets' own errors, kept for the verdict of a noisy row: the L pass agrees with the composition in every
+    # bracket; the slowed 2L pass makes the per-layer error 0 in half the brackets, below it in the other half
+    assert row["published_bracket_min_pct"] == pytest.approx(0.0, abs=1e-9) == row["published_bracket_max_pct"]
+    assert row["per_layer_bracket_max_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert row["per_layer_bracket_min_pct"] == pytest.approx(100 * (layer / (2.2 * layer + 0.3 * head) - 1))
 
 
 def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the_report(tmp_path):
@@ -232,6 +237,13 @@ def test_the_goal_is_the_hosts_on_the_host_and_the_gpus_on_any_accelerator():
     for noisy in (True, "True"):  # read back from a table (CSV text) or built: a noisy row gives no verdict
         again = normalised(row.assign(noisy=noisy), "cuda:0")
         assert (again[["published_verdict", "per_layer_verdict", "verdict"]] == "unresolved").all(axis=None)
+    # noisy, but every bracket's error past the goal on the fast side: over stands; one bracket inside it: unresolved
+    past = row.assign(noisy=True, published_bracket_min_pct=-19.0, published_bracket_max_pct=-10.5,
+                      per_layer_bracket_min_pct=-14.0, per_layer_bracket_max_pct=-4.0)
+    judged = normalised(past, "cuda:0").iloc[0]
+    assert judged["published_verdict"] == "over" and judged["per_layer_verdict"] == "unresolved"
+    assert judged["verdict"] == "over" and judged["over_goal"]
+    assert normalised(past, "cpu").iloc[0]["verdict"] == "unresolved"  # within ±15% on the host: never within on noise
 
 
 def _sample_measured(sequences: bool) -> tuple[pd.DataFrame, pm.Measured, ReferencePlan]:
