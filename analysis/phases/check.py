@@ -20,6 +20,7 @@ from .coverage import left_out
 # calls on a shared 2-core host, so a tighter goal would judge the noise. A GPU: CUDA events time each op to about 1%
 # and a real pass adds launch gaps the step's overhead term measures, so 10% leaves room for neither being hidden.
 GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
+BUSY = "busy in"  # a noise reason of a busy machine, which slows every bracket alike: no verdict on it at all
 SPREAD_PCT = 10.0  # the rounds' (or brackets') errors with an interquartile range above this: they disagree
 
 
@@ -193,10 +194,13 @@ def check_table(brackets: list[dict], plan: ReferencePlan, *, published: pm.Meas
         deep_step = _composed(plan, published, phase, batch, tokens, deep) if step is not None else None
         layer_composed_ci = deep_step.added_interval(step, deep - shallow) if deep_step is not None else (np.nan,) * 3
         per_layer = error_columns("per_layer", (layer_composed, *layer_composed_ci[1:]), layer_ref_ci, goal)
-        ends = {"published": _ends(published_errors), "per_layer": _ends(layer_errors)}
-        if reasons:  # brackets or rounds disagreeing, a busy machine: over only where every bracket is, else unresolved
+        ends = {name: (min(e), max(e)) if e else (np.nan, np.nan)
+                for name, e in (("published", published_errors), ("per_layer", layer_errors))}
+        if reasons:  # disagreeing brackets: over only where every bracket is; a busy machine: unresolved
+            busy = any(r.startswith(BUSY) for r in reasons)
             for name, columns in (("published", shown), ("per_layer", per_layer)):
-                columns[f"{name}_verdict"] = noisy_verdict(columns[f"{name}_verdict"], *ends[name], goal)
+                columns[f"{name}_verdict"] = "unresolved" if busy else noisy_verdict(columns[f"{name}_verdict"],
+                                                                                     *ends[name], goal)
         judged = worst_verdict(v for v, e in ((shown["published_verdict"], shown["published_error_pct"]),
                                               (per_layer["per_layer_verdict"], layer_error)) if np.isfinite(e))
         interleaved_ms = _total(_composed(plan, interleaved, phase, batch, tokens))
@@ -237,7 +241,7 @@ def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) 
     reasons = []
     busy = [b for b in timings if b.get("noisy")]
     if timings and 2 * len(busy) > len(timings):
-        reasons.append(f"busy in {len(busy)} of {len(timings)} timings ({busy[0].get('noise_reason', '')})")
+        reasons.append(f"{BUSY} {len(busy)} of {len(timings)} timings ({busy[0].get('noise_reason', '')})")
     if _spread(errors) > SPREAD_PCT:
         reasons.append(f"the rounds disagree: errors {min(errors):+.0f}% to {max(errors):+.0f}%, interquartile "
                        f"range {_spread(errors):.0f} points")
@@ -245,10 +249,6 @@ def _noise(timings: list[dict], errors: list[float], layer_errors: list[float]) 
         reasons.append(f"the brackets' per-layer errors disagree: {min(layer_errors):+.0f}% to "
                        f"{max(layer_errors):+.0f}%, interquartile range {_spread(layer_errors):.0f} points")
     return reasons
-
-
-def _ends(errors: list[float]) -> tuple[float, float]:
-    return (min(errors), max(errors)) if errors else (np.nan, np.nan)
 
 
 def over_goal(published_error_pct: float, per_layer_error_pct: float, goal: float) -> bool:
@@ -291,8 +291,9 @@ def normalised(table: pd.DataFrame, device=None) -> pd.DataFrame:
         found = {name: verdict(row[f"{name}_error_low_pct"], row[f"{name}_error_high_pct"], row["goal_pct"])
                  for name in ("published", "per_layer")}
         if noisy:  # over only where every bracket is past the goal too (a table without the brackets: unresolved)
-            found = {name: noisy_verdict(v, row[f"{name}_bracket_min_pct"], row[f"{name}_bracket_max_pct"],
-                                         row["goal_pct"]) for name, v in found.items()}
+            busy = str(row.get("noise_reason", "")).startswith(BUSY)
+            found = {n: noisy_verdict("unresolved" if busy else v, row[f"{n}_bracket_min_pct"],
+                                      row[f"{n}_bracket_max_pct"], row["goal_pct"]) for n, v in found.items()}
         judged.append((*found.values(), worst_verdict(v for name, v in found.items()
                                                       if np.isfinite(row[f"{name}_error_pct"]))))
     for k, name in enumerate(("published_verdict", "per_layer_verdict", "verdict")):

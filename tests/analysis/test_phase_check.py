@@ -190,6 +190,28 @@ def test_brackets_that_disagree_on_the_layer_make_the_row_noisy():
     assert row["per_layer_bracket_min_pct"] == pytest.approx(100 * (layer / (2.2 * layer + 0.3 * head) - 1))
 
 
+@pytest.mark.parametrize("stretches,busy,expected", [
+    ((1.3, 1.3, 1.9, 1.9), False, "over"),  # the brackets disagree, but every one is past the goal: over stands
+    ((1.05, 1.3, 1.9, 1.9), False, "unresolved"),  # one bracket inside the goal
+    ((1.3, 1.3, 1.9, 1.9), True, "unresolved"),  # a busy machine slows every bracket alike: no verdict at all
+])
+def test_a_noisy_row_is_over_only_where_every_bracket_is_past_the_goal(stretches, busy, expected):
+    latency = _latencies(23)
+    layer, head = _layer_and_head(latency, "decode", 1, 48)
+    rows = _rows(latency)
+    rows["latency_ci_low_ms"], rows["latency_ci_high_ms"] = rows["latency_ms"] * 0.995, rows["latency_ms"] * 1.005
+    brackets = []
+    for k, stretch in enumerate(stretches):  # the real layers 5-90% slower than the composed ones, bracket by bracket
+        for depth in PLAN.depths:
+            ms = depth * layer * stretch + head
+            brackets.append({**_bracket(k, "decode", 1, 48, depth, ms), "samples_ms": [ms * 0.998, ms, ms * 1.002],
+                             "noisy": busy, "noise_reason": "busy host" if busy else ""})
+    row = check_table(brackets, PLAN, published=_measured(rows)).iloc[0]
+    assert row["noisy"] and row["published_bracket_max_pct"] < 0
+    assert row["published_verdict"] == row["verdict"] == expected
+    assert normalised(pd.DataFrame([row]), "cpu").iloc[0]["verdict"] == expected  # read back: the same verdict
+
+
 def test_a_figure_beyond_the_goal_is_flagged_in_the_summary_the_headline_and_the_report(tmp_path):
     from phasebench.analysis import load, write_report
 
