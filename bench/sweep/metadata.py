@@ -24,7 +24,7 @@ def _version(package: str) -> str | None:
 
 def checkout_commit(root: Path) -> str | None:
     """HEAD of the git checkout holding `root`, with '-dirty' where its tracked files have uncommitted changes (what
-    ran is then not that commit); None where no checkout answers."""
+    ran is then not that commit) or git cannot tell; None where no checkout answers."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20)
 
@@ -35,7 +35,7 @@ def checkout_commit(root: Path) -> str | None:
         status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    dirty = status.returncode == 0 and bool(status.stdout.strip())
+    dirty = status.returncode != 0 or bool(status.stdout.strip())  # not provably clean: dirty
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
