@@ -30,12 +30,15 @@ def checkout_commit(root: Path) -> str | None:
 
     try:
         head = git("rev-parse", "HEAD")
-        if head.returncode != 0 or not head.stdout.strip():
-            return None
-        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    dirty = status.returncode != 0 or bool(status.stdout.strip())  # not provably clean: dirty
+    if head.returncode != 0 or not head.stdout.strip():
+        return None
+    try:
+        status = git("status", "--porcelain", "--untracked-files=no")
+        dirty = status.returncode != 0 or bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        dirty = True  # not provably clean
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 

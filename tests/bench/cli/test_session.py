@@ -42,7 +42,7 @@ def test_git_commit_falls_back_to_the_variable_where_no_checkout_answers(monkeyp
     assert metadata.git_commit() is None
 
 
-def test_a_checkout_with_uncommitted_changes_records_its_commit_as_dirty(tmp_path):
+def test_a_checkout_with_uncommitted_changes_records_its_commit_as_dirty(tmp_path, monkeypatch):
     import subprocess
 
     def git(*args):
@@ -59,6 +59,17 @@ def test_a_checkout_with_uncommitted_changes_records_its_commit_as_dirty(tmp_pat
     assert metadata.checkout_commit(tmp_path) == head
     (tmp_path / "kernel.py").write_text("x = 2\n")
     assert metadata.checkout_commit(tmp_path) == head + "-dirty"
+    (tmp_path / "kernel.py").write_text("x = 1\n")
+    real = metadata.subprocess.run
+
+    def status_times_out(args, **kwargs):
+        if "status" in args:
+            raise subprocess.TimeoutExpired(args, 20)
+        return real(args, **kwargs)
+
+    assert metadata.checkout_commit(tmp_path) == head
+    monkeypatch.setattr(metadata.subprocess, "run", status_times_out)
+    assert metadata.checkout_commit(tmp_path) == head + "-dirty"  # a git that cannot tell is not clean
 
 
 def test_wheels_builds_phasebench_with_its_commit(tmp_path):
