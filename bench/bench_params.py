@@ -48,7 +48,7 @@ def bench_params(config) -> tuple[list, list[str]]:
         cases, _ = build_cases(selection, device)
         impls = resolve_impls(selection.impl, device, case_ops(cases))
         if shard:
-            from .sweep.shards import parse_shard, shard_cases
+            from .sweep.spread.shards import parse_shard, shard_cases
 
             cases = shard_cases(cases, *parse_shard(shard), impls)
     except UsageError as err:

@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
         except ResumeError as err:
             raise UsageError(str(err)) from None
         if shard is not None:
-            from ..sweep.shards import finish_shard
+            from ..sweep.spread.shards import finish_shard
 
             finish_shard(out, shard)
     print(format_table(df))

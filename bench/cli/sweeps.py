@@ -23,7 +23,7 @@ def run_command(args) -> str:
 def shard_of_run(args, cases, impls, device, timer, out: Path, suite: str):
     """--shard K/N: the shard's cases, its folder marked with its sweep (shard.json); all cases and None without."""
     from ..sweep.runner import default_timer, measurement_options
-    from ..sweep.shards import SHARD_JSON, ShardError, mark_shard, parse_shard, plan_shard
+    from ..sweep.spread.shards import SHARD_JSON, ShardError, mark_shard, parse_shard, plan_shard
 
     if not args.shard:
         if args.resume and (out / SHARD_JSON).is_file():
@@ -61,7 +61,7 @@ def cmd_run_ray(args) -> int:
         raise UsageError("retry-failed: goes with --resume --out DIR")
     if importlib.util.find_spec("ray") is None:
         raise UsageError("ray: not installed here; pip install 'phasebench[cluster]'")
-    from ..sweep.ray_runner import RaySweep, probe_head, run_sweep
+    from ..sweep.spread.ray_runner import RaySweep, probe_head, run_sweep
 
     probe_head(args.ray)  # before anything is written
     out = out_dir_for(args).resolve()
@@ -74,7 +74,7 @@ def cmd_run_ray(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from ..sweep.shards import ShardError, merge
+    from ..sweep.spread.shards import ShardError, merge
 
     out = Path(args.out)
     check_writable(out)

@@ -171,7 +171,7 @@ def test_an_actor_killed_inside_an_append_leaves_its_shard_to_resume_whole(local
 
 
 def test_a_ray_address_where_no_cluster_answers_fails_at_once_in_one_line(tmp_path):
-    from ...conftest import run_cli
+    from ....conftest import run_cli
 
     # the probe's refusal, before Ray itself is asked (it retries for minutes); a hang fails at the timeout
     proc = run_cli("run", "--ray", "127.0.0.1:1", "--workers", "1", "--out", str(tmp_path / "o"), timeout=120)
@@ -181,7 +181,7 @@ def test_a_ray_address_where_no_cluster_answers_fails_at_once_in_one_line(tmp_pa
 
 
 def test_ray_addresses_name_the_head_to_probe():
-    from phasebench.bench.sweep.ray_runner import head_endpoint
+    from phasebench.bench.sweep.spread.ray_runner import head_endpoint
 
     assert head_endpoint("10.0.0.5:6380") == ("10.0.0.5", 6380)
     assert head_endpoint("ray://head.example:10002") == ("head.example", 10002)

@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
-from .worker import IN_PROCESS, Isolation
+from ..selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
+from ..worker import IN_PROCESS, Isolation
 
 MARKER = ".phasebench-sweep"  # written by the driver: a worker that sees it shares the driver's filesystem
 SHIPPED = ("results.csv", "samples.jsonl", "results.parquet", "run.json", "shard.json")
@@ -55,7 +55,7 @@ def worker_device(sel: Selection):
 
 
 def _timer(device, cuda_graph: bool):
-    from .runner import default_timer
+    from ..runner import default_timer
 
     if cuda_graph and device.type != "cuda":
         raise UsageError("cuda-graph: needs a CUDA device")
@@ -63,7 +63,7 @@ def _timer(device, cuda_graph: bool):
 
 
 def worker_env(device) -> dict:
-    from ...kernels import triton_mode
+    from ....kernels import triton_mode
 
     return {"host": socket.gethostname(), "pid": os.getpid(), "device": str(device),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -77,7 +77,7 @@ class ShardWorker:
         self.done, self.total = 0, 0
 
     def _setup(self, sel: Selection, cuda_graph: bool):
-        from .runner import measurement_options
+        from ..runner import measurement_options
 
         load_plugins(sel.plugin)
         device = worker_device(sel)
@@ -93,13 +93,13 @@ class ShardWorker:
         return Plan(cases, suite, impls, sweep_options(options), worker_env(device))
 
     def run_shard(self, job: ShardJob) -> dict:
-        from ..spec.store.folder_lock import holding
+        from ...spec.store.folder_lock import holding
 
         with holding(job.folder):  # a second worker or a `--shard K/N` run on this folder is refused
             return self._run_shard(job)
 
     def _run_shard(self, job: ShardJob) -> dict:
-        from .runner import RunConfig, run
+        from ..runner import RunConfig, run
         from .shards import csv_rows, finish_shard, mark_shard, sweep_options
 
         device, timer, options = self._setup(job.selection, job.cuda_graph)
@@ -203,7 +203,7 @@ def run_sweep(cfg: RaySweep) -> int:
     1 when a shard failed (its rows are kept: --resume continues it)."""
     import ray
 
-    from ..spec.store.folder_lock import holding
+    from ...spec.store.folder_lock import holding
 
     started = not ray.is_initialized()
     if started:
@@ -349,7 +349,7 @@ def _measure(ray, cfg: RaySweep, jobs: list, actors: list, done_rows: dict, tota
 
 def _store(folder: Path, files: dict) -> None:
     """A worker that did not see the driver's folder sent its shard's files back: write them here."""
-    from ..spec.store.files import write_file
+    from ...spec.store.files import write_file
 
     if files:
         folder.mkdir(parents=True, exist_ok=True)
@@ -358,8 +358,8 @@ def _store(folder: Path, files: dict) -> None:
 
 
 def _merge_and_show(cfg: RaySweep, folders: list[Path]) -> int:
-    from .console import closing_lines, format_table
-    from .results import read_results_csv
+    from ..console import closing_lines, format_table
+    from ..results import read_results_csv
     from .shards import ShardError, merge
 
     try:

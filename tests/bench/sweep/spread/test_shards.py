@@ -12,12 +12,12 @@ import sys
 import pytest
 from phasebench.analysis import load
 from phasebench.bench.cli.main import main
-from phasebench.bench.sweep import shards
+from phasebench.bench.sweep.spread import shards
 from phasebench.bench.sweep.results import sample_key
 from phasebench.bench.sweep.runner import impls_for
 from phasebench.bench.sweep.suites import suite_cases
 
-from ...conftest import REPO
+from ....conftest import REPO
 
 # three tiny float32 cases (a prefill, a decode, a chunk), as `phasebench run --shape` takes them
 SHAPES = ["batch=1,q_heads=4,kv_heads=2,q_len=17,kv_len=17,head_dim=24",
@@ -76,7 +76,7 @@ def test_shards_hold_each_case_and_impl_once_with_a_case_in_one_shard(n):
 def test_the_sweep_id_is_stable_across_processes_and_changes_with_what_is_measured():
     cases = suite_cases("quick", "cpu", "float32")
     here = shards.sweep_id(cases, IMPLS, OPTIONS)
-    code = ("from phasebench.bench.sweep import shards; from phasebench.bench.sweep.suites import suite_cases; "
+    code = ("from phasebench.bench.sweep.spread import shards; from phasebench.bench.sweep.suites import suite_cases; "
             f"print(shards.sweep_id(suite_cases('quick', 'cpu', 'float32'), {IMPLS!r}, {OPTIONS!r}))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert other.stdout.strip() == here

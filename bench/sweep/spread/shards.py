@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..spec.store.files import note, read_whole, replaced, write_file
-from ..spec.store.folder_lock import holding
-from .results import COLUMNS, KEY_COLUMNS, SAMPLES, read_results_csv, read_samples, sample_key
+from ...spec.store.files import note, read_whole, replaced, write_file
+from ...spec.store.folder_lock import holding
+from ..results import COLUMNS, KEY_COLUMNS, SAMPLES, read_results_csv, read_samples, sample_key
 
 SHARD_JSON = "shard.json"
 SHARD_COLUMN = "shard"
@@ -40,13 +40,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def _rows(case, impls) -> int:
-    from .runner import impls_for
+    from ..runner import impls_for
 
     return len(impls_for(case, impls)) if impls is not None else 1
 
 
 def _size(case) -> float:
-    from ..ops import operator_of
+    from ...ops import operator_of
 
     op = operator_of(case)
     return float(op.flops(case)) + float(op.min_bytes(case))
@@ -268,7 +268,7 @@ def _write_merged(out: Path, info: ShardInfo, metas: list, text_rows: list, samp
 
 
 def _write_files(out: Path, info: ShardInfo, metas: list, text_rows: list, samples: dict, missing: list) -> dict:
-    from .results import SCHEMA_VERSION
+    from ..results import SCHEMA_VERSION
 
     run_json = out / "run.json"
     try:
