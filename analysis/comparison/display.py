@@ -145,8 +145,27 @@ def format_comparison(frame: pd.DataFrame) -> str:
                   f"{', ' + str(noisy) + ' noisy' if noisy else ''}); "
                   f"{int((frame['pairing'] == 'status change').sum())} status changes, "
                   f"{int((frame['pairing'] == 'base only').sum())} only in base, "
-                  f"{int((frame['pairing'] == 'new only').sum())} only in new"]
+                  f"{int((frame['pairing'] == 'new only').sum())} only in new", *promise_lines(pairs, confidence)]
     return "\n".join(lines)
+
+
+def promise_lines(pairs: pd.DataFrame, confidence: float) -> list[str]:
+    """Which interval each verdict judged and what it promises: pairs from rounds hold between runs (the same code
+    run twice is called slower or faster at most 1 - confidence of the time); the others within each run only
+    (no promise between runs); and, where the base rows carry one, how many new medians fell inside the base's
+    between-run interval against the share its level promises."""
+    if pairs.empty or "covers" not in pairs.columns:
+        return []
+    timed = pairs[~pairs["interpreter"].astype(bool)]
+    between = int((timed["covers"] == "between runs").sum())
+    lines = [f"judged on: {between} of {len(timed)} timed pairs with intervals between runs (rounds: Welch, or "
+             f"paired within one run), which call the same code slower or faster at most {1 - confidence:.0%} of "
+             f"the time; {len(timed) - between} within each run only (no promise between runs)"]
+    inside = timed["in_base_between"].dropna() if "in_base_between" in timed.columns else pd.Series(dtype=object)
+    if len(inside):
+        lines.append(f"between-run coverage: {int(inside.astype(bool).sum())} of {len(inside)} new medians inside the "
+                     f"base rows' 95% between-run intervals (a repeat of the same code: about 95%)")
+    return lines
 
 
 def no_pair_hint(frame: pd.DataFrame) -> str:
@@ -173,14 +192,16 @@ def comparison_note(frame: pd.DataFrame) -> str:
     pairs = frame[frame["pairing"] == "pair"]
     methods = ", ".join(f"{count} {method}" for method, count in pairs["method"].value_counts().items())
     return (f"New: {_sides_label(frame, 'new')}; base: {_sides_label(frame, 'base')}. Ratio = new / base median "
-            f"latency with a {confidence:.0%} interval: a percentile bootstrap of the raw samples where both sides "
+            f"latency with a {confidence:.0%} interval: from the medians of the rows' rounds where both were "
+            "measured in rounds (Welch's t between two runs, paired t within one; these cover the drift between "
+            "runs), else a percentile bootstrap of the raw samples where both sides "
             "kept them, else from the two rows' 95% intervals of their medians (row intervals), else a normal "
             "approximation from the p20/p80 (q1/q3 for pytest-benchmark) spread "
             f"({methods or 'no pairs'}). Slower: the interval's lower end above {1 + threshold:.3g}; faster: its "
             f"upper end below 1/{1 + threshold:.3g} = {1 / (1 + threshold):.3g}; within threshold: the whole "
             "interval between the two; unresolved: it straddles one of them, so the medians are not told apart. "
-            "Intervals cover the spread within each run, not the drift between runs. Noisy pairs were timed while "
-            "the device was contended.")
+            "Intervals without rounds cover the spread within each run, not the drift between runs. Noisy pairs "
+            "were timed while the device was contended.")
 
 
 def comparison_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -189,6 +210,7 @@ def comparison_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     tables = {"Pairs": pd.DataFrame({
         "case": pair_labels(pairs), "ratio": pairs["ratio"], "ratio_lo": pairs["ratio_lo"],
         "ratio_hi": pairs["ratio_hi"], "verdict": pairs["verdict"], "method": pairs["method"],
+        "covers": pairs["covers"] if "covers" in pairs.columns else "",
         **{f"{side}_{name}": pairs[f"{side}_{name}"] for name in ("latency_ms", "tflops", "gbps", "pct_roofline")
            for side in ("base", "new")},
         "noisy": [_noise_mark(row).removeprefix("NOISY ") for _, row in pairs.iterrows()],

@@ -11,6 +11,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from ...bench.spec.between_runs import latencies_of, paired_ratio, ratio_between_runs
 from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import (
     CASE_FIELDS,
@@ -40,7 +41,11 @@ KEY_FIELDS = tuple(dict.fromkeys(("op", "model", *CASE_FIELDS, "dtype", "impl", 
 # Per side, in the output as base_X and new_X.
 SIDE_FIELDS = ("run_id", "impl", "device", "timer", "backend", "status", "reason", "latency_ms", "latency_ci_low_ms",
                "latency_ci_high_ms", "converged", "samples", "tflops", "gbps", "pct_roofline", "noisy", "noise_reason",
-               "source")
+               "source", "rounds", "round_latencies_ms", "latency_between_low_ms", "latency_between_high_ms")
+# What each way of making a pair's interval covers (a comparison row's `covers`): a verdict from rounds holds between
+# runs, and two runs of the same code are then called slower or faster with probability 1 - confidence at most.
+BETWEEN, WITHIN = "between runs", "within each run"
+METHOD_COVERS = {"rounds (Welch)": BETWEEN, "rounds (paired)": BETWEEN}
 # z of the half-width of the 20-80 and 25-75 percentile ranges of a normal distribution.
 _SPREAD_Z = {"p20/p80": NormalDist().inv_cdf(0.8), "q1/q3": NormalDist().inv_cdf(0.75)}
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median: sqrt(pi/2) * sigma / sqrt(n)
@@ -158,7 +163,13 @@ def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_imp
     - "device" / "timer": two sets of one impl list on two devices, or two clocks (runner against pytest-benchmark).
     A side with several rows of one key uses the latest (by `time`); base_rows / new_rows count them.
 
-    ratio = new median / base median (above 1: slower). Its interval (`confidence`, two-sided) is a
+    ratio = new median / base median (above 1: slower). Where both rows were measured in rounds (two
+    or more each, schema 8: each round in a worker process of its own), its interval (`confidence`,
+    two-sided) comes from the rounds' medians: Welch's t interval of the two sides' mean log medians
+    (two runs), or a paired t interval of the per-round log ratios where both rows are of one run
+    with as many rounds (two impls in the same processes and moments); it covers the drift between
+    runs (`covers` "between runs"), so two runs of the same code are called slower or faster with
+    probability 1 - confidence at most (the A/A test: docs/measuring.md). Otherwise it is a
     percentile bootstrap: both sides' raw samples resampled with replacement, independently,
     `resamples` times, the ratio of the two medians each time (seeded per pair by `seed` and its
     key). Without raw samples on both sides (at least 3 each), it comes from the rows' own 95%
@@ -169,16 +180,19 @@ def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_imp
     Verdict (symmetric in log space, so swapping sides swaps it): slower when the interval's lower
     end exceeds 1 + threshold, faster when its upper end is below 1 / (1 + threshold), within
     threshold when it lies between the two, unresolved when it straddles either (or none can be
-    made): the two medians are not told apart at that threshold. The interval covers the spread
-    within each run only; the threshold is the allowance for run-to-run drift.
+    made): the two medians are not told apart at that threshold. Without rounds the interval
+    covers the spread within each run only (`covers` "within each run"), and the threshold is the
+    only allowance for run-to-run drift.
 
     Returns one tidy frame, one row per key: `pairing` is "pair" (both ok), "status change" (both
     sides have the key, not both ok: "ok -> incorrect", "failed -> failed"...), "base only" or
     "new only"; nothing is dropped. Columns: the key fields, case (a label), base_/new_ run_id,
     impl, device, timer, backend, status, reason, latency_ms, samples, tflops, gbps, pct_roofline,
-    noisy, noise_reason, source and rows; ratio, ratio_lo, ratio_hi, method, verdict, noisy
-    (either side), interpreter (either side in Triton's interpreter: not performance, never a
-    regression), change. attrs hold by, threshold and confidence.
+    noisy, noise_reason, rounds, round_latencies_ms, latency_between_low_ms and _high_ms, source and
+    rows; ratio, ratio_lo, ratio_hi, method, covers, verdict, noisy (either side), interpreter
+    (either side in Triton's interpreter: not performance, never a regression), in_base_between
+    (the new median inside the base row's between-run interval; None without one), change. attrs
+    hold by, threshold and confidence.
     """
     if by not in BY:
         raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
@@ -213,8 +227,8 @@ def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_imp
 
 def _columns(fields: list[str]) -> list[str]:
     sides = [f"{side}_{name}" for name in (*SIDE_FIELDS, "rows") for side in ("base", "new")]
-    return ["pairing", *fields, "case", "ratio", "ratio_lo", "ratio_hi", "method", "verdict", "noisy", "interpreter",
-            "change", *sides]
+    return ["pairing", *fields, "case", "ratio", "ratio_lo", "ratio_hi", "method", "covers", "verdict", "noisy",
+            "interpreter", "in_base_between", "change", *sides]
 
 
 def _record(row: dict, fields: list[str], threshold: float, confidence: float, seed: int, resamples: int) -> dict:
@@ -238,11 +252,40 @@ def _record(row: dict, fields: list[str], threshold: float, confidence: float, s
     ratio = float(out["new_latency_ms"]) / float(out["base_latency_ms"])
     rng = np.random.default_rng([seed, zlib.crc32(row["_key"].encode())])  # a pair's interval ignores the others
     low, high, method = _interval(row, ratio, confidence, rng, resamples)
-    out.update(ratio=ratio, ratio_lo=low, ratio_hi=high, method=method, verdict=_verdict(low, high, threshold))
+    out.update(ratio=ratio, ratio_lo=low, ratio_hi=high, method=method, verdict=_verdict(low, high, threshold),
+               covers=METHOD_COVERS.get(method, WITHIN), in_base_between=_inside_base(out))
     return out
 
 
+def _inside_base(out: dict) -> object:
+    """Whether the new median lies inside the base row's between-run interval (the A/A test's coverage); None where
+    the base row has none."""
+    low, high = (cell_float(out.get(f"base_latency_between_{end}_ms")) for end in ("low", "high"))
+    latency = cell_float(out.get("new_latency_ms"))
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(latency)):
+        return None
+    return bool(low <= latency <= high)
+
+
+def _rounds_interval(row: dict, ratio: float, confidence: float) -> tuple[float, float, str] | None:
+    """From the two rows' rounds, where both have two or more: paired by round where the two rows come from one run
+    with as many rounds (the same processes and moments: impls compared within a run), else Welch's interval of two
+    runs' rounds (bench.spec.between_runs). None without rounds on both sides."""
+    base, new = (latencies_of(row.get(f"{side}_round_latencies_ms")) for side in ("base", "new"))
+    if min(len(base), len(new)) < 2:
+        return None
+    same_run = key_text(row.get("base_run_id")) == key_text(row.get("new_run_id")) and len(base) == len(new)
+    if same_run:
+        low, high = paired_ratio(new, base, ratio, confidence)
+        return low, high, "rounds (paired)"
+    low, high, _ = ratio_between_runs(new, base, ratio, confidence)
+    return low, high, "rounds (Welch)"
+
+
 def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int) -> tuple[float, float, str]:
+    found = _rounds_interval(row, ratio, confidence)
+    if found is not None and math.isfinite(found[0]):
+        return found
     base, new = _as_samples(row.get(f"base_{SAMPLES_COLUMN}")), _as_samples(row.get(f"new_{SAMPLES_COLUMN}"))
     if base is not None and new is not None and min(len(base), len(new)) >= MIN_BOOTSTRAP:
         medians = [np.median(s[rng.integers(0, len(s), size=(resamples, len(s)))], axis=1) for s in (base, new)]

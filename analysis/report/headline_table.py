@@ -24,7 +24,7 @@ from .tables import report_rows
 COLUMNS = ("device", "mode", "timer", "profiled", "dtype", "op", "phase", "best_impl", "pct_roofline",
            "max_pct_roofline", "bound", "cases", "shared", "runner_up", "runner_up_pct", "speedup", "above_roof",
            "max_pct_above_roof", "note")
-COUNTS = ("ok", "noisy", "above_roof", "failed", "incorrect", "skipped")
+COUNTS = ("ok", "noisy", "above_roof", "failed", "incorrect", "skipped", "ceilings_moved_pct", "roof_unresolved")
 _CASE_KEY = ("model", *CASE_FIELDS, "dtype")
 
 
@@ -143,7 +143,9 @@ def correctness_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 def row_counts(df: pd.DataFrame) -> pd.DataFrame:
     """Per (device, mode, timer, profiled, dtype) group: rows ok, noisy and above their roof (of the ok, compiled
-    ones), failed, incorrect and skipped."""
+    ones), failed, incorrect and skipped; how far the ceilings moved while its timed rows ran (the largest
+    ceiling_drift_pct: their roofs over the measurements around their rounds) and how many of those rows that leaves
+    unresolved against their roof (roof_verdict)."""
     out = []
     for group, rows in _groups(df):
         ok = ok_rows(rows)
@@ -151,7 +153,11 @@ def row_counts(df: pd.DataFrame) -> pd.DataFrame:
         noisy = flag(timed, "noisy")
         out.append({**group, "ok": len(ok), "noisy": int(noisy.sum()),
                     "above_roof": int((flag(timed, "above_roof") & ~noisy).sum()),
-                    **{status: int((rows["status"] == status).sum()) for status in ("failed", "incorrect", "skipped")}})
+                    **{status: int((rows["status"] == status).sum()) for status in ("failed", "incorrect", "skipped")},
+                    "ceilings_moved_pct": float(pd.to_numeric(timed.get("ceiling_drift_pct"), errors="coerce").max())
+                    if "ceiling_drift_pct" in timed and len(timed) else float("nan"),
+                    "roof_unresolved": int((timed["roof_verdict"] == "unresolved").sum())
+                    if "roof_verdict" in timed else 0})
     return pd.DataFrame(out, columns=_group_fields(df) + list(COUNTS))
 
 

@@ -19,6 +19,7 @@ COUNT_WORDS = {"noisy": "noisy", "above_roof": "above roof", "failed": "failed",
                "skipped": "skipped"}
 OPS_HEADER = ("op", "phase", "best", "% of roof", "cases", "bound", "next best")
 GROUP_BY = ("device", "mode", "timer", "profiled", "dtype")  # a headline group: rows never pooled across these
+CEILINGS_MOVED_PCT = 10.0  # the headline says so where a row's roof moved by more than this while it ran
 
 
 @dataclass(repr=False)
@@ -114,8 +115,13 @@ def _ops_items(frame: pd.DataFrame, counts: dict) -> list:
                      f"{pct(row['pct_roofline'])} · max {pct(row['max_pct_roofline'])}", key_text(row["cases"]),
                      row["bound"], runner])
     tail = [" (in no median)"] if counts["noisy"] + counts["above_roof"] else []
-    items = [("p", _count_pieces(counts, ("noisy", "above_roof", "failed", "incorrect", "skipped")) + tail),
-             ("table", OPS_HEADER, rows)]
+    items = [("p", _count_pieces(counts, ("noisy", "above_roof", "failed", "incorrect", "skipped")) + tail)]
+    moved = cell_float(counts.get("ceilings_moved_pct"))
+    if math.isfinite(moved) and moved > CEILINGS_MOVED_PCT:
+        items.append(("p", [f"The ceilings moved by up to {moved:.0f}% while these rows ran: each row is judged at the "
+                            f"measurement nearest its rounds, and {counts.get('roof_unresolved', 0)} stay unresolved "
+                            "against their roof over all of them (pct_roof_low to pct_roof_high)."]))
+    items.append(("table", OPS_HEADER, rows))
     if marks:
         where = "; ".join(f"{op} {', '.join(phases)}" for op, phases in marks.items())
         items.append(("p", [f"Above their roof beside these (findings, hollow in the figures): {where}; up to "

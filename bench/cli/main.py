@@ -25,6 +25,7 @@ from ..sweep.selection import (
 from . import STARTED
 from .interference_verb import add_interference_verb
 from .options import (
+    DEFAULT_ROUNDS,
     WARM_HELP,
     add_case_arguments,
     add_isolation_arguments,
@@ -94,6 +95,7 @@ def cmd_list(args) -> int:
 def cmd_run(args) -> int:
     check_seconds(args, "time_budget", "sample_time", "case_timeout")
     check_counts(args, "retry_noisy", minimum=0)
+    check_counts(args, "rounds", minimum=1)
     ci_target = ci_target_of(args)
     if args.ray is not None or args.workers is not None:
         load_plugins(args.plugin)
@@ -135,7 +137,7 @@ def cmd_run(args) -> int:
                                retry_failed=args.retry_failed, timer=timer, refresh_ceilings=args.refresh_ceilings,
                                on_row=Progress(), capture=capture, profiled=args.cuda_profiler_range,
                                time_budget_s=args.time_budget, started=STARTED, isolation=isolation,
-                               retry_noisy=args.retry_noisy))
+                               retry_noisy=args.retry_noisy, rounds=args.rounds, combine_rounds=True))
         except ResumeError as err:
             raise UsageError(str(err)) from None
         if shard is not None:
@@ -250,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(run, "default 0.5 s on CUDA, 0.3 s on the host")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
     add_isolation_arguments(run)
+    run.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
+                     help="measure the sweep N times, each round after the first in a fresh worker process and a "
+                          "shuffled order after a probe of the ceilings; each row pools its rounds and carries the "
+                          f"interval a repeat of the run lands in (default {DEFAULT_ROUNDS}; 1: no between-run "
+                          "interval)")
     run.add_argument("--retry-noisy", type=int, default=0, metavar="N",
                      help="after the sweep, measure the rows timed on a busy machine again, up to N times each; a "
                           "quiet row replaces its noisy one (default 0)")

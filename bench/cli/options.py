@@ -10,6 +10,9 @@ from pathlib import Path
 
 from ..sweep.selection import Selection, UsageError
 
+# `phasebench run` measures its sweep this many rounds, each in a fresh worker process (bench.sweep.rounds): the rows
+# then carry the interval a repeat of the run lands in, which an A/A test holds them to (docs/measuring.md)
+DEFAULT_ROUNDS = 3
 WARM_HELP = ("host: time each op with warm caches (default: the weights and the KV cache cold, read from memory "
              "as a forward pass streams them)")
 

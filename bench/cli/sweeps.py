@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..sweep.selection import UsageError
-from .options import check_writable, isolation_of, out_dir_for, selection_of
+from .options import DEFAULT_ROUNDS, check_writable, isolation_of, out_dir_for, selection_of
 
 
 def run_command(args) -> str:
@@ -16,7 +16,8 @@ def run_command(args) -> str:
 
     timer = [*(["--sample-time", str(args.sample_time)] if args.sample_time is not None else []),
              *(["--ci-target", str(args.ci_target)] if args.ci_target is not None else []),
-             *(["--warm"] if args.warm else []), *(["--cuda-graph"] if args.cuda_graph else [])]
+             *(["--warm"] if args.warm else []), *(["--cuda-graph"] if args.cuda_graph else []),
+             *(["--rounds", str(args.rounds)] if args.rounds != DEFAULT_ROUNDS else [])]
     return shlex.join(["phasebench", "run", *selection_of(args).argv(), *timer])
 
 
@@ -70,7 +71,7 @@ def cmd_run_ray(args) -> int:
     return run_sweep(RaySweep(selection_of(args).portable(), out, address=args.ray or None, workers=args.workers,
                               cuda_graph=args.cuda_graph, resume=args.resume, retry_failed=args.retry_failed,
                               refresh_ceilings=args.refresh_ceilings, command=run_command(args),
-                              isolation=isolation_of(args)))
+                              isolation=isolation_of(args), rounds=args.rounds))
 
 
 def cmd_merge(args) -> int:

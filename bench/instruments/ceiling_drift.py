@@ -1,5 +1,5 @@
-"""Ceilings that hold for a run: measured again after it, both kept, the drift between them flagged, and every figure
-the higher of the two, which the run's rows are judged against."""
+"""Ceilings at the moments of a run: measured before it and again after it, probed at the start of each later round,
+the spread between them flagged; each row is judged at the moment it ran (bench.spec.roof_verdict)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ import math
 
 import torch
 
-from ..spec.roof import level_ceilings
-from .ceiling_measures import STREAMS, TORCH_DTYPES, measure_levels, measure_matmul, measure_streams, with_provenance
+from .ceiling_measures import (
+    STREAM_KERNELS,
+    STREAMS,
+    TORCH_DTYPES,
+    StreamBuffers,
+    measure_levels,
+    measure_matmul,
+    measure_stream,
+    measure_streams,
+    with_provenance,
+)
 from .conditions import load_warnings
 from .roofline import (
     CEILING_TIMER,
@@ -20,8 +29,11 @@ from .roofline import (
     host_keep_dir,
     on_device,
 )
+from .timing import TimerConfig
 
-DRIFT_FLAG = 0.05  # a figure that moved by more than this between the two measurements is named in a warning
+DRIFT_FLAG = 0.05  # a figure that moved by more than this over the run's measurements is named in a warning
+# a round's probe: each stream by one kernel, each matmul at its size, five samples at least (each kept by its best)
+ROUND_PROBE_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.12, min_samples=5, max_samples=50, flush_l2=False)
 
 
 def measure_again(device: torch.device, before: Ceilings) -> tuple[Ceilings | None, str]:
@@ -64,45 +76,56 @@ def drift(before: Ceilings, after: Ceilings) -> dict[str, float]:
     return {k: now[k] / then[k] - 1 for k in then if k in now and then[k] and math.isfinite(then[k] * now[k])}
 
 
-def higher(before: Ceilings, after: Ceilings | None) -> Ceilings:
-    """`before` with each figure the higher of the two measurements, and a warning naming the figures that drifted by
-    more than DRIFT_FLAG (and any load the second was measured under)."""
-    if after is None:
-        return before
-    levels = {level: {**values, **{f"{s}_gbps": max(float(values[f"{s}_gbps"]),
-                                                      float(after.levels[level][f"{s}_gbps"])) for s in STREAMS}}
-              for level, values in before.levels.items() if level in after.levels}
-    moved = {k: v for k, v in drift(before, after).items() if abs(v) > DRIFT_FLAG}
-    warnings = [*before.warnings, *(w.replace("ceilings", "ceilings after the run", 1) for w in after.warnings)]
-    if moved:
-        named = ", ".join(f"{k} {v:+.0%}" for k, v in sorted(moved.items(), key=lambda kv: -abs(kv[1])))
-        warnings.append(f"ceilings drifted during the run ({named} after against before): rows judged against the "
-                        "higher of each")
-    return dataclasses.replace(
-        before, peak_gbps=max(before.peak_gbps, after.peak_gbps), read_gbps=max(before.read_gbps, after.read_gbps),
-        write_gbps=max(before.write_gbps, after.write_gbps), levels={**before.levels, **levels},
-        peak_tflops={d: max(tf, after.peak_tflops.get(d, tf)) for d, tf in before.peak_tflops.items()},
-        warnings=warnings, checked=f"{before.checked}; the higher of each figure measured before and after the run")
+def moment(ceil: Ceilings, name: str, at: float) -> dict:
+    """One measurement of the ceilings as a moment of the run (bench.spec.roof_verdict.judged_at_moments): its name,
+    when (`at`, epoch seconds: the middle of the measurement, or when a cached entry was held against its probe),
+    the streams, the matmuls and the cache levels."""
+    return {"name": name, "at": at, "read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
+            "copy_gbps": ceil.copy_gbps, "peak_tflops": dict(ceil.peak_tflops),
+            "levels": {k: {f"{s}_gbps": float(v[f"{s}_gbps"]) for s in STREAMS} for k, v in ceil.levels.items()},
+            "warnings": list(ceil.warnings)}
 
 
-def _level_ceilings(ceil: Ceilings) -> dict:
-    memory = {"read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps, "copy_gbps": ceil.copy_gbps}
-    return level_ceilings(ceil.levels, memory)
+def probe_moment(device: torch.device, before: Ceilings, name: str) -> dict:
+    """A short measurement of the ceilings at the start of a round: each stream by the kernel that was fastest in
+    `before` and each matmul at its size, on the probe's short timer and by the same statistic (the best sample); no
+    cache level (a warm row at a level is judged at the moments that measured it)."""
+    kernels = {s: (before.bandwidth.get(s) or {}).get("kernel") or STREAM_KERNELS[s][0] for s in STREAMS}
+    sizes = {d: n for d, n in before.matmul_n.items() if d in TORCH_DTYPES}
+
+    def measure_all():
+        buffers = StreamBuffers(device)
+        streams = {s: measure_stream(device, s, ROUND_PROBE_TIMER, buffers, kernels=(kernels[s],))
+                   for s in STREAMS}
+        del buffers
+        return streams, {d: measure_matmul(device, d, ROUND_PROBE_TIMER, n=n) for d, n in sizes.items()}
+
+    with on_device(device):
+        (streams, tflops), provenance = with_provenance(device, measure_all)
+    return {"name": name, "at": provenance["measured_at_epoch"] + provenance["duration_s"] / 2,
+            **{f"{s}_gbps": streams[s]["gbps"] for s in STREAMS}, "peak_tflops": tflops, "levels": {},
+            "duration_s": provenance["duration_s"], "kernels": kernels,
+            "warnings": load_warnings(provenance["conditions"], f"the {name} probe")}
 
 
-def substitutions(before: Ceilings, used: Ceilings, after: Ceilings | None) -> dict:
-    """What a row judged against `before` is judged against now, with each figure's drift: "values", {a figure's
-    value before: (its value used, its drift)}, found by value (a row carries the figures, not their names); and
-    "levels", {level: {figure: (value used, drift)}} of the ceilings a warm row at that level is judged at; and
-    "matmuls", {dtype: drift} of each matmul ceiling (a row's compute ceiling is recomputed for its compute dtype)."""
-    then, now = figures(before), figures(used)
-    moved = drift(before, after) if after is not None else {}
-    values = {value: (now[name], moved.get(name, math.nan)) for name, value in then.items() if name in now}
-    was, new, later = _level_ceilings(before), _level_ceilings(used), _level_ceilings(after) if after else {}
-    levels = {level: {k: (new[level][k], later[level][k] / v - 1 if level in later and v else math.nan)
-                      for k, v in figures.items()} for level, figures in was.items() if level in new}
-    matmuls = {d: moved.get(f"matmul {d}", math.nan) for d in used.peak_tflops}
-    return {"values": values, "levels": levels, "matmuls": matmuls}
+def spread(moments: list[dict]) -> dict[str, float]:
+    """max / min - 1 of each stream and matmul over the run's moments: how far the machine moved during the run."""
+    names = [f"{s}_gbps" for s in STREAMS]
+    values = {n: [m[n] for m in moments if math.isfinite(m.get(n, math.nan))] for n in names}
+    for m in moments:
+        for d, tf in m["peak_tflops"].items():
+            values.setdefault(f"matmul {d}", []).append(tf)
+    return {n: max(v) / min(v) - 1 for n, v in values.items() if len(v) > 1 and min(v) > 0}
+
+
+def drift_warning(moments: list[dict]) -> str | None:
+    """One line naming the figures that moved by more than DRIFT_FLAG over the run's moments, or None."""
+    moved = {k: v for k, v in spread(moments).items() if v > DRIFT_FLAG}
+    if not moved:
+        return None
+    named = ", ".join(f"{k} {v:.0%}" for k, v in sorted(moved.items(), key=lambda kv: -kv[1]))
+    return (f"ceilings moved during the run (highest over lowest of {len(moments)} measurements: {named}): each row "
+            "is judged at the measurement nearest its rounds, its roof_verdict over all those around them")
 
 
 def record(before: Ceilings, after: Ceilings | None, why: str) -> dict:
@@ -111,4 +134,4 @@ def record(before: Ceilings, after: Ceilings | None, why: str) -> dict:
         return {"ceilings_after": None, "ceilings_after_note": why, "ceiling_drift": {}}
     return {"ceilings_after": after.to_json(), "ceilings_after_note": why,
             "ceiling_drift": {k: round(v, 4) for k, v in drift(before, after).items()},
-            "ceilings_used": "the higher of each figure before and after the run"}
+            "ceilings_used": "each row at the measurement nearest its rounds (before, a round's probe, after)"}

@@ -102,8 +102,10 @@ class StreamBuffers:
         return calls[kernel]
 
 
-def measure_stream(device: torch.device, stream: str, cfg: TimerConfig, buffers: StreamBuffers | None = None) -> dict:
-    """GB/s of one stream on `buffers` (default: past the last-level cache): {"gbps": the fastest of its kernels,
+def measure_stream(device: torch.device, stream: str, cfg: TimerConfig, buffers: StreamBuffers | None = None,
+                   kernels: tuple[str, ...] | None = None) -> dict:
+    """GB/s of one stream on `buffers` (default: past the last-level cache): {"gbps": the fastest of its kernels (or
+    of `kernels`, some of them: a probe times the one that was fastest before),
     "kernel": which one, "kernels": {kernel: GB/s}, "buffer_bytes": the size of each buffer}. A copy counts the bytes
     read plus written.
 
@@ -112,7 +114,7 @@ def measure_stream(device: torch.device, stream: str, cfg: TimerConfig, buffers:
     that rate read above their roof)."""
     buffers = buffers or StreamBuffers(device)
     found = {}
-    for kernel in stream_kernels(device, stream):
+    for kernel in kernels or stream_kernels(device, stream):
         fn, moved = buffers.call(kernel)
         found[kernel] = moved / (best_ms(time_call(fn, device, cfg)) / 1e3) / 1e9
     best = max(found, key=found.get)

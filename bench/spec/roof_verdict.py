@@ -1,13 +1,14 @@
-"""A row's verdict against its roof: % of roof from its latency, the above-roof finding and where its interval
-stands, and a stored row judged anew against the ceilings measured after its run."""
+"""A row's verdict against its roof: % of roof from its latency at the ceilings of the moment it ran, the above-roof
+finding, and where its intervals stand at every ceiling measured while it ran (above, within, unresolved)."""
 
 from __future__ import annotations
 
 import math
+import time
 
 from . import roof as states
-from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, pct_of_roof, roof_of_row
-from .schema import ABOVE_ROOF_PCT, cell_float
+from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, pct_of_roof, roof_of_row
+from .schema import ABOVE_ROOF_PCT, FLOAT_COLUMNS, cell_float
 
 
 def speed_figures(row: dict, latency_ms: float) -> dict:
@@ -22,11 +23,14 @@ def speed_figures(row: dict, latency_ms: float) -> dict:
 _HOW = {states.ROTATED: "timed cold: its streamed operands rotated over copies past 2x the LLC, its activations warm",
         states.EVICTED: "timed cold: 2x the LLC read before each call",
         states.FLUSHED_L2: "timed cold: the L2 flushed before each call"}
+# A compiled row's verdict against its roof (`roof_verdict`): above its roof at every ceiling measured while it ran
+# and at either end of its intervals; within it at all of them; unresolved between (blank: not judged).
+ABOVE, WITHIN, UNRESOLVED = "above", "within", "unresolved"
 
 
 def roof_finding(row: dict) -> str:
     """Why a compiled row may stand above the roof its state implies: where its figures most likely come from."""
-    pct = f"{row['pct_roofline']:.0f}% of its measured roof{_slow_end(row)}"
+    pct = f"{row['pct_roofline']:.0f}% of its measured roof{_spread(row)}"
     state, level, mib = row.get("cache_state") or "", row.get("roof_level") or MEMORY, row["bytes"] / 2**20
     if level in (L2, LLC):
         size = cell_float(row.get(f"{level}_bytes")) / 2**20
@@ -42,69 +46,111 @@ def roof_finding(row: dict) -> str:
             "machine?) or a cost model that counts too few bytes or FLOPs: a bug to find before it is a result")
 
 
-def _slow_end(row: dict) -> str:
-    """Where the slow end of the row's 95% interval stands: above the roof too, or not (the median alone is)."""
-    latency, slow = cell_float(row.get("latency_ms")), cell_float(row.get("latency_ci_high_ms"))
-    if not (math.isfinite(latency) and math.isfinite(slow) and slow > 0):
+def _spread(row: dict) -> str:
+    """Where the row stands over its intervals and every ceiling measured while it ran (pct_roof_low to
+    pct_roof_high): above beyond the noise, or unresolved (only some ends are above)."""
+    low, high = cell_float(row.get("pct_roof_low")), cell_float(row.get("pct_roof_high"))
+    if not (math.isfinite(low) and math.isfinite(high)):
         return " (no interval)"
-    at_slow = float(row["pct_roofline"]) * latency / slow
-    verdict = "above beyond the noise" if at_slow > ABOVE_ROOF_PCT else "unresolved: the interval straddles the roof"
-    return f", {at_slow:.0f}% at the slow end of its 95% interval ({verdict})"
+    verdict = ("above beyond the noise: at every ceiling measured while it ran and either end of its interval"
+               if low > ABOVE_ROOF_PCT else "unresolved: its intervals and the ceilings of its moments straddle the "
+               "roof")
+    return f", {low:.0f}-{high:.0f}% over its intervals and moments ({verdict})"
+
+
+def _verdict(row: dict) -> str:
+    low, high = cell_float(row.get("pct_roof_low")), cell_float(row.get("pct_roof_high"))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return UNRESOLVED
+    return ABOVE if low > ABOVE_ROOF_PCT else WITHIN if high <= ABOVE_ROOF_PCT else UNRESOLVED
 
 
 def judged(row: dict) -> dict:
-    """above_roof from a row's % of the roof its state implies (compiled rows only: an interpreter's times are not
-    speed), its finding in `reason`; a finding that no longer holds is cleared."""
-    above = row["mode"] == "compiled" and float(row["pct_roofline"]) > ABOVE_ROOF_PCT
-    reason = roof_finding(row) if above else ("" if str(row.get("above_roof")) == "True" else row["reason"])
-    return {**row, "above_roof": above, "reason": reason}
+    """above_roof from a row's % of the roof its state implies at its moment's ceilings (compiled rows only: an
+    interpreter's times are not speed), its finding in `reason` (a finding that no longer holds is cleared), and
+    `roof_verdict` from pct_roof_low / pct_roof_high, which are the row's own interval at its own ceilings where no
+    moments judged it (judged_at_moments)."""
+    compiled = row["mode"] == "compiled" and row.get("status", "ok") == "ok"
+    out = dict(row)
+    pct = float(row["pct_roofline"])
+    if compiled and not math.isfinite(cell_float(row.get("pct_roof_low"))):
+        latency = cell_float(row.get("latency_ms"))
+        ends = [cell_float(row.get(c)) for c in ("latency_ci_low_ms", "latency_ci_high_ms")]
+        if all(math.isfinite(e) and e > 0 for e in ends) and math.isfinite(latency):
+            out.update(pct_roof_low=pct * latency / ends[1], pct_roof_high=pct * latency / ends[0])
+    above = compiled and pct > ABOVE_ROOF_PCT
+    reason = roof_finding(out) if above else ("" if str(row.get("above_roof")) == "True" else row["reason"])
+    return {**out, "above_roof": above, "reason": reason, "roof_verdict": _verdict(out) if compiled else ""}
 
 
-MEMORY_COLUMNS = ("peak_gbps", "read_gbps", "write_gbps")  # a row judged against the ceilings before has these
-LEVEL_COLUMNS = {"level_read_gbps": "read_gbps", "level_write_gbps": "write_gbps", "level_copy_gbps": "copy_gbps"}
+def moment_name(moment: dict) -> str:
+    """'before 09:25:08Z', 'round 2 09:25:31Z': what a row's roof_moment column says."""
+    return f"{moment['name']} {time.strftime('%H:%M:%SZ', time.gmtime(moment['at']))}"
 
 
-def rejudged(row: dict, substitutions: dict, ceil) -> dict:
-    """A stored row (CSV text) judged anew where its memory ceilings are among `substitutions` (bench.instruments.
-    ceiling_drift: "values", {value before: (value used, drift)} of the streams, found by value; "levels", {level:
-    {figure: (value used, drift)}} of a warm row's level ceilings; "matmuls", {dtype: drift}): its ceilings replaced,
-    its compute ceiling recomputed for its compute dtype from `ceil` (the Ceilings used), its roof, % of roof and
-    finding recomputed, and in `ceiling_drift_pct` the largest drift of the ceilings that set its roof (the matmul of
-    a compute-bound row, the streams of a memory-bound one); a row judged against other ceilings (an earlier
-    invocation's) is returned as it was."""
-    values, subs = {c: cell_float(row.get(c)) for c in (*MEMORY_COLUMNS, "peak_tflops")}, substitutions["values"]
-    if not any(values[c] in subs for c in MEMORY_COLUMNS):
+def at_moment(row: dict, moment: dict) -> dict | None:
+    """The row with its ceiling columns, roof, bound and the least time its roof allows (`_roof_s`, not a column) at
+    one moment's ceilings (a dict: name, at (epoch), read_gbps, write_gbps, copy_gbps, peak_tflops by dtype, levels);
+    None where the moment lacks what its roof needs (a probe measures no cache level)."""
+    peaks, compute = moment.get("peak_tflops") or {}, str(row.get("compute_dtype") or "")
+    out = {**row, "read_gbps": moment["read_gbps"], "write_gbps": moment["write_gbps"],
+           "peak_gbps": moment["copy_gbps"]}
+    if compute and all(part in peaks for part in compute.split("+")):
+        out["peak_tflops"] = compute_peak(peaks, compute)
+    level = row.get("roof_level") or MEMORY
+    if level in (L2, LLC):
+        memory = {k: moment[k] for k in ("read_gbps", "write_gbps", "copy_gbps")}
+        found = level_ceilings(moment.get("levels") or {}, memory).get(level)
+        if not found:
+            return None
+        out.update({column: float(found[figure]) for column, figure in LEVEL_COLUMNS.items()})
+    roof_tflops, roof_s, bound, model = roof_of_row(out)
+    return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model),
+            "_roof_s": float(roof_s)}
+
+
+
+
+def judged_at_moments(row: dict, spans, moments: list[dict]) -> dict:
+    """A row (a dict, or a CSV row's text) judged at the ceilings measured while it ran. `moments` are the run's
+    measurements in time order (before it, a probe at each later round's start, after it); `spans` its ok rounds,
+    each (round index, median ms, interval low, high, epoch seconds of its sampling); round k ran between moments k
+    and k + 1. Its ceiling columns, roof and % of roof are those of the one moment nearest the middle of its rounds
+    (`roof_moment` names it: never figures of two moments mixed); pct_roof_low and pct_roof_high span each round's
+    interval at each moment around it, and set `roof_verdict`; `ceiling_drift_pct` is how far its roof moved
+    between those moments. Without a span or a moment its roof holds (returned as it was)."""
+    plausible = {}
+    for k in sorted({i for span in spans for i in (span[0], span[0] + 1) if 0 <= i < len(moments)}):
+        found = at_moment({**row, **{c: cell_float(row.get(c)) for c in FLOAT_COLUMNS if c in row}}, moments[k])
+        if found is not None:
+            plausible[k] = found
+    if not plausible:
         return row
-    hits = {c: subs[v] for c, v in values.items() if v in subs and c != "peak_tflops"}
-    level = substitutions["levels"].get(row.get("roof_level"), {})
-    hits.update({c: level[figure] for c, figure in LEVEL_COLUMNS.items() if figure in level})
-    numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms",
-                                                   *LEVEL_COLUMNS)}
-    out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()}}
-    compute, matmuls = str(row.get("compute_dtype") or ""), substitutions.get("matmuls", {})
-    if compute and all(part in ceil.peak_tflops for part in compute.split("+")):
-        out["peak_tflops"] = compute_peak(ceil.peak_tflops, compute)
-        compute_drifts = [matmuls.get(part, math.nan) for part in compute.split("+")]
-    elif values["peak_tflops"] in subs:  # a row from before compute_dtype: its one matmul, found by value
-        out["peak_tflops"], moved = subs[values["peak_tflops"]]
-        compute_drifts = [moved]
-    else:
-        compute_drifts = []
-    roof_tflops, _, bound, model = roof_of_row(out)
-    setting = compute_drifts if str(bound) == "compute" else [d for _, d in hits.values()]
-    drifts = [abs(d) for d in setting if math.isfinite(d)]
-    out.update(roof_tflops=float(roof_tflops), bound=str(bound), roof_model=str(model),
-               ceiling_drift_pct=100 * max(drifts) if drifts else math.nan)
-    if row.get("status") != "ok":
+    middle = sorted(span[4] for span in spans)[(len(spans) - 1) // 2]
+    chosen = min(plausible, key=lambda k: (abs(moments[k]["at"] - middle), k))
+    out = {k: v for k, v in plausible[chosen].items() if k != "_roof_s"}
+    roofs = [found["_roof_s"] for found in plausible.values()]
+    out.update(roof_moment=moment_name(moments[chosen]),
+               ceiling_drift_pct=100 * (max(roofs) / min(roofs) - 1) if min(roofs) > 0 else math.nan)
+    if row.get("status") != "ok" or not math.isfinite(out["latency_ms"]):
         return out
-    out["pct_roofline"] = speed_figures(out, out["latency_ms"])["pct_roofline"]
-    return with_ceiling_load(judged(out), ceil)
+    out["pct_roofline"] = float(pct_of_roof(plausible[chosen]["_roof_s"], out["latency_ms"]))
+    ends = [float(pct_of_roof(plausible[i]["_roof_s"], t)) for (k, median, low, high, _) in spans
+            for i in (k, k + 1) if i in plausible for t in (low if math.isfinite(low) else median,
+                                                            high if math.isfinite(high) else median)]
+    known = all(math.isfinite(end) for span in spans for end in span[2:4])
+    out.update(pct_roof_low=min(ends) if known else math.nan, pct_roof_high=max(ends) if known else math.nan)
+    return judged(out)
+
+
+MEMORY_COLUMNS = ("peak_gbps", "read_gbps", "write_gbps")
+LEVEL_COLUMNS = {"level_read_gbps": "read_gbps", "level_write_gbps": "write_gbps", "level_copy_gbps": "copy_gbps"}
 
 
 def with_ceiling_load(row: dict, ceil) -> dict:
     """An above-roof row's finding, with the load its ceilings were measured under where they carry a load warning
     (a roof measured while others held the CPU reads low, and the rows timed in quieter moments stand above it)."""
     load = [w for w in ceil.warnings if "under load" in w]
-    if not row.get("above_roof") or not load:
+    if str(row.get("above_roof")) != "True" or not load:  # a flag, or a CSV cell's text
         return row
     return {**row, "reason": f"{row['reason']}; {load[0]}: they read low (PHASEBENCH_HOST_CEILINGS keeps quiet ones)"}

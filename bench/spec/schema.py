@@ -34,7 +34,13 @@ from .roof import COPY, MEMORY
 #    experts, top_k, touched_experts, routing, routing_seed (a routed-experts case: m tokens through each one's top_k
 #    of `experts` experts, n and k the expert's intermediate and hidden sizes; touched_experts the distinct experts its
 #    routing reads; blank for every other row and in older files).
-SCHEMA_VERSION = 7
+# 8: rounds, round_latencies_ms, latency_between_low_ms, latency_between_high_ms, latency_between_rel (a row measured
+#    in rounds, each in a worker process of its own: how many, each round's median, and the 95% interval a repeat of
+#    the run lands in: bench.spec.between_runs); roof_moment (the measurement of the ceilings the row is judged at:
+#    before the run, a round's probe, after it), pct_roof_low, pct_roof_high and roof_verdict (its % of roof over its
+#    intervals and every measurement of the ceilings around its rounds: above, within or unresolved); the
+#    ceiling_drift_pct of older files is the move between before and after, and their rows the higher of the two.
+SCHEMA_VERSION = 8
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -71,6 +77,10 @@ RESULT_COLUMNS = (
     "latency_ci_rel",  # its half-width over the median
     "converged",  # sampling stopped with latency_ci_rel under its target, not at the time or sample limit
     "outliers",  # samples beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR: counted, never removed
+    "rounds",  # rounds pooled in the row, each in a worker process of its own (blank: older files, one round)
+    "round_latencies_ms",  # each round's median ("2.21/2.25/2.19")
+    "latency_between_low_ms", "latency_between_high_ms",  # the 95% interval a repeat of the run's median lands in
+    "latency_between_rel",  # its half-width over the median (blank: under two rounds)
     "samples", "timer",
     "noisy", "noise_reason",  # timed while the device was contended, and why we think so
     "tflops", "gbps", "peak_tflops",
@@ -80,12 +90,15 @@ RESULT_COLUMNS = (
     "roof_tflops", "pct_roofline", "bound",
     "roof_model",  # "read+write": the floor of read_bytes and write_bytes; "copy": bytes at peak_gbps (bench.spec.roof)
     "above_roof",  # compiled and past ABOVE_ROOF_PCT of its roof: drawn hollow and counted, the finding in `reason`
+    "roof_moment",  # the measurement of the ceilings it is judged at ("before 09:25:08Z", "round 2 ...", "after ...")
+    "pct_roof_low", "pct_roof_high",  # its % of roof over its intervals and the ceilings measured around its rounds
+    "roof_verdict",  # above (beyond every end of those), within, unresolved; blank: not compiled or not ok
     "cache_state",  # rotated / evicted / warm (host), flushed-l2 (GPU): how the operands were prepared (spec.roof)
     "cold_how",  # what the timer did for it: the operands rotated and the copies, the bytes read before each call
     "l2_bytes", "llc_bytes",  # the caches its footprint (`bytes`) is held against, summed over their instances
     "roof_level",  # memory, llc or l2: where its bytes are read from (a warm row that fits a cache), its roof's level
     "level_read_gbps", "level_write_gbps", "level_copy_gbps",  # that cache level's ceilings; blank for memory
-    "ceiling_drift_pct",  # the largest move of its ceilings between before and after the run; blank: not measured
+    "ceiling_drift_pct",  # how far its roof moved over the measurements around its rounds; blank: not measured
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
@@ -117,6 +130,7 @@ RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
     "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level",
+    "round_latencies_ms", "roof_moment", "roof_verdict",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -124,14 +138,15 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
 )
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
                "window_left", "head_dim_v", "m", "n", "k", "cache_len", "outliers", "experts", "top_k",
-               "touched_experts", "routing_seed")
+               "touched_experts", "routing_seed", "rounds")
 BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged", "sinks")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel",
     "tflops", "gbps", "peak_tflops", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline",
     "max_rel_err", "datasheet_tflops", "datasheet_gbps", "l2_bytes", "llc_bytes", "level_read_gbps",
-    "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct",
+    "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct", "latency_between_low_ms", "latency_between_high_ms",
+    "latency_between_rel", "pct_roof_low", "pct_roof_high",
 )
 
 # Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which

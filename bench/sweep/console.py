@@ -28,6 +28,8 @@ class Progress:
         if row.get("noisy"):
             status += " NOISY"
         text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
+        if row.get("round"):
+            text += f"  (round {row['round']})"
         if self.tty:
             end = "\n" if index == total else ""
             self.stream.write("\r" + text.ljust(100)[:100] + end)
@@ -49,9 +51,16 @@ def _half_width(row) -> str:
     return f" ±{100 * rel:.1f}%" + ("" if converged is not None and not pd.isna(converged) and converged else "*")
 
 
+def _between(row) -> str:
+    """'±4.1%': the half-width of the interval a repeat of the run lands in (its rounds), blank without rounds."""
+    rel = getattr(row, "latency_between_rel", math.nan)
+    return "" if rel is None or pd.isna(rel) else f"±{100 * rel:.1f}%"
+
+
 def format_table(df: pd.DataFrame) -> str:
     """Per row: impl, phase, shape, latency with the 95% interval of its median (its half-width, '*' where sampling
-    stopped at its time limit short of the target) and sample count, TFLOP/s, GB/s, % of roofline, bound, status."""
+    stopped at its time limit short of the target), the interval a repeat of the run lands in (`next run`, from its
+    rounds) and the sample count, TFLOP/s, GB/s, % of roofline, bound, status."""
     if df.empty:
         return "(no rows)"
     lines = []
@@ -67,6 +76,7 @@ def format_table(df: pd.DataFrame) -> str:
         lines.append({"op": r.op, "impl": r.impl, "phase": r.phase, "shape": shape,
                       "latency ms": _num(r.latency_ms, ".3f"), "95% CI ms": interval,
                       "±": _half_width(r).strip() if r.status == "ok" else "",
+                      "next run": _between(r) if r.status == "ok" else "",
                       "n": r.samples if r.status == "ok" else "",
                       "TFLOP/s": _num(r.tflops, ".3f"), "GB/s": _num(r.gbps, ".1f"),
                       "% roof": _num(r.pct_roofline, ".1f"), "bound": r.bound, "mode": r.mode, "status": status})
@@ -84,6 +94,7 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
     if warning:
         lines.append(f"warning: {warning}")
     lines += _unconverged(df)
+    lines += _between_runs(df)
     above = df[df["above_roof"].astype(bool)] if "above_roof" in df.columns and not df.empty else df.iloc[0:0]
     if len(above):
         example = above.iloc[0]
@@ -100,6 +111,31 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
         ops = ", ".join(sorted(set(copied["op"].astype(str))))
         lines.append(f"note: {len(copied)} rows ({ops}) have the copy roof (all their bytes at the copy bandwidth): "
                      "their cost model gives no read/write split")
+    return lines
+
+
+def _between_runs(df: pd.DataFrame) -> list[str]:
+    """A note on the rows' rounds: how many rows carry the interval a repeat of the run lands in, the widest, and the
+    roof verdicts that the run's moving ceilings leave unresolved."""
+    if df.empty or "latency_between_rel" not in df.columns:
+        return []
+    timed = df[(df["status"] == "ok") & (df["mode"] == "compiled")]
+    rel = pd.to_numeric(timed["latency_between_rel"], errors="coerce")
+    lines = []
+    if rel.notna().any():
+        widest = timed.loc[rel.idxmax()]
+        rounds = pd.to_numeric(timed["rounds"], errors="coerce").dropna()
+        lines.append(f"note: {int(rel.notna().sum())} of {len(timed)} timed rows carry the 95% interval a repeat of "
+                     f"this run lands in ('next run', from {int(rounds.min())}-{int(rounds.max())} rounds in worker "
+                     f"processes of their own); the widest ±{100 * float(widest['latency_between_rel']):.1f}%, "
+                     f"{widest['impl']} {widest['shape']} (rounds {widest['round_latencies_ms']} ms): compare runs "
+                     "with `phasebench compare`, which judges them on these")
+    if "roof_verdict" in timed.columns:
+        open_ = timed[timed["roof_verdict"] == "unresolved"]
+        if len(open_):
+            lines.append(f"note: {len(open_)} of {len(timed)} timed rows are unresolved against their roof (their "
+                         "intervals and the ceilings measured around their rounds straddle 100%: pct_roof_low, "
+                         "pct_roof_high)")
     return lines
 
 

@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from ...kernels import OPS, triton_mode
-from ..instruments.ceiling_drift import DRIFT_FLAG, higher, record, substitutions
+from ..instruments.ceiling_drift import DRIFT_FLAG, drift_warning, moment, record, spread
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec.store.files import WriteError
@@ -25,10 +26,10 @@ from .measure import (
     base_row,
     ceiling_dtypes,
     one_line,
-    rejudged,
     with_ceiling_load,
 )
-from .results import ResultsStore
+from .results import ResultsStore, row_key
+from .rounds import RoundBook, SweepRounds, rounds_rule
 from .worker import IN_PROCESS, Executor, Isolation
 
 # Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
@@ -96,7 +97,11 @@ class RunConfig:
     capture: Callable[[], contextlib.AbstractContextManager] | None = field(default=None, repr=False)
     on_row: Callable[[dict, int, int], None] | None = field(default=None, repr=False)
     retry_noisy: int = 0  # rounds, at the end of the sweep, that measure again the rows timed on a busy machine
-    rounds: int = 1  # times the whole plan is measured, each time appending its rows (repeats, pooled by a median)
+    rounds: int = 1  # times the whole plan is measured
+    # combine_rounds: each round after the first in a fresh worker process and an order of its own, after a probe of
+    # the ceilings, and the rounds of a (case, impl) combined into its one row (bench.sweep.rounds); else each round
+    # appends its rows (repeats that the phases check reads round by round)
+    combine_rounds: bool = False
     # called as between_rounds(executor, k) before the first round, between rounds and after the last (rounds + 1
     # calls): what the sweep is interleaved with, on the sweep's own device and worker
     between_rounds: Callable[[Executor, int], None] | None = field(default=None, repr=False)
@@ -171,39 +176,27 @@ class TimeBudget:
         self.durations.setdefault(impl, []).append(seconds)
 
 
-def retry_noisy(noisy: list, rounds: int, measure_one: Callable[..., dict], store: ResultsStore) -> dict:
-    """Measure the noisy rows again, up to `rounds` times each, after the rest of the sweep (the machine may be
-    quiet by then): a quiet row replaces its noisy one in the store; one still noisy keeps the first. Returns the
-    counts for run.json."""
-    retried, quiet = len(noisy), 0
-    for _ in range(rounds):
-        still = []
-        for case, impl, base in noisy:
-            again = measure_one(case, impl, base)
-            if again["status"] == "ok" and not again.get("noisy"):
-                store.replace(again)
-                quiet += 1
-            else:
-                still.append((case, impl, base))
-        noisy = still
-    return {"rounds": rounds, "noisy": retried, "quiet_on_retry": quiet}
-
-
-def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore) -> dict:
-    """The ceilings measured again after the sweep, and the rows judged against `before` judged again against the
-    higher of each figure (a ceiling measured in a busy moment reads low, and the rows timed in a quieter one stand
-    above it); returns what run.json keeps of it."""
+def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore, book: RoundBook) -> dict:
+    """The ceilings measured again after the sweep (the run's last moment), and every row this invocation measured
+    judged again at the moments around its rounds (bench.spec.roof_verdict.judged_at_moments); returns what run.json
+    keeps of it."""
+    started = time.time()
     try:
         after, why = executor.ceilings(dtypes, before=before)
-    except Exception as err:  # a worker that died measuring them: the rows keep the ceilings measured before
+    except Exception as err:  # a worker that died measuring them: the rows keep the moments measured before
         after, why = None, f"not measured again: {one_line(err)}"
-    used = higher(before, after)
     found = record(before, after, why)
     if after is not None:
-        subs = substitutions(before, used, after)
-        found["rows_judged_again"] = store.rewrite_rows(lambda r: rejudged(r, subs, used))
-        found["ceiling_warnings"] = [w for w in used.warnings if w not in before.warnings]
-        found["drift_flag"] = DRIFT_FLAG
+        book.moments.append(moment(after, "after", (started + time.time()) / 2))
+    load = SimpleNamespace(warnings=[w for m in book.moments for w in m.get("warnings", ()) if "under load" in w])
+    found["rows_judged_again"] = store.rewrite_rows(
+        lambda r: with_ceiling_load(book.judged(row_key(r), r), load) if row_key(r) in book else r)
+    found["ceiling_moments"] = [{k: v for k, v in m.items() if k != "warnings"} for m in book.moments]
+    found["ceiling_spread"] = {k: round(v, 4) for k, v in spread(book.moments).items()}
+    warning = drift_warning(book.moments)
+    found["ceiling_warnings"] = [w for m in book.moments[1:] for w in m.get("warnings", ())] + (
+        [warning] if warning else [])
+    found["drift_flag"] = DRIFT_FLAG
     return found
 
 
@@ -217,8 +210,8 @@ def check_rounds(cfg: RunConfig) -> None:
     """Repeated rounds append every row again: nothing to resume or to replace by key."""
     if cfg.rounds < 1:
         raise ValueError(f"rounds: at least 1, got {cfg.rounds}")
-    if cfg.rounds > 1 and (cfg.resume or cfg.retry_noisy):
-        raise ValueError("rounds: repeated rounds neither resume nor retry noisy rows (each round is a repeat)")
+    if cfg.rounds > 1 and not cfg.combine_rounds and (cfg.resume or cfg.retry_noisy):
+        raise ValueError("rounds: appended rounds neither resume nor retry noisy rows (each round is a repeat)")
 
 
 def run(cfg: RunConfig):
@@ -252,57 +245,46 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
     executor = Executor(device, timer, detect_contention=cfg.detect_contention, isolation=cfg.isolation)
     meta: dict = {}
     with executor:
+        started = time.time()
         ceil = executor.ceilings(dtypes, refresh=cfg.refresh_ceilings)
+        book = RoundBook([moment(ceil, "before", (started + time.time()) / 2)])
         previous = store.previous_run() if cfg.resume else None
         run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
         meta = {"run_id": run_id, "started": (previous or {}).get("started", now()), "finished": None,
                 "interrupted": False, "suite": cfg.suite, "profiled": cfg.profiled, "measurement": options,
                 "sampling": sampling_rule(timer), **executor.metadata(), "cold_operands": cold_policy(device, timer),
                 "selection": _joined(sweep, previous), "isolation": executor.describe(),
-                "ceilings": ceil.to_json(), "rounds": cfg.rounds, "state_before": state_before, "state_after": None}
+                "ceilings": ceil.to_json(), "rounds": cfg.rounds, "rounds_rule": rounds_rule(cfg),
+                "state_before": state_before, "state_after": None}
         store.write_run(meta)
         label = HarnessSampler(timer, device.type).label
         budget = TimeBudget(cfg.time_budget_s, timer, cfg.started) if cfg.time_budget_s is not None else None
-        total = cfg.rounds * sum(len(impls) for _, impls in plan)
-        index = 0
+
         def measure_one(case, impl: str, base: dict) -> dict:
-            """The row of (case, impl) from its base row: measured, or skipped when the time budget says so."""
+            """The row of (case, impl) from its base row: measured, or skipped when the time budget says so; `_at`
+            (not a column) the middle of its measurement in epoch seconds."""
             refusal = budget.refusal(impl) if budget is not None else None
+            started = time.time()
             if refusal:  # `refused`: the store keeps a failed row that this was to retry (never written to a file)
                 row = {**base, "status": "skipped", "reason": refusal, "refused": True}
             else:
-                started = time.monotonic()
                 row = executor.measure(case, impl, dict(base))
                 if budget is not None:
-                    budget.record(impl, time.monotonic() - started)
-            return {**row, "time": now(), "profiled": cfg.profiled}
+                    budget.record(impl, time.time() - started)
+            return {**row, "time": now(), "profiled": cfg.profiled, "_at": (started + time.time()) / 2}
 
-        noisy = []  # (case, impl, row) timed on a busy machine in this run: measured again at the end
-        fresh = 0  # rows measured by this invocation (a resume may have none left)
+        sweep_rounds = SweepRounds(cfg, executor, store, book, measure_one,
+                                   lambda case, impl: base_row(case, impl, run_id, cfg.suite, ceil, label), ceil)
         failing = False
         try:
             executor.capture(cfg.capture)  # a profiler records the cases only, not the ceilings or the setup
-            for round_index in range(cfg.rounds):
-                if cfg.between_rounds:
-                    cfg.between_rounds(executor, round_index)
-                for case, impls in plan:
-                    for impl in impls:
-                        index += 1
-                        base = base_row(case, impl, run_id, cfg.suite, ceil, label)
-                        if round_index == 0 and store.is_done(base):
-                            continue
-                        row = with_ceiling_load(measure_one(case, impl, base), ceil)
-                        store.append(row)
-                        fresh += 1
-                        if row["status"] == "ok" and row.get("noisy"):
-                            noisy.append((case, impl, base))
-                        if cfg.on_row:
-                            cfg.on_row(row, index, total)
-            if cfg.between_rounds:
-                cfg.between_rounds(executor, cfg.rounds)
-            meta["noisy_retries"] = retry_noisy(noisy, cfg.retry_noisy, measure_one, store)
+            fresh = sweep_rounds.combined(plan, run_id) if cfg.combine_rounds else sweep_rounds.appended(plan)
+            meta["noisy_retries"] = sweep_rounds.retry_noisy(cfg.retry_noisy)
+            meta["rounds_run"] = sweep_rounds.rounds_run
+            if sweep_rounds.probe_failures:
+                meta["probe_failures"] = sweep_rounds.probe_failures
             if fresh and cfg.capture is None:  # a profiler would record the second measurement
-                meta.update(hold_ceilings(executor, ceil, dtypes, store))
+                meta.update(hold_ceilings(executor, ceil, dtypes, store, book))
             else:
                 meta["ceilings_after_note"] = ("not measured again: " + ("a profiled run" if fresh else
                                                                           "no row measured by this invocation"))

@@ -82,6 +82,17 @@ def device_ceilings(dtypes, refresh: bool, before=None):
     return ceilings(_STATE["device"], tuple(dtypes), refresh=refresh)
 
 
+def device_probe(before, name: str) -> dict | None:
+    """A short measurement of the ceilings now, as a moment of the run (ceiling_drift.probe_moment); None where the
+    host's kept ceilings judge every run by request (PHASEBENCH_HOST_CEILINGS: nothing is measured again)."""
+    from ..instruments.ceiling_drift import probe_moment
+    from ..instruments.roofline import host_keep_dir
+
+    if _STATE["device"].type != "cuda" and host_keep_dir() is not None:
+        return None
+    return probe_moment(_STATE["device"], before, name)
+
+
 def device_metadata() -> dict:
     from .metadata import run_metadata
 
@@ -382,6 +393,19 @@ class Executor:
 
     def metadata(self) -> dict:
         return self.call(device_metadata, timeout=START_S, doing="reading the device")
+
+    def probe(self, before, name: str) -> dict | None:
+        """A short measurement of the ceilings now (a moment of the run: ceiling_drift.probe_moment; None where the
+        host's kept ceilings judge every run)."""
+        return self.call(device_probe, before, name, timeout=START_S, doing="probing the ceilings")
+
+    def restart(self) -> bool:
+        """A fresh worker process for what follows (its allocator, caches and threads start anew, as a rerun's
+        would); True where there was one to replace, False in this process (--no-isolate)."""
+        if not self.isolate:
+            return False
+        self.worker.close()
+        return True
 
     def autotune(self) -> list:
         with contextlib.suppress(WorkerError):

@@ -41,6 +41,7 @@ class ShardJob:
     retry_failed: bool = False
     refresh_ceilings: bool = False
     isolation: Isolation = IN_PROCESS
+    rounds: int = 1  # rounds of the shard, combined into one row per (case, impl) (bench.sweep.rounds)
 
 
 def worker_device(sel: Selection):
@@ -118,7 +119,7 @@ class ShardWorker:
         isolation = dataclasses.replace(job.isolation, plugins=job.selection.plugin)
         df = run(RunConfig(job.cases, job.info.impls, device, folder, suite=job.info.suite, resume=job.resume,
                            retry_failed=job.retry_failed, timer=timer, refresh_ceilings=job.refresh_ceilings,
-                           on_row=on_row, isolation=isolation))
+                           on_row=on_row, isolation=isolation, rounds=job.rounds, combine_rounds=True))
         finish_shard(folder, job.info, worker=worker_env(device))
         self.done = len(df)
         files = {} if shared else {n: (folder / n).read_bytes() for n in SHIPPED if (folder / n).is_file()}
@@ -144,6 +145,7 @@ class RaySweep:
     refresh_ceilings: bool = False
     command: str = "phasebench run"  # the selection as a command line, for the resume hints
     isolation: Isolation = IN_PROCESS  # where each worker measures its cases
+    rounds: int = 1  # rounds of each shard (`run --rounds`)
     stream: object = field(default=None, repr=False)
 
 
@@ -288,7 +290,7 @@ def _drive(ray, cfg: RaySweep) -> int:
             continue
         jobs.append(ShardJob(cases, info, str(folder.resolve()), str(cfg.out.resolve()), token, cfg.selection,
                              cuda_graph=cfg.cuda_graph, resume=cfg.resume, retry_failed=cfg.retry_failed,
-                             refresh_ceilings=cfg.refresh_ceilings, isolation=cfg.isolation))
+                             refresh_ceilings=cfg.refresh_ceilings, isolation=cfg.isolation, rounds=cfg.rounds))
     total = sum(j.info.rows for j in jobs) + sum(done_rows.values())
     where = f"{workers} {'GPU' if 'num_gpus' in resources else 'CPU'} worker(s)"
     _say(cfg, f"sweep {sweep}: {len(plan.cases)} cases, {total} rows in {n} shard(s) on {where} "

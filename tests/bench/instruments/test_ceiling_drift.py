@@ -1,5 +1,5 @@
-"""Ceilings that hold for a run: measured again after it (fake measurements), the higher of each figure kept, the drift
-named, and the map a stored row's ceilings are judged again through."""
+"""Ceilings at the moments of a run: measured again after it and probed at each round (fake measurements), each
+measurement one moment, and what moved over the run named."""
 
 from __future__ import annotations
 
@@ -29,35 +29,41 @@ def after_with(**scales) -> roofline.Ceilings:
                    warnings=[])
 
 
-def test_the_higher_of_each_figure_is_kept_and_a_drift_is_named():
-    """The sample's read ceiling read 30.2 GB/s in one run and 27.5 in the next: after the run it may read higher or
-    lower, figure by figure; each row is judged against the higher, and what moved past 5% is named."""
+def test_each_measurement_is_one_moment_and_the_spread_names_what_moved():
+    """The sample's read ceiling read 30.2 GB/s in one measurement and 27.5 in the next: each measurement is kept as a
+    moment of its own (no figure of one mixed into another), and what moved past 5% over the run is named."""
     after = after_with(read=27.5 / 30.2, matmul=1.21, levels=1.02)
-    used = ceiling_drift.higher(before(), after)
-    assert (used.read_gbps, used.write_gbps, used.peak_gbps) == (30.2, 14.9, 22.1)  # the before figures were higher
-    assert used.peak_tflops == {"float32": pytest.approx(0.263 * 1.21), "bfloat16": 0.039}
-    assert used.levels["l2"]["read_gbps"] == pytest.approx(151.0 * 1.02) and used.levels["l2"]["write_gbps"] == 97.0
+    first, last = ceiling_drift.moment(before(), "before", 100.0), ceiling_drift.moment(after, "after", 160.0)
+    assert (first["read_gbps"], first["at"], last["read_gbps"]) == (30.2, 100.0, pytest.approx(27.5))
+    assert last["levels"]["l2"]["read_gbps"] == pytest.approx(151.0 * 1.02) and "bytes" not in last["levels"]["l2"]
+    assert first["warnings"] == ["far from the datasheet"]
+    moved = ceiling_drift.spread([first, last])
+    assert moved["read_gbps"] == pytest.approx(30.2 / 27.5 - 1) and moved["matmul float32"] == pytest.approx(0.21)
+    warning = ceiling_drift.drift_warning([first, last])
+    assert warning.startswith("ceilings moved during the run (highest over lowest of 2 measurements: matmul float32 "
+                              "21%, read_gbps 10%")
+    assert "write_gbps" not in warning  # 3%: no drift
+    assert ceiling_drift.drift_warning([first]) is None and ceiling_drift.spread([first]) == {}
     moved = ceiling_drift.drift(before(), after)
-    assert moved["read_gbps"] == pytest.approx(27.5 / 30.2 - 1) and moved["matmul float32"] == pytest.approx(0.21)
-    warning = used.warnings[-1]
-    assert warning.startswith("ceilings drifted during the run (matmul float32 +21%, read_gbps -9%")
-    assert "l2 read_gbps" not in warning and "far from the datasheet" in used.warnings  # 2% is no drift
-    assert ceiling_drift.higher(before(), None) == before()
+    assert moved["read_gbps"] == pytest.approx(27.5 / 30.2 - 1)
 
 
-def test_a_rows_ceilings_are_found_by_value_with_their_drift():
-    after = after_with(read=1.1, levels=1.25)
-    used = ceiling_drift.higher(before(), after)
-    subs = ceiling_drift.substitutions(before(), used, after)
-    values = subs["values"]
-    assert values[30.2] == (pytest.approx(33.22), pytest.approx(0.1)) and values[14.9] == (14.9, pytest.approx(-0.03))
-    assert values[0.039] == (0.039, 0.0)
-    # a warm row's level ceilings: the L2's read rose 25% (151 -> 188.75); the LLC's read (118 -> 147.5) is its own
-    assert subs["levels"]["l2"]["read_gbps"] == (pytest.approx(188.75), pytest.approx(0.25))
-    assert subs["levels"]["llc"]["read_gbps"] == (pytest.approx(147.5), pytest.approx(0.25))
-    assert subs["levels"]["l2"]["write_gbps"] == (97.0, 0.0)
-    unmoved = ceiling_drift.substitutions(before(), before(), None)
-    assert all(math.isnan(d) for _, d in unmoved["values"].values())
+def test_a_rounds_probe_times_each_stream_by_its_fastest_kernel_before_and_each_matmul_at_its_size(monkeypatch):
+    calls = []
+
+    def stream(device, s, cfg, buffers, kernels):
+        calls.append((s, kernels))
+        return {"gbps": {"read": 29.0, "write": 14.0, "copy": 20.0}[s]}
+
+    monkeypatch.setattr(ceiling_drift, "StreamBuffers", lambda device: object())
+    monkeypatch.setattr(ceiling_drift, "measure_stream", stream)
+    monkeypatch.setattr(ceiling_drift, "measure_matmul", lambda device, d, cfg, n: calls.append((d, n)) or 0.25)
+    ceil = replace(before(), bandwidth={"read": {"kernel": "gemv"}, "write": {"kernel": "fill"}})
+    found = ceiling_drift.probe_moment(CPU, ceil, "round 2")
+    assert calls == [("read", ("gemv",)), ("write", ("fill",)), ("copy", ("copy",)), ("float32", 1024),
+                     ("bfloat16", 512)]
+    assert (found["name"], found["read_gbps"], found["copy_gbps"], found["levels"]) == ("round 2", 29.0, 20.0, {})
+    assert found["peak_tflops"] == {"float32": 0.25, "bfloat16": 0.25} and found["at"] > 0
 
 
 def test_kept_host_ceilings_are_not_measured_again(monkeypatch, tmp_path):

@@ -173,14 +173,22 @@ def test_above_the_roof_starts_at_100_percent_and_the_finding_names_the_state():
     assert not cleared["above_roof"] and cleared["reason"] == ""
 
 
-@pytest.mark.parametrize("slow, said", [(1.02, "above beyond the noise"), (1.07, "unresolved: the interval straddles")])
-def test_a_finding_says_whether_its_interval_stands_above_the_roof_too(slow, said):
+@pytest.mark.parametrize("slow, said, verdict", [(1.02, "above beyond the noise", "above"),
+                                                (1.07, "unresolved: its intervals", "unresolved")])
+def test_a_finding_says_whether_its_interval_stands_above_the_roof_too(slow, said, verdict):
+    """Judged at its own ceilings alone (no moments: pytest bench, a row as measure() returns it), a row's % of roof
+    spans its own interval: above when even the slow end is, unresolved when only the median is."""
     row = {"pct_roofline": 106.0, "bytes": 9 * 2**20, "roof_model": "read+write", "above_roof": False,
            "mode": "compiled", "reason": "", "cache_state": "rotated", "roof_level": "memory",
            "latency_ms": 0.5, "latency_ci_low_ms": 0.49, "latency_ci_high_ms": 0.5 * slow}
     found = measure_mod.judged(row)
-    assert found["above_roof"] and said in found["reason"]
-    assert f"{106 / slow:.0f}% at the slow end of its 95% interval" in found["reason"]
+    assert found["above_roof"] and said in found["reason"] and found["roof_verdict"] == verdict
+    assert found["pct_roof_low"] == pytest.approx(106 / slow) and found["pct_roof_high"] == pytest.approx(106 / 0.98)
+    assert f"{106 / slow:.0f}-{106 / 0.98:.0f}% over its intervals and moments" in found["reason"]
+    below = measure_mod.judged({**row, "pct_roofline": 90.0})
+    assert not below["above_roof"] and below["roof_verdict"] == "within"
+    interpreter = measure_mod.judged({**row, "mode": "interpreter"})
+    assert interpreter["roof_verdict"] == "" and not interpreter["above_roof"]
 
 
 def test_an_above_roof_finding_names_a_busy_ceiling():
@@ -211,54 +219,65 @@ def test_an_elementwise_row_is_timed_warm_and_judged_at_the_level_it_fits():
     assert row["above_roof"] == (row["pct_roofline"] > 100.0)
 
 
-def test_a_stored_warm_row_is_judged_again_at_its_levels_higher_ceilings():
-    """A row as results.csv holds it (text), warm in the L2 and above the roof of the ceilings measured before the
-    run; measured again after it, the L2 read 50% higher: the row takes the higher figures, falls under its roof,
-    loses its finding and carries the drift. A row of an earlier invocation (other ceilings) is left as it was."""
-    from phasebench.bench.instruments import ceiling_drift
+def moment_of(ceil: Ceilings, name: str, at: float) -> dict:
+    from phasebench.bench.instruments.ceiling_drift import moment
 
+    return moment(ceil, name, at)
+
+
+def test_a_stored_warm_row_is_judged_at_the_levels_of_its_moment():
+    """A row as results.csv holds it (text), warm in the L2 and above the roof of the ceilings measured before the
+    run; measured again after it, the L2 read 50% higher, and the row ran nearer that measurement: it is judged there,
+    falls under its roof and loses its finding, its roof_moment names it, its drift is its roof's move; a probe between
+    them measured no cache level, so it judges no warm row."""
     before = host()
     after = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 226.5}})
-    used = ceiling_drift.higher(before, after)
-    subs = ceiling_drift.substitutions(before, used, after)
+    probe = {**moment_of(before, "round 2", 150.0), "levels": {}, "read_gbps": 1.0}
+    moments = [moment_of(before, "before", 100.0), probe, moment_of(after, "after", 200.0)]
     case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")
     base = base_row(case, "torch", "run", "suite", before, "clock")
     row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "warm", base["_levels"])
     roof_ms = 1e3 * float(measure_mod.roof_of_row(row)[1])
-    stored = measure_mod.judged({**row, **speed_figures(row, roof_ms / 1.1), "mode": "compiled"})
+    stored = measure_mod.judged({**row, **speed_figures(row, roof_ms / 1.1), "mode": "compiled",
+                                 "latency_ci_low_ms": roof_ms / 1.12, "latency_ci_high_ms": roof_ms / 1.08})
     assert stored["above_roof"] and stored["pct_roofline"] == pytest.approx(110.0)
     text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
-    again = measure_mod.rejudged(text, subs, used)
+    span = (1, roof_ms / 1.1, roof_ms / 1.12, roof_ms / 1.08, 190.0)  # ran in round 2, near `after`
+    again = measure_mod.judged_at_moments(text, [span], moments)
     assert again["level_read_gbps"] == pytest.approx(226.5) and again["level_write_gbps"] == 97.0
-    assert again["ceiling_drift_pct"] == pytest.approx(50.0) and not again["above_roof"]
-    assert again["pct_roofline"] < 100 and again["reason"] == "" and again["read_gbps"] == before.read_gbps
-    other = {**text, "read_gbps": "29.9", "write_gbps": "13.0", "peak_gbps": "21.0"}
-    assert measure_mod.rejudged(other, subs, used) is other
+    assert again["roof_moment"].startswith("after ") and not again["above_roof"] and again["reason"] == ""
+    assert again["pct_roofline"] < 100 and again["roof_verdict"] == "within"
+    assert again["ceiling_drift_pct"] == pytest.approx(0.0)  # only `after` measured its level: one roof
+    early = measure_mod.judged_at_moments(text, [(0, *span[1:4], 110.0)], moments)  # round 1: before and the probe
+    assert early["roof_moment"].startswith("before ") and early["above_roof"] and early["roof_verdict"] == "above"
 
 
-def test_a_compute_bound_row_of_two_dtypes_takes_the_matmul_ceilings_measured_after_and_their_drift_alone():
-    """Naive attention multiplies in fp32 and bf16 (its peak the harmonic mean of the two, found by no value): measured
-    again after the run, the bf16 matmul reads 40% higher and the streams 20%: the row's compute ceiling is
-    recomputed from the higher ones, and its drift is the matmul's (the ceiling that sets a compute-bound roof)."""
-    from phasebench.bench.instruments import ceiling_drift
+def test_a_compute_bound_row_of_two_dtypes_takes_the_matmul_ceilings_of_its_moment():
+    """Naive attention multiplies in fp32 and bf16 (its peak the harmonic mean of the two): measured again after the
+    run, the bf16 matmul reads 40% higher: a row that ran nearer that measurement takes both matmuls from it (never one
+    from each), and its drift is its roof's move between the two measurements around it."""
     from phasebench.bench.spec.roof import compute_peak
 
     before = replace(host(), peak_tflops={"float32": 0.2, "bfloat16": 0.05})
     after = replace(before, peak_tflops={"float32": 0.2, "bfloat16": 0.07}, read_gbps=before.read_gbps * 1.2)
-    used = ceiling_drift.higher(before, after)
+    moments = [moment_of(before, "before", 0.0), moment_of(after, "after", 10.0)]
     case = AttentionCase(1, 8, 8, 509, 509, 64, True, "bfloat16")
     base = base_row(case, "naive", "run", "suite", before, "clock")
     assert base["compute_dtype"] == "float32+bfloat16"
     assert base["peak_tflops"] == pytest.approx(compute_peak(before.peak_tflops, "float32+bfloat16"))
     row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "rotated", base["_levels"])
     assert row["bound"] == "compute"
-    stored = measure_mod.judged({**row, **speed_figures(row, 1e3 * float(measure_mod.roof_of_row(row)[1]) / 1.2),
-                                 "mode": "compiled", "status": "ok"})
+    latency = 1e3 * float(measure_mod.roof_of_row(row)[1]) / 0.8
+    stored = measure_mod.judged({**row, **speed_figures(row, latency), "mode": "compiled", "status": "ok",
+                                 "latency_ci_low_ms": latency * 0.99, "latency_ci_high_ms": latency * 1.01})
     text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
-    again = measure_mod.rejudged(text, ceiling_drift.substitutions(before, used, after), used)
-    assert again["peak_tflops"] == pytest.approx(compute_peak(used.peak_tflops, "float32+bfloat16"))
-    assert again["ceiling_drift_pct"] == pytest.approx(40.0) and again["bound"] == "compute"
-    assert again["pct_roofline"] < stored["pct_roofline"]
+    again = measure_mod.judged_at_moments(text, [(0, latency, latency * 0.99, latency * 1.01, 8.0)], moments)
+    assert again["peak_tflops"] == pytest.approx(compute_peak(after.peak_tflops, "float32+bfloat16"))
+    assert again["read_gbps"] == pytest.approx(after.read_gbps) and again["bound"] == "compute"
+    peaks = [compute_peak(c.peak_tflops, "float32+bfloat16") for c in (before, after)]
+    assert again["ceiling_drift_pct"] == pytest.approx(100 * (peaks[1] / peaks[0] - 1))
+    assert again["pct_roofline"] < stored["pct_roofline"] and again["roof_moment"].startswith("after ")
+    assert again["pct_roof_low"] < again["pct_roofline"] < again["pct_roof_high"]
 
 
 def test_a_rows_compute_roof_is_the_ceiling_of_what_its_kernel_multiplies_in():

@@ -1,0 +1,297 @@
+"""A run in rounds: every (case, impl) measured once per round, each round in a worker process of its own and in an
+order of its own, and the rounds of a row combined into one row with the interval a repeat of the run lands in."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..spec.between_runs import latencies_text, repeat_interval
+from ..spec.interval import interval_columns, percentile
+from ..spec.roof_verdict import judged, judged_at_moments, speed_figures, with_ceiling_load
+from ..spec.schema import cell_float
+from .results import row_key
+
+# a status that any one round has makes the row's (the first such round names it in the reason): a wrong output in
+# one process is a wrong kernel, whatever the others gave
+WORSE = ("incorrect", "failed")
+
+
+def round_order(plan: Sequence[tuple], k: int, seed: str) -> list[tuple]:
+    """The plan [(case, impls)] in the order of round k: the plan's own for the first round, then the cases and each
+    case's impls shuffled with a generator seeded by the run and the round (random interleaving: a moment of the
+    machine falls on other rows each round; a case keeps its impls together, which share its inputs)."""
+    if k == 0:
+        return list(plan)
+    rng = random.Random(f"{seed}/{k}")
+    order = [(case, rng.sample(list(impls), len(impls))) for case, impls in plan]
+    rng.shuffle(order)
+    return order
+
+
+@dataclass
+class RowRounds:
+    """The rounds of one (case, impl): each round's row as measure() gave it and when it ran (epoch seconds)."""
+
+    rows: list[dict] = field(default_factory=list)
+    at: list[float] = field(default_factory=list)
+    index: list[int] = field(default_factory=list)  # the round each came from (a noisy round retried keeps its own)
+    bracket: list[int] = field(default_factory=list)  # it ran between moments bracket and bracket + 1
+
+    def add(self, row: dict, at: float, k: int, bracket: int) -> None:
+        if k in self.index:  # a retry of that round takes its place
+            where = self.index.index(k)
+            self.rows[where], self.at[where], self.bracket[where] = row, at, bracket
+            return
+        self.rows.append(row)
+        self.at.append(at)
+        self.index.append(k)
+        self.bracket.append(bracket)
+
+    def spans(self) -> list[tuple]:
+        """(bracket, median, interval low, high, when) of each ok round, for judged_at_moments."""
+        return [(b, cell_float(r["latency_ms"]), cell_float(r.get("latency_ci_low_ms")),
+                 cell_float(r.get("latency_ci_high_ms")), t)
+                for r, t, b in zip(self.rows, self.at, self.bracket, strict=True) if r["status"] == "ok"]
+
+    def combined(self, moments: list[dict]) -> dict:
+        """The row of all its rounds (combine), judged at the moments around them where there are moments."""
+        row = combine(self.rows, self.index)
+        spans = self.spans()
+        return judged_at_moments(row, spans, moments) if moments and spans and row["status"] == "ok" else row
+
+
+def combine(rows: Sequence[dict], index: Sequence[int] | None = None) -> dict:
+    """One row from the rows of its rounds: the first round's that is incorrect or failed where one is (its reason
+    naming the round); else the samples of every round pooled (median, percentiles and the within-run interval of
+    the pooled median), `rounds` and `round_latencies_ms` (each round's median), the interval a repeat of the run
+    lands in (latency_between_*: Student's t on the rounds' log medians, bench.spec.between_runs), noisy where any
+    round was, converged only where every round stopped on its target."""
+    index = list(index) if index is not None else list(range(len(rows)))
+    first = rows[0]
+    if len(rows) == 1:
+        return {**first, "rounds": 1 if first["status"] == "ok" else 0,
+                "round_latencies_ms": latencies_text([first["latency_ms"]]) if first["status"] == "ok" else ""}
+    for k, row in sorted(zip(index, rows, strict=True), key=lambda kr: kr[0]):
+        if row["status"] in WORSE:
+            return {**row, "rounds": len(rows), "reason": f"round {k + 1} of {len(rows)}: {row['reason']}"}
+    ok = [row for row in rows if row["status"] == "ok"]
+    if not ok:
+        return {**first, "rounds": 0}
+    samples = [float(s) for row in ok for s in row.get("samples_ms") or ()]
+    medians = [float(row["latency_ms"]) for row in ok]
+    latency = statistics.median(samples) if samples else statistics.median(medians)
+    low, high = repeat_interval(medians, latency)
+    noisy = [(k, r) for k, r in zip(index, rows, strict=True) if r["status"] == "ok" and r.get("noisy")]
+    base = ok[0]
+    out = {**base, **speed_figures(base, latency), "rounds": len(ok), "round_latencies_ms": latencies_text(medians),
+           "latency_between_low_ms": low, "latency_between_high_ms": high,
+           "latency_between_rel": (high - low) / 2 / latency if math.isfinite(low) else math.nan,
+           "samples": len(samples), "samples_ms": samples,
+           "noisy": bool(noisy), "noise_reason": "; ".join(f"{r['noise_reason']} (round {k + 1})" for k, r in noisy),
+           "time": max(str(r.get("time") or "") for r in ok)}
+    if samples:
+        ordered = sorted(samples)
+        target = max(cell_float(r.get("latency_ci_rel")) for r in ok)  # recomputed below: the flag's target only
+        out.update(latency_p20_ms=percentile(ordered, 20), latency_p80_ms=percentile(ordered, 80),
+                   **interval_columns(samples, target if math.isfinite(target) else 0.0))
+    out.update(_stopping(ok))
+    return judged(out)
+
+
+def _stopping(ok: Sequence[dict]) -> dict:
+    """The rounds' sampling in the row's columns: converged where every round stopped on its target; drifting where
+    any round's halves disagreed (its halves kept), and the stop reason of the first round that did not converge."""
+    found = {"converged": all(bool(r.get("converged")) for r in ok)}
+    if any("stop_reason" in r for r in ok):
+        drifting = [r for r in ok if r.get("drifting")]
+        short = drifting or [r for r in ok if r.get("stop_reason") != "target"]
+        found.update(drifting=bool(drifting), stop_reason=short[0]["stop_reason"] if short else "target")
+        if drifting:
+            found.update({k: drifting[0].get(k) for k in ("first_half_ms", "second_half_ms")})
+    return found
+
+
+class RoundBook:
+    """What this invocation measured, for judging at the run's moments: the rounds of each row in combined rounds
+    (by row key), or the keys of rows appended one per round; and the moments (before, each later round's probe,
+    after)."""
+
+    def __init__(self, moments: list[dict]):
+        self.moments = moments
+        self.rounds: dict[tuple, RowRounds] = {}
+        self.appended: dict[tuple, list[float]] = {}  # when each appended row of a key ran, in the order written
+        self._read: dict[tuple, int] = {}
+
+    def append(self, key: tuple, at: float, replaces: bool = False) -> None:
+        """An appended row of `key` that ran at `at` (epoch seconds); `replaces`: it took the place of the key's row."""
+        self.appended[key] = [at] if replaces else [*self.appended.get(key, []), at]
+
+    def add(self, key: tuple, row: dict, at: float, k: int, bracket: int | None = None) -> dict:
+        """Round k's row of `key` (run between moments `bracket` and `bracket` + 1, by default k's); returns the
+        combined row of its rounds so far, judged at the moments known so far."""
+        found = self.rounds.setdefault(key, RowRounds())
+        found.add(row, at, k, k if bracket is None else bracket)
+        return found.combined(self.moments)
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self.rounds or key in self.appended
+
+    def judged(self, key: tuple, row: dict) -> dict:
+        """A stored row judged at the moments: a row of combined rounds from its rounds; an appended row from its own
+        interval and time (its CSV text); a row this invocation did not measure as it was (an earlier invocation's
+        moments judged it)."""
+        if key in self.rounds:
+            return self.rounds[key].combined(self.moments)
+        if key not in self.appended:
+            return row
+        ats, seen = self.appended[key], self._read.get(key, 0)  # the stored rows of a key come in the order written
+        self._read[key] = seen + 1
+        if row.get("status") != "ok":
+            return row
+        span = (0, cell_float(row.get("latency_ms")), cell_float(row.get("latency_ci_low_ms")),
+                cell_float(row.get("latency_ci_high_ms")), ats[min(seen, len(ats) - 1)])
+        return judged_at_moments(row, [span], self.moments)
+
+
+def rounds_rule(cfg) -> dict:
+    """What run.json says of the rounds: how many, and how a run's rows are made of them."""
+    if not cfg.combine_rounds:
+        return {"combined": False, "rule": "each round appends its rows" if cfg.rounds > 1 else "one round"}
+    return {"combined": True, "processes": cfg.isolation.isolate,
+            "rule": ("each round after the first in a fresh worker process (--no-isolate: in this one), after a "
+                     "probe of the ceilings, the cases and their impls shuffled (seeded by the run id and the round); "
+                     "a row pools the samples of its rounds, and its latency_between_* is the 95% interval a "
+                     "repeat of the run lands in: Student's t on the log medians of its rounds, times sqrt(2 / R)"),
+            "repeated": "ok rows in compiled mode (an interpreter's single sample is not speed)"}
+
+
+class SweepRounds:
+    """The rounds of one sweep on the runner's executor and store: measure_one(case, impl, base) makes one row,
+    base_of(case, impl) its base row; `book` keeps what each row's rounds gave, for the moments."""
+
+    def __init__(self, cfg, executor, store, book: RoundBook, measure_one, base_of, before):
+        self.cfg, self.executor, self.store, self.book = cfg, executor, store, book
+        self.measure_one, self.base_of, self.before = measure_one, base_of, before
+        self.noisy: list[tuple] = []  # (case, impl, base, round) timed on a busy machine: measured again at the end
+        self.rounds_run = 0
+        self.index = 0
+        self.probe_failures: list[str] = []
+
+    def _shown(self, row: dict, total: int, k: int | None = None) -> None:
+        self.index += 1
+        if self.cfg.on_row:
+            self.cfg.on_row({**row, "round": "" if k is None else f"{k + 1}/{self.cfg.rounds}"}, self.index, total)
+
+    def appended(self, plan) -> int:
+        """Each round appends a row per (case, impl), `between_rounds` around them; returns the rows measured."""
+        cfg, fresh = self.cfg, 0
+        total = cfg.rounds * sum(len(impls) for _, impls in plan)
+        for k in range(cfg.rounds):
+            if cfg.between_rounds:
+                cfg.between_rounds(self.executor, k)
+            for case, impls in plan:
+                for impl in impls:
+                    base = self.base_of(case, impl)
+                    if k == 0 and self.store.is_done(base):
+                        self.index += 1
+                        continue
+                    row = self._keep(self.measure_one(case, impl, base))
+                    self.store.append(row)
+                    self.book.append(row_key(row), row["_at"])
+                    fresh += 1
+                    if row["status"] == "ok" and row.get("noisy") and cfg.rounds == 1:
+                        self.noisy.append((case, impl, base, 0))
+                    self._shown(row, total, k if cfg.rounds > 1 else None)
+            self.rounds_run = k + 1
+        if cfg.between_rounds:
+            cfg.between_rounds(self.executor, cfg.rounds)
+        return fresh
+
+    def combined(self, plan, seed: str) -> int:
+        """Round after round, each after the first in a fresh worker after a probe of the ceilings, the rows that
+        were ok and compiled in the first measured again in an order of their own, each (case, impl)'s row in the
+        store replaced by the combination of its rounds so far; returns the rows measured."""
+        cfg, fresh, again = self.cfg, 0, []
+        total = sum(len(impls) for _, impls in plan)
+        for k in range(cfg.rounds):
+            if k:
+                if not again:
+                    break
+                self.executor.restart()
+                self._probe(f"round {k + 1}")
+                total = self.index + len(again) * (cfg.rounds - k)
+            for case, impls in round_order(plan if k == 0 else _regrouped(again), k, seed):
+                for impl in impls:
+                    base = self.base_of(case, impl)
+                    if k == 0 and self.store.is_done(base):
+                        self.index += 1
+                        continue
+                    row = self.measure_one(case, impl, base)
+                    if row.get("refused") and k:
+                        continue
+                    if k == 0 and row["status"] == "ok" and row["mode"] == "compiled":
+                        again.append((case, impl))
+                    bracket = len(self.book.moments) - 1  # it runs after the latest measurement of the ceilings
+                    combined = self._keep(self.book.add(row_key(base), row, row["_at"], k, bracket))
+                    if k == 0:
+                        self.store.append(combined)
+                    else:
+                        self.store.replace(combined)
+                    fresh += 1
+                    if row["status"] == "ok" and row.get("noisy"):
+                        self.noisy.append((case, impl, base, k))
+                    self._shown(row, total, k)
+            self.rounds_run = k + 1
+        return fresh
+
+    def _probe(self, name: str) -> None:
+        """A moment of the run measured now (none where the host's kept ceilings judge every run); a probe that
+        fails costs its moment only, and says so in run.json."""
+        try:
+            probed = self.executor.probe(self.before, name)
+        except Exception as err:  # a worker that died probing: the rows of this round take the moments around it
+            self.probe_failures.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            return
+        if probed is not None:
+            self.book.moments.append(probed)
+
+    def retry_noisy(self, retries: int) -> dict:
+        """Measure the noisy rounds again, up to `retries` times each, after the rest of the sweep (the machine may be
+        quiet by then), in a fresh worker each time where rounds are combined: a quiet row replaces its noisy round
+        (or its row); one still noisy keeps the first. Returns the counts for run.json."""
+        noisy, quiet = list(self.noisy), 0
+        for _ in range(retries if noisy else 0):
+            still = []
+            if self.cfg.combine_rounds:
+                self.executor.restart()  # each retry round starts its own process, as the rounds did
+            for case, impl, base, k in noisy:
+                again = self.measure_one(case, impl, base)
+                if again["status"] == "ok" and not again.get("noisy"):
+                    if self.cfg.combine_rounds:
+                        key = row_key(base)
+                        last = len(self.book.moments) - 1  # it runs after the last round's probe, before `after`
+                        self.store.replace(self._keep(self.book.add(key, again, again["_at"], k, last)))
+                    else:
+                        self.store.replace(self._keep(again))
+                        self.book.append(row_key(again), again["_at"], replaces=True)
+                    quiet += 1
+                else:
+                    still.append((case, impl, base, k))
+            noisy = still
+        return {"rounds": retries, "noisy": len(self.noisy), "quiet_on_retry": quiet}
+
+    def _keep(self, row: dict) -> dict:
+        """The row as the store keeps it: its ceiling load named where it stands above its roof."""
+        return with_ceiling_load(row, self.before)
+
+
+def _regrouped(pairs: Sequence[tuple]) -> list[tuple]:
+    """[(case, impl)] as [(case, [impls])], cases in their first order."""
+    grouped: dict = {}
+    for case, impl in pairs:
+        grouped.setdefault(case, []).append(impl)
+    return list(grouped.items())
