@@ -3,7 +3,6 @@ measurement one moment, and what moved over the run named."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest

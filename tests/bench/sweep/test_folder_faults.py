@@ -19,8 +19,8 @@ from phasebench.bench.cli.main import main
 from phasebench.bench.spec.store import files
 from phasebench.bench.spec.store.files import FAULT_ENV
 from phasebench.bench.spec.store.folder_lock import LOCK_NAME, read_holder
-from phasebench.bench.sweep.spread import shards
 from phasebench.bench.sweep.results import ResultsStore, sample_key
+from phasebench.bench.sweep.spread import shards
 
 from ...conftest import REPO
 

@@ -462,11 +462,10 @@ def _retrying(tmp_path, combine: bool):
     """A store of three noisy rows and the rounds of a sweep that measures them again (a fake measure_one)."""
     from types import SimpleNamespace
 
-    from phasebench.bench.sweep.results import ResultsStore, row_key
-    from phasebench.bench.sweep.rounds import RoundBook, SweepRounds
-
     from phasebench.bench.instruments.roofline import Ceilings
     from phasebench.bench.sweep.measure import base_row
+    from phasebench.bench.sweep.results import ResultsStore, row_key
+    from phasebench.bench.sweep.rounds import RoundBook, SweepRounds
 
     store = ResultsStore(tmp_path)
     cases = [AttentionCase(1, 2, 1, 1, 17 + i, 16, True, "float32") for i in range(3)]

@@ -12,9 +12,9 @@ import sys
 import pytest
 from phasebench.analysis import load
 from phasebench.bench.cli.main import main
-from phasebench.bench.sweep.spread import shards
 from phasebench.bench.sweep.results import sample_key
 from phasebench.bench.sweep.runner import impls_for
+from phasebench.bench.sweep.spread import shards
 from phasebench.bench.sweep.suites import suite_cases
 
 from ....conftest import REPO
