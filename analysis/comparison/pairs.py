@@ -218,7 +218,7 @@ def compare(a, b=None, *, by: str = "run", base_impl: str | None = None, new_imp
     left, right = _keyed(base, fields), _keyed(new, fields)
     merged = left.add_prefix("base_").rename(columns={"base__key": "_key"}).merge(
         right.add_prefix("new_").rename(columns={"new__key": "_key"}), on="_key", how="outer", indicator=True)
-    records = [_record(row, fields, threshold, confidence, seed, resamples) for row in merged.to_dict("records")]
+    records = [_record(row, fields, threshold, confidence, seed, resamples, by) for row in merged.to_dict("records")]
     frame = pd.DataFrame(records, columns=_columns(fields)).infer_objects()
     frame = _ordered(frame)
     frame.attrs.update(by=by, threshold=float(threshold), confidence=float(confidence))
@@ -231,7 +231,8 @@ def _columns(fields: list[str]) -> list[str]:
             "interpreter", "in_base_between", "change", *sides]
 
 
-def _record(row: dict, fields: list[str], threshold: float, confidence: float, seed: int, resamples: int) -> dict:
+def _record(row: dict, fields: list[str], threshold: float, confidence: float, seed: int, resamples: int,
+            by: str = "run") -> dict:
     where = row["_merge"]
     present = "base" if where in ("both", "left_only") else "new"
     out = {name: row.get(f"{present}_{name}") for name in fields}
@@ -251,7 +252,7 @@ def _record(row: dict, fields: list[str], threshold: float, confidence: float, s
     out["pairing"] = "pair"
     ratio = float(out["new_latency_ms"]) / float(out["base_latency_ms"])
     rng = np.random.default_rng([seed, zlib.crc32(row["_key"].encode())])  # a pair's interval ignores the others
-    low, high, method = _interval(row, ratio, confidence, rng, resamples)
+    low, high, method = _interval(row, ratio, confidence, rng, resamples, by)
     out.update(ratio=ratio, ratio_lo=low, ratio_hi=high, method=method, verdict=_verdict(low, high, threshold),
                covers=METHOD_COVERS.get(method, WITHIN), in_base_between=_inside_base(out))
     return out
@@ -267,23 +268,24 @@ def _inside_base(out: dict) -> object:
     return bool(low <= latency <= high)
 
 
-def _rounds_interval(row: dict, ratio: float, confidence: float) -> tuple[float, float, str] | None:
-    """From the two rows' rounds, where both have two or more: paired by round where the two rows come from one run
-    with as many rounds (the same processes and moments: impls compared within a run), else Welch's interval of two
-    runs' rounds (bench.spec.between_runs). None without rounds on both sides."""
+def _rounds_interval(row: dict, ratio: float, confidence: float, by: str) -> tuple[float, float, str] | None:
+    """From the two rows' rounds, where both have two or more: paired by round where two impls come from one run with
+    as many rounds (by impl: the same processes and moments), else Welch's interval of two runs' rounds
+    (bench.spec.between_runs). None without rounds on both sides."""
     base, new = (latencies_of(row.get(f"{side}_round_latencies_ms")) for side in ("base", "new"))
     if min(len(base), len(new)) < 2:
         return None
     same_run = key_text(row.get("base_run_id")) == key_text(row.get("new_run_id")) and len(base) == len(new)
-    if same_run:
+    if by == "impl" and same_run:
         low, high = paired_ratio(new, base, ratio, confidence)
         return low, high, "rounds (paired)"
     low, high, _ = ratio_between_runs(new, base, ratio, confidence)
     return low, high, "rounds (Welch)"
 
 
-def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int) -> tuple[float, float, str]:
-    found = _rounds_interval(row, ratio, confidence)
+def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int,
+              by: str = "run") -> tuple[float, float, str]:
+    found = _rounds_interval(row, ratio, confidence, by)
     if found is not None and math.isfinite(found[0]):
         return found
     base, new = _as_samples(row.get(f"base_{SAMPLES_COLUMN}")), _as_samples(row.get(f"new_{SAMPLES_COLUMN}"))

@@ -270,3 +270,59 @@ def test_a_row_that_stops_being_ok_or_vanishes_is_a_regression(sets):
     assert all("\n" not in line for line in lines)
     assert any("ok -> incorrect (worst row's relative error 0.3" in line for line in lines)
     assert any(line.endswith("ok in the base, missing in the new results") for line in lines)
+
+
+def with_rounds(rows: pd.DataFrame, rng, *, between: float, rounds: int = 3, factors=None,
+                moments=None) -> pd.DataFrame:
+    """Rows measured in rounds: each round's median moves by a lognormal `between` (its process and moment; `moments`,
+    one shift per round shared by every row, moves them together), the row's median their geometric mean."""
+    out = rows.copy().assign(round_latencies_ms="", rounds=rounds)
+    for index, row in out.iterrows():
+        factor = (factors or {}).get(row["kv_len"] if row["phase"] == "decode" else row["q_len"], 1.0)
+        shared = moments if moments is not None else np.zeros(rounds)
+        medians = row["latency_ms"] * factor * np.exp(shared + rng.normal(0, between, rounds))
+        out.loc[index, "latency_ms"] = float(np.exp(np.mean(np.log(medians))))
+        out.loc[index, "round_latencies_ms"] = "/".join(f"{m:.6g}" for m in medians)
+    return out.drop(columns=["samples_ms"], errors="ignore")
+
+
+def test_rows_in_rounds_are_judged_between_runs_and_the_same_code_rarely_looks_changed(rng, helpers):
+    """An A/A test by simulation: 40 pairs of runs of the same code whose rounds move by 6% between processes: the
+    verdicts from the rounds call few pairs slower or faster (at most the 5% promised, plus sampling), where a
+    bootstrap of the samples within each run (±0.5%) calls most of them; the promise is printed with the counts."""
+    from phasebench.bench.spec.between_runs import repeat_interval
+
+    base_rows = helpers.make_rows(rng, impls=("naive", "flash"), prefill_lens=(128, 512),
+                                  decode_kv_lens=(256, 1024, 4096), decode_batches=(3,), not_ok=False)
+    called, pairs, inside, covered = 0, 0, 0, 0
+    for k in range(4):
+        base = conform(with_rounds(base_rows.assign(run_id=f"a{k}"), rng, between=0.06))
+        new = conform(with_rounds(base_rows.assign(run_id=f"b{k}"), rng, between=0.06))
+        base[["latency_between_low_ms", "latency_between_high_ms"]] = [
+            repeat_interval([float(v) for v in r.split("/")], m) for r, m in zip(base["round_latencies_ms"],
+                                                                                  base["latency_ms"], strict=True)]
+        frame = compare(base, new, threshold=0.0)
+        found = frame[frame["pairing"] == "pair"]
+        assert (found["method"] == "rounds (Welch)").all() and (found["covers"] == "between runs").all()
+        called += int(found["verdict"].isin(["slower", "faster"]).sum())
+        pairs += len(found)
+        inside += int(found["in_base_between"].astype(bool).sum())
+        covered += int(found["in_base_between"].notna().sum())
+    assert pairs == 40 and called <= 5 and inside >= 34 and covered == 40
+    text = format_comparison(frame)
+    assert "judged on: 10 of 10 timed pairs with intervals between runs" in text
+    assert "at most 5% of the time" in text and "between-run coverage:" in text
+
+
+def test_two_impls_of_one_run_pair_their_rounds_and_a_real_change_is_found(rng, helpers):
+    """Within one run, two impls share each round's process and moment: the paired interval takes out what moves both
+    alike (here 10% per round), so flash 25% faster is found on every case."""
+    rows = helpers.make_rows(rng, impls=("naive",), prefill_lens=(128,), decode_kv_lens=(256, 1024),
+                             decode_batches=(3,), not_ok=False)
+    moments = rng.normal(0, 0.10, 3)
+    naive = with_rounds(rows, rng, between=0.005, moments=moments)
+    flash = with_rounds(rows.assign(impl="flash"), rng, between=0.005, moments=moments,
+                        factors={128: 0.75, 256: 0.75, 1024: 0.75})
+    frame = compare(conform(pd.concat([naive, flash])), by="impl", base_impl="naive", new_impl="flash")
+    found = frame[frame["pairing"] == "pair"]
+    assert (found["method"] == "rounds (paired)").all() and (found["verdict"] == "faster").all()

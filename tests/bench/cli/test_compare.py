@@ -59,8 +59,9 @@ def test_two_runs_of_the_same_commit_pair_up_and_get_the_verdicts_their_interval
     assert "6 pairs by run" in proc.stdout and "0 only in base, 0 only in new" in proc.stdout
     frame = compare(base, new, threshold=0.5)
     assert (frame["pairing"] == "pair").all() and len(frame) == 6
-    assert (frame["method"] == "bootstrap").all()
+    assert (frame["method"] == "rounds (Welch)").all() and (frame["covers"] == "between runs").all()
     assert ((frame["ratio_lo"] <= frame["ratio"]) & (frame["ratio"] <= frame["ratio_hi"])).all()
+    assert "between-run coverage:" in proc.stdout and "judged on: 6 of 6 timed pairs" in proc.stdout
     expected = [verdict_of(lo, hi, 0.5) for lo, hi in zip(frame["ratio_lo"], frame["ratio_hi"], strict=True)]
     assert list(frame["verdict"]) == expected, frame[["case", "impl", "ratio", "ratio_lo", "ratio_hi", "verdict"]]
 
@@ -73,6 +74,7 @@ def test_two_impls_pair_by_impl_and_the_gate_follows_their_verdicts(host_runs, t
     gated = run_cli(*args, "--fail-on-regression", "--out", str(tmp_path / "cmp"))
     frame = compare(run, by="impl", base_impl="naive", new_impl="flash")
     assert (frame["pairing"] == "pair").all() and len(frame) == 3
+    assert (frame["method"] == "rounds (paired)").all()  # the same rounds of one run: paired
     expected = [verdict_of(lo, hi, 0.05) for lo, hi in zip(frame["ratio_lo"], frame["ratio_hi"], strict=True)]
     assert list(frame["verdict"]) == expected, frame[["case", "ratio", "ratio_lo", "ratio_hi", "noisy"]]
     slower = expected.count("slower")
@@ -85,13 +87,15 @@ def test_two_impls_pair_by_impl_and_the_gate_follows_their_verdicts(host_runs, t
 
 
 def _with_samples(run, out, naive_factor: float):
-    """A copy of a run folder whose rows hold chosen samples (the same per row in every copy), naive's scaled."""
+    """A copy of a run folder whose rows hold chosen samples (the same per row in every copy), naive's scaled, and no
+    rounds (the pairs are then judged on those samples)."""
     shutil.copytree(run, out)
     table = pd.read_parquet(out / "results.parquet")
     samples = [np.random.default_rng(i).normal(1.0, 0.02, 25) * (naive_factor if impl == "naive" else 1.0)
                for i, impl in enumerate(table["impl"])]
     table["samples_ms"] = pd.Series([list(s) for s in samples], index=table.index, dtype=object)
     table["latency_ms"] = [float(np.median(s)) for s in samples]
+    table["round_latencies_ms"] = ""
     table.to_parquet(out / "results.parquet", index=False)
     return out
 
