@@ -192,6 +192,10 @@ def cmd_ceilings(args) -> int:
     for level, found in ceil.levels.items():
         print(f"  resident in the {level.upper()} ({found['bytes'] / 2**20:g} MiB): read {found['read_gbps']:.1f}, "
               f"write {found['write_gbps']:.1f}, copy {found['copy_gbps']:.1f} GB/s (the roof of a warm row that fits)")
+        calls = [(s, b) for s, b in (found.get("bandwidth") or {}).items() if "passes" in b]
+        if calls:
+            print("      a call: " + ", ".join(f"{s} {b['passes']} passes of {b['buffer_bytes'] / 2**10:.0f} KiB "
+                                               f"(dispatch {b['overhead_pct']:.2g}% of it)" for s, b in calls))
     print(f"  caches: {ceil.caches.get('source', '')}; every ceiling the {CEILING_STATISTIC}")
     print("  a row's roof: min(matmul peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s))")
     for warning in ceil.warnings:

@@ -203,8 +203,8 @@ CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_sampl
 HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
 # a stream keeps its best sample (ceiling_measures.measure_stream): five of them at least, on the host's long calls
 HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.3, min_samples=5, max_samples=100, flush_l2=False)
-# streams resident in a cache level take microseconds: many samples in a short budget
-HOST_LEVEL_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.06, min_samples=20, max_samples=5000, flush_l2=False)
+# a resident stream's call makes passes for about 1 ms (ceiling_measures.resident_passes): dozens in a short budget
+HOST_LEVEL_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.06, min_samples=5, max_samples=1000, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -308,6 +308,8 @@ def _kept(path: Path, current: dict) -> tuple[dict | None, str]:
         return None, f"measured: none kept in {path.parent} yet ({HOST_KEEP_ENV})"
     if "levels" not in entry:
         return None, f"measured: the entry kept in {path.parent} has no cache-level ceilings (before schema 7)"
+    if any("passes" not in (found.get("bandwidth") or {}).get("read", {}) for found in entry["levels"].values()):
+        return None, f"measured: the entry kept in {path.parent} has cache-level ceilings of one pass a call"
     return entry, f"kept in {path.parent} ({HOST_KEEP_ENV}), measured {entry['measured_at']}: not measured again"
 
 
