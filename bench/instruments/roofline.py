@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..spec.roof import copy_floor_s, roof, row_roof
+from ..spec.roof import copy_floor_s, level_warnings, memory_figures, roof, row_roof
 from .ceiling_measures import (
     CEILING_STATISTIC,
     STREAMS,
@@ -80,7 +80,8 @@ class Ceilings:
     since then, at the call), `duration_s` and `conditions` (see `conditions.watch`) describe the measurement of the
     bandwidths and the dtypes measured with them; `bandwidth` holds each stream's own (its kernels' GB/s, the one
     kept, the buffer size, when, how long, conditions); `added` holds the same for each dtype measured later into
-    the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, measured under load).
+    the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, a cache level's own
+    below a farther level's, measured under load).
     `levels` holds the host's streams resident in its L2 and last-level cache (ceiling_measures.measure_levels), the
     roof of a warm row whose footprint fits one; `caches` the cache sizes (l2_bytes, llc_bytes, source).
     """
@@ -378,7 +379,8 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
                       matmul_n=dict(entry.get("matmul_n") or {}), read_gbps=float(entry["read_gbps"]),
                       write_gbps=float(entry["write_gbps"]), bandwidth=dict(entry["bandwidth"]),
                       levels=dict(entry.get("levels") or {}), caches=cache_sizes(device))
-    result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
+    result.warnings = (datasheet_warnings(result) + level_warnings(result.levels, memory_figures(result))
+                       + load_warnings(result.conditions))
     for dtype, provenance in result.added.items():
         result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")
     return result

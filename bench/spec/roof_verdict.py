@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from . import roof as states
-from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, pct_of_roof, roof_of_row
+from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_notes, memory_figures, pct_of_roof, roof_of_row
 from .schema import ABOVE_ROOF_PCT, cell_float
 
 
@@ -30,9 +30,11 @@ def roof_finding(row: dict) -> str:
     state, level, mib = row.get("cache_state") or "", row.get("roof_level") or MEMORY, row["bytes"] / 2**20
     if level in (L2, LLC):
         size = cell_float(row.get(f"{level}_bytes")) / 2**20
-        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are "
-                f"judged at the ceilings measured resident there: a cache ceiling measured low or a cost model that "
-                "counts too few bytes: a bug to find before it is a result")
+        at = (f"judged at a farther level's where its own read below them ({row['level_note']})"
+              if row.get("level_note") else "judged at the ceilings measured resident there")
+        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are {at}: "
+                "a cache ceiling measured low or a cost model that counts too few bytes: a bug to find before it is a "
+                "result")
     if state == WARM:
         return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB judged at memory's ceilings (no ceiling of a "
                 "cache level it fits), so it may read from cache, not memory")
@@ -69,18 +71,20 @@ def rejudged(row: dict, substitutions: dict, ceil) -> dict:
     ceiling_drift: "values", {value before: (value used, drift)} of the streams, found by value; "levels", {level:
     {figure: (value used, drift)}} of a warm row's level ceilings; "matmuls", {dtype: drift}): its ceilings replaced,
     its compute ceiling recomputed for its compute dtype from `ceil` (the Ceilings used), its roof, % of roof and
-    finding recomputed, and in `ceiling_drift_pct` the largest drift of the ceilings that set its roof (the matmul of
-    a compute-bound row, the streams of a memory-bound one); a row judged against other ceilings (an earlier
-    invocation's) is returned as it was."""
+    finding recomputed, a warm row's level_note too (whether `ceil`'s level figures read below a farther level's),
+    and in `ceiling_drift_pct` the largest drift of the ceilings that set its roof (the matmul of a compute-bound row,
+    the streams of a memory-bound one); a row judged against other ceilings (an earlier invocation's) is returned as
+    it was."""
     values, subs = {c: cell_float(row.get(c)) for c in (*MEMORY_COLUMNS, "peak_tflops")}, substitutions["values"]
     if not any(values[c] in subs for c in MEMORY_COLUMNS):
         return row
     hits = {c: subs[v] for c, v in values.items() if v in subs and c != "peak_tflops"}
     level = substitutions["levels"].get(row.get("roof_level"), {})
     hits.update({c: level[figure] for c, figure in LEVEL_COLUMNS.items() if figure in level})
+    note = {"level_note": level_notes(ceil.levels, memory_figures(ceil)).get(row["roof_level"], "")} if level else {}
     numbers = {c: cell_float(row.get(c)) for c in ("flops", "read_bytes", "write_bytes", "bytes", "latency_ms",
                                                    *LEVEL_COLUMNS)}
-    out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()}}
+    out = {**row, **values, **numbers, **{c: used for c, (used, _) in hits.items()}, **note}
     compute, matmuls = str(row.get("compute_dtype") or ""), substitutions.get("matmuls", {})
     if compute and all(part in ceil.peak_tflops for part in compute.split("+")):
         out["peak_tflops"] = compute_peak(ceil.peak_tflops, compute)

@@ -136,7 +136,7 @@ def test_the_roof_a_row_is_judged_against_follows_its_state(m, state, level):
     larger one and every cold one memory's; the roof is the hand floor at those ceilings."""
     case = ElementwiseCase("residual_add", m, 4096, "float32", "decode")
     base = base_row(case, "torch", "run", "suite", host(), "clock")
-    assert base["_levels"]["llc"] == {k: v for k, v in LEVELS["llc"].items() if k != "bytes"}
+    assert base["_levels"]["llc"] == {**{k: v for k, v in LEVELS["llc"].items() if k != "bytes"}, "level_note": ""}
     assert (base["l2_bytes"], base["llc_bytes"]) == (2 << 20, 32 << 20)
     row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, state, LEVELS)
     assert row["cache_state"] == state and row["roof_level"] == level
@@ -145,6 +145,31 @@ def test_the_roof_a_row_is_judged_against_follows_its_state(m, state, level):
     at = dict(read_gbps=found["read_gbps"], write_gbps=found["write_gbps"], peak_gbps=found["copy_gbps"])
     roof_ms = 1e3 * hand_floor(row["read_bytes"], row["write_bytes"], at)
     assert speed_figures(row, roof_ms)["pct_roofline"] == pytest.approx(100.0, rel=1e-12)
+
+
+def test_a_warm_row_judged_at_a_farther_levels_figure_says_which_and_its_levels_own():
+    """The issue's host: the L2's own read (82.4 GB/s, measured on one pass a call) under the LLC's (118): a warm row
+    in the L2 is judged at the LLC's read and its own write and copy, and its level_note says so (so does its finding
+    above the roof); a row in the LLC, judged at the LLC's own, and a cold row have a blank note."""
+    low = {**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 82.4}}
+    ceil = replace(host(), levels=low)
+    case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")  # 384 KiB: the L2
+    base = base_row(case, "torch", "run", "suite", ceil, "clock")
+    note = "read at the llc's 118.0 GB/s (the l2's own 82.4)"
+    assert base["level_note"] == "" and base["_levels"]["l2"]["level_note"] == note
+    plain = {k: v for k, v in base.items() if k != "_levels"}
+    row = measure_mod.with_state(plain, "warm", base["_levels"])
+    assert (row["roof_level"], row["level_read_gbps"], row["level_write_gbps"]) == ("l2", 118.0, 97.0)
+    assert row["level_note"] == note
+    above = measure_mod.judged({**row, **speed_figures(row, 1e3 * float(measure_mod.roof_of_row(row)[1]) / 1.2),
+                                "mode": "compiled"})
+    assert above["above_roof"] and f"({note})" in above["reason"]
+    bigger = ElementwiseCase("residual_add", 64, 4096, "float32", "decode")  # 3 MiB: the LLC
+    in_llc = measure_mod.with_state({k: v for k, v in base_row(bigger, "torch", "run", "suite", ceil, "clock").items()
+                                     if k != "_levels"}, "warm", base["_levels"])
+    assert in_llc["roof_level"] == "llc" and in_llc["level_note"] == ""
+    assert measure_mod.with_state(plain, "rotated", base["_levels"])["level_note"] == ""
+    assert measure_mod.with_state(row, "evicted", base["_levels"])["level_note"] == ""  # judged anew: no stale note
 
 
 def test_a_level_without_measured_ceilings_leaves_a_warm_row_at_memory():
@@ -234,6 +259,30 @@ def test_a_stored_warm_row_is_judged_again_at_its_levels_higher_ceilings():
     assert again["pct_roofline"] < 100 and again["reason"] == "" and again["read_gbps"] == before.read_gbps
     other = {**text, "read_gbps": "29.9", "write_gbps": "13.0", "peak_gbps": "21.0"}
     assert measure_mod.rejudged(other, subs, used) is other
+
+
+def test_a_stored_rows_level_note_follows_the_ceilings_it_is_judged_at_again():
+    """Before the run the L2's own read (82.4) sat under the LLC's (118): the row was judged at the LLC's and said so;
+    measured again after it, the L2 read 226.5: the row is judged at the L2's own, and its note is cleared."""
+    from phasebench.bench.instruments import ceiling_drift
+
+    before = replace(host(), levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 82.4}})
+    after = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 226.5}})
+    used = ceiling_drift.higher(before, after)
+    case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")
+    base = base_row(case, "torch", "run", "suite", before, "clock")
+    row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "warm", base["_levels"])
+    stored = measure_mod.judged({**row, **speed_figures(row, 1e3 * float(measure_mod.roof_of_row(row)[1]) / 0.9),
+                                 "mode": "compiled"})
+    assert stored["level_note"] and stored["level_read_gbps"] == 118.0
+    text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
+    again = measure_mod.rejudged(text, ceiling_drift.substitutions(before, used, after), used)
+    assert again["level_read_gbps"] == pytest.approx(226.5) and again["level_note"] == ""
+    lower = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 90.1}})  # still under the LLC's
+    used = ceiling_drift.higher(before, lower)
+    again = measure_mod.rejudged(text, ceiling_drift.substitutions(before, used, lower), used)
+    assert again["level_read_gbps"] == 118.0
+    assert again["level_note"] == "read at the llc's 118.0 GB/s (the l2's own 90.1)"
 
 
 def test_a_compute_bound_row_of_two_dtypes_takes_the_matmul_ceilings_measured_after_and_their_drift_alone():
