@@ -11,9 +11,10 @@ import torch
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
 from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call, l2_flush_buffer
+from .sweep.executor import Executor
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
-from .sweep.worker import Executor, Isolation
+from .sweep.worker import Isolation
 
 # the worker's first calls of a (case, impl): the gate and two timed calls (their output is checked too)
 PREFLIGHT_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=2, max_samples=2, flush_l2=False, cold=False)

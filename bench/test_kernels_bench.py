@@ -15,7 +15,7 @@ EXTRA_FIELDS = ("op", "impl", "backend", "mode", "phase", "shape", "dtype", "mod
                 "flops", "bytes", "intensity", "read_bytes", "write_bytes", "tflops", "gbps", "peak_tflops",
                 "compute_dtype", "peak_gbps", "read_gbps", "write_gbps", "roof_tflops", "pct_roofline", "bound",
                 "roof_model", "above_roof", "cache_state", "roof_level", "level_read_gbps", "level_write_gbps",
-                "level_copy_gbps", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason",
+                "level_copy_gbps", "level_note", "max_rel_err", "timer", "noisy", "noise_reason", "status", "reason",
                 *INTERVAL_COLUMNS)
 _states: dict = {}
 

@@ -48,6 +48,9 @@ def pytest_configure(config):
     # own measuring take the variable out
     os.environ.setdefault("PHASEBENCH_HOST_CEILINGS", os.path.join(os.environ["PHASEBENCH_CACHE"], "host"))
     os.environ.setdefault("PHASEBENCH_CASE_TIMEOUT", f"{CASE_TIMEOUT_S}")
+    # one round per `phasebench run` of the tests (each further round starts a worker process: seconds); the quick run
+    # and the tests of the rounds themselves ask for theirs
+    os.environ.setdefault("PHASEBENCH_ROUNDS", "1")
     _share_the_cores()
 
 
@@ -137,8 +140,9 @@ def bench_json(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def quick_run(tmp_path_factory) -> Path:
-    """The default `phasebench run` (quick suite, best device here) into a temp folder, once per session."""
-    out, proc = once_per_session(tmp_path_factory, "quick-run", lambda out: run_cli("run", "--out", str(out),
-                                                                                   timeout=1800))
+    """The default `phasebench run` (quick suite, best device here, its default rounds) into a temp folder, once per
+    session."""
+    out, proc = once_per_session(tmp_path_factory, "quick-run", lambda out: run_cli(
+        "run", "--out", str(out), timeout=1800, unset=("PHASEBENCH_ROUNDS",)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out

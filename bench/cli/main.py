@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import functools
 import json
+import os
 import sys
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -194,6 +195,10 @@ def cmd_ceilings(args) -> int:
     for level, found in ceil.levels.items():
         print(f"  resident in the {level.upper()} ({found['bytes'] / 2**20:g} MiB): read {found['read_gbps']:.1f}, "
               f"write {found['write_gbps']:.1f}, copy {found['copy_gbps']:.1f} GB/s (the roof of a warm row that fits)")
+        calls = [(s, b) for s, b in (found.get("bandwidth") or {}).items() if "passes" in b]
+        if calls:
+            print("      a call: " + ", ".join(f"{s} {b['passes']} passes of {b['buffer_bytes'] / 2**10:.0f} KiB "
+                                               f"(dispatch {b['overhead_pct']:.2g}% of it)" for s, b in calls))
     print(f"  caches: {ceil.caches.get('source', '')}; every ceiling the {CEILING_STATISTIC}")
     print("  a row's roof: min(matmul peak, FLOPs / (read bytes / read GB/s + write bytes / write GB/s))")
     for warning in ceil.warnings:
@@ -252,11 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(run, "default 0.5 s on CUDA, 0.3 s on the host")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
     add_isolation_arguments(run)
-    run.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
+    run.add_argument("--rounds", type=int, default=int(os.environ.get("PHASEBENCH_ROUNDS") or DEFAULT_ROUNDS),
+                     metavar="N",
                      help="measure the sweep N times, each round after the first in a fresh worker process and a "
                           "shuffled order after a probe of the ceilings; each row pools its rounds and carries the "
-                          f"interval a repeat of the run lands in (default {DEFAULT_ROUNDS}; 1: no between-run "
-                          "interval)")
+                          f"interval a repeat of the run lands in (default {DEFAULT_ROUNDS}, env PHASEBENCH_ROUNDS; 1: "
+                          "no between-run interval)")
     run.add_argument("--retry-noisy", type=int, default=0, metavar="N",
                      help="after the sweep, measure the rows timed on a busy machine again, up to N times each; a "
                           "quiet row replaces its noisy one (default 0)")

@@ -1,6 +1,7 @@
 """What the ceilings are measured with: read, write and copy streams past the last-level cache (L2 on a GPU) and, on
-the host, resident in its L2 and in its last-level cache, and square matmuls per dtype at the sizes a call allows;
-each measurement with when, how long and under what load, and every one kept by the same statistic (`best_ms`)."""
+the host, resident in its L2 and in its last-level cache (many passes a call), and square matmuls per dtype at the
+sizes a call allows; each measurement with when, how long and under what load, and every one kept by the same
+statistic (`best_ms`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from .conditions import watch
 from .memory.host_cache import host_caches, last_level_cache
+from .memory.resident_streams import LEVEL_KERNELS, LevelBuffers, empty_call_s, level_passes
 from .timing import TimerConfig, Timing, time_call
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -152,19 +154,71 @@ def _one_thread(fn):
         torch.set_num_threads(threads)
 
 
+def resident_passes(device: torch.device, nbytes: int) -> dict[str, tuple[int, float]]:
+    """{kernel: (passes, seconds of its one-pass call)} of each level kernel on buffers of `nbytes` (level_passes), set
+    with one thread for every thread count: on a busy host a call whose second thread waits for a core takes a
+    scheduler quantum (12 ms for one pass over an L2-sized buffer, here), which would stop the doubling at one pass.
+    With n threads a call then takes about 1/n of LEVEL_CALL_S or more."""
+    def chosen():
+        buffers = LevelBuffers(device, nbytes, parts=1)
+        return {k: level_passes(lambda p, k=k: buffers.call(k, p)[0], buffers.max_passes)
+                for kernels in LEVEL_KERNELS.values() for k in kernels}
+
+    return _one_thread(chosen)
+
+
+def measure_resident(device: torch.device, stream: str, cfg: TimerConfig, buffers: LevelBuffers,
+                     passes: dict[str, tuple[int, float]]) -> dict:
+    """GB/s of one stream resident in a cache level on `buffers` (memory.resident_streams), each call making the
+    `passes` of its kernel (resident_passes): {"gbps", "kernel", "kernels", "buffer_bytes"} as measure_stream gives,
+    and how the kept kernel's call was made: "passes" over the buffer in one call, "bytes_per_call", "call_us" (its
+    best sample), "one_pass_us" (a one-pass call, one thread), "empty_call_us" (the same kernel over a few floats:
+    what a call pays to dispatch) and "overhead_pct" (that dispatch in 100ths of the call)."""
+    if stream not in LEVEL_KERNELS:
+        raise ValueError(f"stream: must be one of {', '.join(STREAMS)}, got {stream!r}")
+    found, calls = {}, {}
+    for kernel in LEVEL_KERNELS[stream]:
+        count, one_s = passes[kernel]
+        fn, moved = buffers.call(kernel, min(count, buffers.max_passes))
+        call_s, empty_s = best_ms(time_call(fn, device, cfg)) / 1e3, empty_call_s(kernel, device)
+        found[kernel] = moved / call_s / 1e9
+        calls[kernel] = {"passes": min(count, buffers.max_passes), "bytes_per_call": moved,
+                         "call_us": round(call_s * 1e6, 2), "one_pass_us": round(one_s * 1e6, 2),
+                         "empty_call_us": round(empty_s * 1e6, 2), "overhead_pct": round(100 * empty_s / call_s, 2)}
+    best = max(found, key=found.get)
+    return {"gbps": found[best], "kernel": best, "kernels": found, "buffer_bytes": buffers.nbytes, **calls[best]}
+
+
+def measure_resident_streams(device: torch.device, cfg: TimerConfig, nbytes: int,
+                             passes: dict[str, tuple[int, float]]) -> dict:
+    """Each stream resident in a cache level (measure_resident) with its own provenance, on one pair of buffers of
+    `nbytes` each, split between torch's threads as they are now."""
+    buffers = LevelBuffers(device, nbytes)
+    found = {}
+    for stream in STREAMS:
+        figures, provenance = with_provenance(device, lambda s=stream: measure_resident(device, s, cfg, buffers,
+                                                                                       passes))
+        found[stream] = {**figures, **provenance}
+    return found
+
+
 def measure_levels(device: torch.device, cfg: TimerConfig) -> dict[str, dict]:
     """The streams resident in each host cache level (level_bytes): {level: {"bytes": its capacity, "read_gbps",
-    "write_gbps", "copy_gbps", "bandwidth": each stream's figures and provenance}}, on buffers of 1/LEVEL_SHARE of the
-    level each, warm from the warm-up calls. Like a row's calls, each pays one call's dispatch. Each stream runs with
-    torch's threads and with one, and keeps the faster ("threads" says both): on a busy host a call of microseconds
-    whose second thread waits for a core takes a scheduler quantum, and a kernel's threads are one more of its
-    variants, as dot, sum and GEMV are."""
+    "write_gbps", "copy_gbps", "bandwidth": each stream's figures, call and provenance}}, on buffers of 1/LEVEL_SHARE
+    of the level each, warm from the calls that set the passes. Each call makes passes over its buffer for about
+    LEVEL_CALL_S (resident_passes), so that what one call pays to dispatch (measured and kept beside each figure)
+    weighs little: one pass over the 699 KB of a 2 MiB L2 took 8 us, most of it dispatch. Each stream runs with
+    torch's threads and with one, and keeps the faster ("threads" says both): on a busy host a call whose second
+    thread waits for a core takes a scheduler quantum, and a kernel's threads are one more of its variants. The
+    figures are the level's own, as measured; where a nearer level reads below a farther one, the rows judged there
+    say so (bench.spec.roof.level_notes)."""
     found = {}
     for level, capacity in level_bytes(device).items():
         nbytes = max(capacity // LEVEL_SHARE, 64 * ELEMENT)
-        runs = {torch.get_num_threads(): measure_streams(device, cfg, nbytes=nbytes)}
+        passes = resident_passes(device, nbytes)
+        runs = {torch.get_num_threads(): measure_resident_streams(device, cfg, nbytes, passes)}
         if torch.get_num_threads() > 1:
-            runs[1] = _one_thread(lambda n=nbytes: measure_streams(device, cfg, nbytes=n))
+            runs[1] = _one_thread(lambda n=nbytes, p=passes: measure_resident_streams(device, cfg, n, p))
         streams = {}
         for s in STREAMS:
             threads = max(runs, key=lambda n, s=s: runs[n][s]["gbps"])

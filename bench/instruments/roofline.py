@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..spec.roof import copy_floor_s, roof, row_roof
+from ..spec.roof import copy_floor_s, level_warnings, memory_figures, roof, row_roof
 from .ceiling_measures import (
     CEILING_STATISTIC,
     STREAMS,
@@ -80,7 +80,8 @@ class Ceilings:
     since then, at the call), `duration_s` and `conditions` (see `conditions.watch`) describe the measurement of the
     bandwidths and the dtypes measured with them; `bandwidth` holds each stream's own (its kernels' GB/s, the one
     kept, the buffer size, when, how long, conditions); `added` holds the same for each dtype measured later into
-    the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, measured under load).
+    the cache entry; `warnings` are one-line doubts about the figures (far from the datasheet, a cache level's own
+    below a farther level's, measured under load).
     `levels` holds the host's streams resident in its L2 and last-level cache (ceiling_measures.measure_levels), the
     roof of a warm row whose footprint fits one; `caches` the cache sizes (l2_bytes, llc_bytes, source).
     """
@@ -203,8 +204,8 @@ CEILING_TIMER = TimerConfig(warmup_s=0.2, budget_s=1.0, min_samples=5, max_sampl
 HOST_CEILING_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.4, min_samples=3, max_samples=100, flush_l2=False)
 # a stream keeps its best sample (ceiling_measures.measure_stream): five of them at least, on the host's long calls
 HOST_STREAM_TIMER = TimerConfig(warmup_s=0.1, budget_s=0.3, min_samples=5, max_samples=100, flush_l2=False)
-# streams resident in a cache level take microseconds: many samples in a short budget
-HOST_LEVEL_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.06, min_samples=20, max_samples=5000, flush_l2=False)
+# a resident stream's call makes passes for about 1 ms (ceiling_measures.resident_passes): dozens in a short budget
+HOST_LEVEL_TIMER = TimerConfig(warmup_s=0.02, budget_s=0.06, min_samples=5, max_samples=1000, flush_l2=False)
 
 
 def on_device(device: torch.device):
@@ -308,6 +309,8 @@ def _kept(path: Path, current: dict) -> tuple[dict | None, str]:
         return None, f"measured: none kept in {path.parent} yet ({HOST_KEEP_ENV})"
     if "levels" not in entry:
         return None, f"measured: the entry kept in {path.parent} has no cache-level ceilings (before schema 7)"
+    if any("passes" not in (found.get("bandwidth") or {}).get("read", {}) for found in entry["levels"].values()):
+        return None, f"measured: the entry kept in {path.parent} has cache-level ceilings of one pass a call"
     return entry, f"kept in {path.parent} ({HOST_KEEP_ENV}), measured {entry['measured_at']}: not measured again"
 
 
@@ -376,7 +379,8 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
                       matmul_n=dict(entry.get("matmul_n") or {}), read_gbps=float(entry["read_gbps"]),
                       write_gbps=float(entry["write_gbps"]), bandwidth=dict(entry["bandwidth"]),
                       levels=dict(entry.get("levels") or {}), caches=cache_sizes(device))
-    result.warnings = datasheet_warnings(result) + load_warnings(result.conditions)
+    result.warnings = (datasheet_warnings(result) + level_warnings(result.levels, memory_figures(result))
+                       + load_warnings(result.conditions))
     for dtype, provenance in result.added.items():
         result.warnings += load_warnings(provenance.get("conditions") or {}, f"matmul {dtype}")
     return result

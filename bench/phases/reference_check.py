@@ -14,8 +14,9 @@ import torch
 
 from ...analysis.phases.check import ReferencePlan
 from ..instruments.timing import TimerConfig
+from ..sweep.executor import Executor
 from ..sweep.runner import RunConfig, impls_for, run
-from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError, release_case
+from ..sweep.worker import IN_PROCESS, Isolation, WorkerError, release_case
 
 REFERENCES = ("phasebench", "transformers")
 # one bracket's sampling; every bracket's samples are pooled, so a bracket needs few

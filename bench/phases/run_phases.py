@@ -24,8 +24,9 @@ from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..spec.store.files import write_file, write_table
 from ..spec.store.folder_lock import holding
+from ..sweep.executor import Executor
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
-from ..sweep.worker import IN_PROCESS, Executor, Isolation, WorkerError
+from ..sweep.worker import IN_PROCESS, Isolation, WorkerError
 from . import op_sequence, speculative_loop
 from . import reference_check as check
 from .op_sequence import case_of

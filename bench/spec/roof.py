@@ -97,17 +97,67 @@ def roof_level(cache_state, nbytes, l2_bytes, llc_bytes):
     return np.where(in_l2, L2, np.where(in_llc, LLC, MEMORY))
 
 
+STREAM_FIGURES = ("read_gbps", "write_gbps", "copy_gbps")  # a level's ceilings, and memory's, by name
+
+
+def memory_figures(ceil) -> dict:
+    """The ceilings past the caches of `ceil` (anything with read_gbps, write_gbps and copy_gbps: a Ceilings)."""
+    return {k: float(getattr(ceil, k)) for k in STREAM_FIGURES}
+
+
+def _nearer(own: float, farther: float) -> bool:
+    """Whether a level's own figure judges its rows: measured, and not below the farther figure (or that unknown)."""
+    return not np.isnan(own) and (np.isnan(farther) or own >= farther)
+
+
+def _judging(levels: dict, memory: dict) -> dict:
+    """{level: {figure: (the value a warm row there is judged at, where it was measured)}}: the highest measured at
+    that level or any farther one, memory's included, the nearer kept on a tie."""
+    found, farther = {}, {k: (float(memory.get(k, np.nan)), MEMORY) for k in STREAM_FIGURES}
+    for level in (LLC, L2):
+        if level in levels:
+            farther = {k: (own, level) if _nearer(own, value) else (value, where)
+                       for k, (value, where) in farther.items() for own in (float(levels[level][k]),)}
+            found[level] = farther
+    return found
+
+
 def level_ceilings(levels: dict, memory: dict) -> dict:
     """{level: {"read_gbps", "write_gbps", "copy_gbps"}} that a warm row read from each cache level in `levels` (its
     measured figures by level) is judged at: the highest measured at that level or any farther one, `memory`'s
-    included. A nearer cache is never slower than a farther one, and the small buffer of a small level pays more of
-    one call's dispatch, so its own figure can read lower than the next level's."""
-    found, farther = {}, {k: float(memory.get(k, np.nan)) for k in ("read_gbps", "write_gbps", "copy_gbps")}
-    for level in (LLC, L2):
-        if level in levels:
-            farther = {k: float(np.fmax(float(levels[level][k]), v)) for k, v in farther.items()}
-            found[level] = farther
+    included. A nearer cache is never slower than a farther one, so a nearer level's figure that reads below a
+    farther one's is a measurement that came out low (a busy core, a buffer that spilled), and the farther figure is
+    the tighter bound on the row; it is never a silent swap: level_notes says which figure replaced which, on each
+    row judged there (its `level_note`) and in the ceilings' warnings (level_warnings)."""
+    judging = _judging(levels, memory)
+    return {level: {k: value for k, (value, _) in figures.items()} for level, figures in judging.items()}
+
+
+def _whose(level: str) -> str:
+    return "memory's" if level == MEMORY else f"the {level}'s"
+
+
+def _own(level: str, figure: str, levels: dict) -> str:
+    own = float(levels[level][figure])
+    return f"{_whose(level)} own {own:.1f}" if np.isfinite(own) else f"none measured in the {level}"
+
+
+def level_notes(levels: dict, memory: dict) -> dict:
+    """{level: note} for each cache level in `levels`: "" where every figure a warm row there is judged at is the
+    level's own, else which farther figure replaced which ("read at the llc's 172.0 GB/s (the l2's own 84.2)")."""
+    found = {}
+    for level, figures in _judging(levels, memory).items():
+        found[level] = "; ".join(f"{k.removesuffix('_gbps')} at {_whose(where)} {value:.1f} GB/s "
+                                 f"({_own(level, k, levels)})"
+                                 for k, (value, where) in figures.items() if where != level and np.isfinite(value))
     return found
+
+
+def level_warnings(levels: dict, memory: dict) -> list[str]:
+    """One line per cache level whose own figures read below a farther level's: what its warm rows are judged at."""
+    return [f"{level} ceilings below a farther level's: {note}; the warm rows read from the {level} are judged at "
+            "the farther figure, and their level_note says so" for level, note in level_notes(levels, memory).items()
+            if note]
 
 
 def roof_of_row(row) -> tuple:

@@ -7,7 +7,7 @@ import math
 import time
 
 from . import roof as states
-from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, pct_of_roof, roof_of_row
+from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, level_notes, pct_of_roof, roof_of_row
 from .schema import ABOVE_ROOF_PCT, FLOAT_COLUMNS, cell_float
 
 
@@ -34,9 +34,11 @@ def roof_finding(row: dict) -> str:
     state, level, mib = row.get("cache_state") or "", row.get("roof_level") or MEMORY, row["bytes"] / 2**20
     if level in (L2, LLC):
         size = cell_float(row.get(f"{level}_bytes")) / 2**20
-        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are "
-                f"judged at the ceilings measured resident there: a cache ceiling measured low or a cost model that "
-                "counts too few bytes: a bug to find before it is a result")
+        at = (f"judged at a farther level's where its own read below them ({row['level_note']})"
+              if row.get("level_note") else "judged at the ceilings measured resident there")
+        return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB fit the {size:g} MiB {level.upper()} and are {at}: "
+                "a cache ceiling measured low or a cost model that counts too few bytes: a bug to find before it is a "
+                "result")
     if state == WARM:
         return (f"above roof: {pct}; timed warm, its {mib:.2f} MiB judged at memory's ceilings (no ceiling of a "
                 "cache level it fits), so it may read from cache, not memory")
@@ -103,12 +105,11 @@ def at_moment(row: dict, moment: dict) -> dict | None:
         found = level_ceilings(moment.get("levels") or {}, memory).get(level)
         if not found:
             return None
-        out.update({column: float(found[figure]) for column, figure in LEVEL_COLUMNS.items()})
+        out.update({column: float(found[figure]) for column, figure in LEVEL_COLUMNS.items()},
+                   level_note=level_notes(moment["levels"], memory).get(level, ""))
     roof_tflops, roof_s, bound, model = roof_of_row(out)
     return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model),
             "_roof_s": float(roof_s)}
-
-
 
 
 def judged_at_moments(row: dict, spans, moments: list[dict]) -> dict:

@@ -40,6 +40,9 @@ from .roof import COPY, MEMORY
 #    before the run, a round's probe, after it), pct_roof_low, pct_roof_high and roof_verdict (its % of roof over its
 #    intervals and every measurement of the ceilings around its rounds: above, within or unresolved); the
 #    ceiling_drift_pct of older files is the move between before and after, and their rows the higher of the two.
+#    level_note (where a warm row's level measured below a farther level, the farther figure that judged it and the
+#    level's own; blank where its level's own figures judged it, for rows read from memory, and in older files, whose
+#    rows were judged at the higher figure unsaid).
 SCHEMA_VERSION = 8
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -98,6 +101,7 @@ RESULT_COLUMNS = (
     "l2_bytes", "llc_bytes",  # the caches its footprint (`bytes`) is held against, summed over their instances
     "roof_level",  # memory, llc or l2: where its bytes are read from (a warm row that fits a cache), its roof's level
     "level_read_gbps", "level_write_gbps", "level_copy_gbps",  # that cache level's ceilings; blank for memory
+    "level_note",  # a farther level's figure that judged it where its level's own read below it; blank: its own
     "ceiling_drift_pct",  # how far its roof moved over the measurements around its rounds; blank: not measured
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
@@ -129,7 +133,7 @@ MODES = ("compiled", "interpreter")
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
-    "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level",
+    "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level", "level_note",
     "round_latencies_ms", "roof_moment", "roof_verdict",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (

@@ -102,6 +102,7 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
                      f"{ABOVE_ROOF_PCT:g}% of their measured roof (findings: drawn hollow in the figures, out of the "
                      f"medians), e.g. {example['impl']} {example['shape']}: "
                      f"{str(example['reason']).removeprefix('above roof: ')}")
+    lines += _level_notes(df)
     try:  # the ceilings measured again after the run: a drift names the figures that moved
         lines += [f"warning: {w}" for w in json.loads((Path(out) / "run.json").read_text()).get("ceiling_warnings", [])]
     except (OSError, ValueError, AttributeError):
@@ -137,6 +138,16 @@ def _between_runs(df: pd.DataFrame) -> list[str]:
                          "intervals and the ceilings measured around their rounds straddle 100%: pct_roof_low, "
                          "pct_roof_high)")
     return lines
+
+
+def _level_notes(df: pd.DataFrame) -> list[str]:
+    """A warning per cache level whose warm rows are judged at a farther level's figure (their level_note)."""
+    if df.empty or "level_note" not in df.columns:
+        return []
+    noted = df[df["level_note"].fillna("").astype(str) != ""]
+    return [f"warning: {len(rows)} warm rows read from the {level} are judged at a farther level's figure, the "
+            f"{level}'s own measured below it: {note}" for (level, note), rows in noted.groupby(["roof_level",
+                                                                                                "level_note"])]
 
 
 def _unconverged(df: pd.DataFrame) -> list[str]:

@@ -24,7 +24,7 @@ from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
 from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
 from ..spec.interval import interval_columns
-from ..spec.roof import MEMORY, compute_peak, level_ceilings, roof_level, roof_of_row
+from ..spec.roof import MEMORY, compute_peak, level_ceilings, level_notes, memory_figures, roof_level, roof_of_row
 from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', through here)
     LEVEL_COLUMNS,
     MEMORY_COLUMNS,
@@ -213,7 +213,7 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
     model gives no split puts all its bytes at the copy bandwidth (roof_model "copy"); its compute ceiling is the
     matmul ceiling of what its kernel multiplies in (compute_dtype), which `ceil` must hold (ceiling_dtypes). Until
     `measure` knows how its operands are prepared (with_state) it is judged against memory; "_levels" (not a column)
-    carries the ceilings of a warm row at each cache level (bench.spec.roof.level_ceilings) to it."""
+    carries the ceilings of a warm row at each cache level, with their notes (judging_levels), to it."""
     op = operator_of(case)
     compute = compute_dtype(case, impl, ceil.kind)
     flops = op.flops(case)
@@ -239,21 +239,31 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "profiled": False, "cache_state": "", "cold_how": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
         "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
         "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
-        "_levels": level_ceilings(ceil.levels, {"read_gbps": ceil.read_gbps, "write_gbps": ceil.write_gbps,
-                                                "copy_gbps": ceil.copy_gbps}),
+        "level_note": "", "_levels": judging_levels(ceil),
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
 
 
+def judging_levels(ceil: Ceilings) -> dict:
+    """{level: {"read_gbps", "write_gbps", "copy_gbps", "level_note"}}: the ceilings a warm row read from each cache
+    level is judged at (bench.spec.roof.level_ceilings) and the note of any that a farther level's replaced."""
+    memory = memory_figures(ceil)
+    notes = level_notes(ceil.levels, memory)
+    return {level: {**figures, "level_note": notes[level]}
+            for level, figures in level_ceilings(ceil.levels, memory).items()}
+
+
 def with_state(row: dict, state: str, levels: dict) -> dict:
     """The row with its cache state and the roof that state implies: a warm row whose footprint (its bytes) fits the
-    L2 or the last-level cache is judged at the read, write and copy ceilings measured resident there; every other
-    row (cold, too large, or at a level without measured ceilings) at memory's."""
+    L2 or the last-level cache is judged at the read, write and copy ceilings measured resident there (or a farther
+    level's, where the level's own read below it: its `level_note` says so); every other row (cold, too large, or at
+    a level without measured ceilings) at memory's."""
     level = str(roof_level(state, row["bytes"], cell_float(row.get("l2_bytes")), cell_float(row.get("llc_bytes"))))
     found = levels.get(level) if level != MEMORY else None
     out = {**row, "cache_state": state, "roof_level": level if found else MEMORY,
-           **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")}}
+           **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")},
+           "level_note": found.get("level_note", "") if found else ""}
     roof_tflops, _, bound, model = roof_of_row(out)
     return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
 

@@ -20,6 +20,7 @@ from ..instruments.ceiling_drift import DRIFT_FLAG, drift_warning, moment, recor
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec.store.files import WriteError
+from .executor import Executor
 from .measure import (
     INTERPRETER_SAMPLES,
     HarnessSampler,
@@ -30,7 +31,7 @@ from .measure import (
 )
 from .results import ResultsStore, row_key
 from .rounds import RoundBook, SweepRounds, rounds_rule
-from .worker import IN_PROCESS, Executor, Isolation
+from .worker import IN_PROCESS, Isolation
 
 # Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
 # at the time limit (budget_s). Six samples are the fewest whose extremes hold the median with 95%: fewer, no interval.

@@ -1,5 +1,5 @@
-"""The device work of a sweep, in this process or in a worker process that a crash, a hang, an OOM kill or a lost
-CUDA context costs one failed row, never the sweep: the worker is long-lived and replaced when it dies.
+"""The worker process of a sweep, where a crash, a hang, an OOM kill or a lost CUDA context costs one failed row,
+never the sweep: the worker is long-lived, replaced when it dies, and started afresh for each round of a run.
 
 The parent never touches the device (no CUDA context: the contention probe in the worker would see it as another
 process on the GPU); it keeps the store, the budget and the order, and asks the worker for ceilings, metadata,
@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FIRST_ROW_S = 300.0  # an impl's first row compiles and autotunes: it may take this long before it is called hung
 FLOOR_S = 60.0  # no later row is called hung before this
@@ -321,103 +321,3 @@ class Isolation:
 
 
 IN_PROCESS = Isolation(isolate=False)
-
-
-@dataclass
-class CaseClock:
-    """How long a (case, impl) may take before it is called hung: `setting` seconds (0: no limit), or by default
-    TIMES_EXPECTED x the longest row of its impl so far (at least FLOOR_S), FIRST_ROW_S for an impl's first."""
-
-    setting: float | None = None
-    durations: dict[str, list[float]] = field(default_factory=dict)
-
-    def limit(self, impl: str) -> float | None:
-        if self.setting is not None:
-            return self.setting or None
-        mine = self.durations.get(impl, [])
-        return FIRST_ROW_S if not mine else max(FLOOR_S, TIMES_EXPECTED * max(mine))
-
-    def record(self, impl: str, seconds: float) -> None:
-        self.durations.setdefault(impl, []).append(seconds)
-
-
-class Executor:
-    """The device work of one run: here, or (isolate) in a Worker whose death or timeout becomes a failed row."""
-
-    def __init__(self, device, timer, *, detect_contention=True, capture=None, isolation: Isolation = IN_PROCESS):
-        self.isolate = isolation.isolate
-        self.clock = CaseClock(isolation.case_timeout)
-        self._init = (open_device, (device, timer, detect_contention, capture))
-        self.worker = Worker(isolation.plugins, self._init) if self.isolate else None
-
-    def __enter__(self):
-        if not self.isolate:
-            fn, args = self._init
-            fn(*args)
-        return self
-
-    def __exit__(self, *exc):
-        if self.isolate:
-            self.worker.close()
-        else:
-            close_device()
-
-    def call(self, fn, *args, timeout=None, doing="running"):
-        """fn(*args) where the cases run (the worker, or here); a dead or hung worker raises WorkerError."""
-        if not self.isolate:
-            return fn(*args)
-        return self.worker.call(fn, *args, timeout=timeout, doing=doing)
-
-    def capture(self, capture) -> None:
-        """Open a profiler's range around what follows; a replaced worker opens it again."""
-        if capture is None:
-            return
-        fn, args = self._init
-        self._init = (fn, (*args[:3], capture))
-        if self.isolate:
-            self.worker.init = self._init
-        self.call(open_capture, capture, timeout=START_S, doing="opening the profiler")
-
-    def describe(self) -> dict:
-        """For run.json: where the cases ran, how many workers were started, the case timeout."""
-        if not self.isolate:
-            return {"isolated": False}
-        return {"isolated": True, "workers_started": self.worker.starts,
-                "case_timeout_s": self.clock.setting if self.clock.setting is not None else "default",
-                "default_timeout": f"{FIRST_ROW_S:g} s for an impl's first row, then {TIMES_EXPECTED:g} x its "
-                                   f"longest row, at least {FLOOR_S:g} s"}
-
-    def ceilings(self, dtypes, refresh: bool = False, before=None):
-        return self.call(device_ceilings, tuple(dtypes), refresh, before, timeout=START_S,
-                         doing="measuring the ceilings")
-
-    def metadata(self) -> dict:
-        return self.call(device_metadata, timeout=START_S, doing="reading the device")
-
-    def probe(self, before, name: str) -> dict | None:
-        """A short measurement of the ceilings now (a moment of the run: ceiling_drift.probe_moment; None where the
-        host's kept ceilings judge every run)."""
-        return self.call(device_probe, before, name, timeout=START_S, doing="probing the ceilings")
-
-    def restart(self) -> bool:
-        """A fresh worker process for what follows (its allocator, caches and threads start anew, as a rerun's
-        would); True where there was one to replace, False in this process (--no-isolate)."""
-        if not self.isolate:
-            return False
-        self.worker.close()
-        return True
-
-    def autotune(self) -> list:
-        with contextlib.suppress(WorkerError):
-            return self.call(autotune, timeout=START_S, doing="reading the autotune winners")
-        return []
-
-    def measure(self, case, impl: str, row: dict) -> dict:
-        started = time.monotonic()
-        try:
-            out = self.call(measure_row, case, impl, row, timeout=self.clock.limit(impl),
-                             doing="measuring this case")
-        except WorkerError as err:
-            out = {**row, "status": "failed", "reason": f"{err}; the worker was replaced"}
-        self.clock.record(impl, time.monotonic() - started)
-        return out

@@ -75,22 +75,77 @@ def test_every_ceiling_keeps_the_best_of_its_repeats(monkeypatch):
 
 
 def test_the_streams_resident_in_each_cache_level_are_sized_from_it(monkeypatch):
-    """The host's L2 and LLC (summed over their instances) each get buffers of a third of the level; a host without
-    an L3 in sysfs measures its L2 only, and a GPU neither (its L2 is flushed before every call)."""
-    sizes = []
-    monkeypatch.setattr(ceiling_measures, "measure_streams", lambda device, cfg, nbytes=None: sizes.append(nbytes) or {
-        s: {"gbps": 10.0 * len(sizes) + i} for i, s in enumerate(ceiling_measures.STREAMS)})
+    """The host's L2 and LLC (summed over their instances) each get buffers of a third of the level, the passes of
+    each level set once and used with every thread count; a host without an L3 in sysfs measures its L2 only, and a
+    GPU neither (its L2 is flushed before every call)."""
+    sizes, chosen = [], []
+
+    def streams(device, cfg, nbytes, passes):
+        sizes.append(nbytes)
+        assert passes == {"sum": (nbytes, 1e-5)}  # the level's own passes
+        return {s: {"gbps": 10.0 * len(sizes) + i} for i, s in enumerate(ceiling_measures.STREAMS)}
+
+    monkeypatch.setattr(ceiling_measures, "measure_resident_streams", streams)
+    monkeypatch.setattr(ceiling_measures, "resident_passes",
+                        lambda device, nbytes: chosen.append(nbytes) or {"sum": (nbytes, 1e-5)})
     monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 96 << 20, 3, "test"))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # torch's threads, then one: the faster kept
     monkeypatch.setattr(ceiling_measures, "_one_thread", lambda fn: fn())
     found = ceiling_measures.measure_levels(CPU, QUICK)
     assert sizes == [1 << 20, 1 << 20, 32 << 20, 32 << 20] and list(found) == ["l2", "llc"]
+    assert chosen == [1 << 20, 32 << 20]
     assert found["llc"]["bytes"] == 96 << 20 and (found["llc"]["read_gbps"], found["llc"]["copy_gbps"]) == (40, 42)
     assert found["llc"]["bandwidth"]["read"]["threads"] == {2: 30, 1: 40}
     sizes.clear()
     monkeypatch.setattr(ceiling_measures, "host_caches", lambda: HostCaches(3 << 20, 64 << 20, 0, "no L3"))
     assert list(ceiling_measures.measure_levels(CPU, QUICK)) == ["l2"]
     assert ceiling_measures.level_bytes(torch.device("cuda")) == {}
+
+
+def test_the_passes_of_a_level_are_set_with_one_thread_for_every_kernel(monkeypatch):
+    """On a busy host a call whose second thread waits for a core takes a scheduler quantum, which would stop the
+    doubling at one pass: the passes are set on one part, with one thread."""
+    seen = []
+
+    def passes(call_of, limit, **kw):
+        call_of(1)  # what it would time: one part's call, one thread
+        seen.append((torch.get_num_threads(), limit))
+        return 64, 1e-5
+
+    monkeypatch.setattr(ceiling_measures, "level_passes", passes)
+    threads = torch.get_num_threads()
+    found = ceiling_measures.resident_passes(CPU, 4 * 40_961)
+    limit = ceiling_measures.LevelBuffers(CPU, 4 * 40_961, parts=1).max_passes
+    assert found == {"sum": (64, 1e-5), "fill": (64, 1e-5), "copy": (64, 1e-5)}
+    assert seen == [(1, limit)] * 3 and torch.get_num_threads() == threads
+
+
+def test_a_resident_stream_keeps_its_call_the_passes_and_what_a_call_pays_to_dispatch(monkeypatch):
+    """Each timed call makes the level's passes over the buffer (a sum of 40 passes reads 40 times its values), the
+    bytes counted are those the passes move, and the dispatch of a near-empty call is kept beside it in 100ths of the
+    call (all on fake times: no timing is asserted)."""
+    buffers = ceiling_measures.LevelBuffers(CPU, 4 * 2 * 30_011, parts=2)
+    buffers.src.copy_(torch.rand(buffers.src.numel(), generator=torch.Generator().manual_seed(3)) + 0.25)
+    timed = []
+
+    def time_call(fn, device, cfg):
+        timed.append(fn())
+        return Timing((2.5, 2.0, 3.1), "fake")
+
+    monkeypatch.setattr(ceiling_measures, "time_call", time_call)
+    monkeypatch.setattr(ceiling_measures, "empty_call_s", lambda kernel, device: 1.6e-6)
+    passes = {"sum": (40, 9e-6), "fill": (40, 8e-6), "copy": (10**6, 2e-5)}  # the copy's past what the buffer allows
+    read = ceiling_measures.measure_resident(CPU, "read", QUICK, buffers, passes)
+    assert float(timed[0]) == pytest.approx(40 * float(buffers.src.double().sum()), rel=1e-5)
+    assert (read["kernel"], read["passes"], read["bytes_per_call"]) == ("sum", 40, 40 * buffers.nbytes)
+    assert read["gbps"] == pytest.approx(40 * buffers.nbytes / 2.0e-3 / 1e9)  # the best sample, 2.0 ms
+    assert read["kernels"] == {"sum": read["gbps"]}
+    assert (read["call_us"], read["one_pass_us"], read["empty_call_us"]) == (2000.0, 9.0, 1.6)
+    assert read["overhead_pct"] == pytest.approx(100 * 1.6e-6 / 2.0e-3) and read["buffer_bytes"] == buffers.nbytes
+    copy = ceiling_measures.measure_resident(CPU, "copy", QUICK, buffers, passes)
+    assert copy["passes"] == buffers.max_passes and copy["bytes_per_call"] == 2 * buffers.max_passes * buffers.nbytes
+    with pytest.raises(ValueError, match="stream: must be one of read, write, copy"):
+        ceiling_measures.measure_resident(CPU, "scatter", QUICK, buffers, passes)
 
 
 class FakeClock:

@@ -173,6 +173,39 @@ def test_a_host_keep_folder_measures_once_and_serves_every_run_after(fake_measur
     assert older.source == "measured" and "no cache-level ceilings" in older.checked
 
 
+def test_a_kept_entry_whose_cache_levels_were_measured_one_pass_a_call_is_measured_again(fake_measure, monkeypatch,
+                                                                                          tmp_path):
+    """Cache-level ceilings of one pass a call were mostly a call's dispatch (an L2 read at half its rate): an entry
+    kept with them is measured again; one whose calls made their passes is served as kept."""
+    kept = tmp_path / "kept"
+    monkeypatch.setenv(roofline.HOST_KEEP_ENV, str(kept))
+    passes = {s: {"gbps": 150.0, "passes": 256} for s in ("read", "write", "copy")}
+    level = {"bytes": 2 << 20, "read_gbps": 150.0, "write_gbps": 150.0, "copy_gbps": 150.0, "bandwidth": passes}
+    monkeypatch.setattr(roofline, "measure_levels", lambda device, cfg: {"l2": level})
+    roofline.ceilings(CPU, ("float32",))
+    roofline._this_process.clear()
+    assert roofline.ceilings(CPU, ("float32",)).source == "cached"
+    (path,) = kept.glob("ceilings-*.json")
+    entry = json.loads(path.read_text())
+    entry["levels"]["l2"]["bandwidth"] = {s: {"gbps": 80.0} for s in ("read", "write", "copy")}
+    path.write_text(json.dumps(entry))
+    older = roofline.ceilings(CPU, ("float32",))
+    assert older.source == "measured" and "cache-level ceilings of one pass a call" in older.checked
+
+
+def test_a_cache_level_measured_below_a_farther_one_is_named_in_the_ceilings_warnings(fake_measure, monkeypatch):
+    """The L2's own read under the LLC's: the ceilings keep both as measured and say, in their warnings (run.json's
+    ceilings.warnings, `phasebench ceilings`), which figure its warm rows are judged at."""
+    levels = {"l2": {"bytes": 2 << 20, "read_gbps": 84.2, "write_gbps": 500.0, "copy_gbps": 500.0},
+              "llc": {"bytes": 32 << 20, "read_gbps": 172.5, "write_gbps": 400.0, "copy_gbps": 400.0}}
+    monkeypatch.setattr(roofline, "measure_levels", lambda device, cfg: levels)
+    ceil = roofline.ceilings(CPU, ("float32",))
+    assert ceil.levels["l2"]["read_gbps"] == 84.2  # as measured
+    (warning,) = [w for w in ceil.warnings if w.startswith("l2 ceilings below")]
+    assert "read at the llc's 172.5 GB/s (the l2's own 84.2)" in warning and "level_note" in warning
+    assert warning in ceil.to_json()["warnings"] and not any(w.startswith("llc ceilings") for w in ceil.warnings)
+
+
 def test_two_host_runs_each_measure_their_ceilings():
     found = [json.loads(run_cli("ceilings", "--device", "cpu", "--json", unset=(roofline.HOST_KEEP_ENV,)).stdout)
              for _ in range(2)]
@@ -494,6 +527,10 @@ def test_ceilings_cli():
         assert "cpu_count=" in lines[at + 1]
     assert "read bytes / read GB/s + write bytes / write GB/s" in table.stdout
     warned = [line for line in table.stdout.splitlines() if line.startswith("  warning: ")]
-    # on a host the only warning is the load one, and it says how much of the CPU others used
-    assert all(re.fullmatch(r"  warning: ceilings measured under load: other processes used \d+% of the host CPU",
-                            line) for line in warned), warned
+    # on a host the warnings are the load one, which says how much of the CPU others used, and a cache level's own
+    # figures below a farther level's, which says what its warm rows are judged at
+    load = r"ceilings measured under load: other processes used \d+% of the host CPU"
+    level = r"(l2|llc) ceilings below a farther level's: .* GB/s \(the (l2|llc)'s own [\d.]+\).*level_note says so"
+    assert all(re.fullmatch(rf"  warning: ({load}|{level})", line) for line in warned), warned
+    calls = [line for line in lines if line.strip().startswith("a call: read ")]  # each level's passes a call
+    assert len(calls) == sum("resident in the" in line for line in lines) and all("passes of" in c for c in calls)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -109,6 +110,33 @@ def test_a_warm_rows_level_is_never_held_slower_than_a_farther_one():
     assert found["l2"] == {"read_gbps": 159.5, "write_gbps": 92.0, "copy_gbps": 126.8}
     assert roof.level_ceilings({"l2": levels["l2"]}, memory) == {"l2": levels["l2"]}
     assert roof.level_ceilings({}, memory) == {}
+
+
+def test_a_farther_figure_that_judges_a_level_is_never_silent():
+    """Where a level's own figure reads below a farther one's, the note of that level names the farther figure that
+    judges its rows and the level's own, and the ceilings' warnings say it once per level; a level judged at its own
+    figures has a blank note and no warning; a figure the level lacks is taken from farther, and said so too."""
+    memory = {"read_gbps": 30.2, "write_gbps": 14.9, "copy_gbps": 22.1}
+    levels = {"l2": {"read_gbps": 82.4, "write_gbps": 92.0, "copy_gbps": 126.8},
+              "llc": {"read_gbps": 159.5, "write_gbps": 11.0, "copy_gbps": 98.0}}
+    notes = roof.level_notes(levels, memory)
+    assert notes == {"l2": "read at the llc's 159.5 GB/s (the l2's own 82.4)",
+                     "llc": "write at memory's 14.9 GB/s (the llc's own 11.0)"}
+    warnings = roof.level_warnings(levels, memory)
+    assert len(warnings) == 2 and all("level_note" in w for w in warnings)
+    assert warnings[0].startswith("llc ceilings below a farther level's: write at memory's 14.9 GB/s")
+    assert warnings[1].startswith("l2 ceilings below a farther level's: read at the llc's 159.5 GB/s")
+    own = {"l2": {"read_gbps": 182.4, "write_gbps": 92.0, "copy_gbps": 126.8}, "llc": {**levels["llc"],
+                                                                                      "write_gbps": 15.0}}
+    assert roof.level_notes(own, memory) == {"l2": "", "llc": ""} and roof.level_warnings(own, memory) == []
+    assert roof.level_ceilings(own, memory) == {level: dict(f) for level, f in own.items()}  # equal: its own
+    tie = {"llc": {**levels["llc"], "write_gbps": 14.9}}
+    assert roof.level_notes(tie, memory) == {"llc": ""}
+    lacking = {"l2": {**own["l2"], "copy_gbps": float("nan")}}
+    assert roof.level_ceilings(lacking, memory)["l2"]["copy_gbps"] == 22.1
+    assert roof.level_notes(lacking, memory)["l2"] == "copy at memory's 22.1 GB/s (none measured in the l2)"
+    ceil = SimpleNamespace(read_gbps=30.2, write_gbps=14.9, copy_gbps=22.1, peak_gbps=22.1)
+    assert roof.memory_figures(ceil) == memory
 
 
 def test_a_compute_ceiling_is_the_matmul_ceiling_of_what_the_kernel_multiplies_in():

@@ -136,7 +136,7 @@ def test_the_roof_a_row_is_judged_against_follows_its_state(m, state, level):
     larger one and every cold one memory's; the roof is the hand floor at those ceilings."""
     case = ElementwiseCase("residual_add", m, 4096, "float32", "decode")
     base = base_row(case, "torch", "run", "suite", host(), "clock")
-    assert base["_levels"]["llc"] == {k: v for k, v in LEVELS["llc"].items() if k != "bytes"}
+    assert base["_levels"]["llc"] == {**{k: v for k, v in LEVELS["llc"].items() if k != "bytes"}, "level_note": ""}
     assert (base["l2_bytes"], base["llc_bytes"]) == (2 << 20, 32 << 20)
     row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, state, LEVELS)
     assert row["cache_state"] == state and row["roof_level"] == level
@@ -145,6 +145,31 @@ def test_the_roof_a_row_is_judged_against_follows_its_state(m, state, level):
     at = dict(read_gbps=found["read_gbps"], write_gbps=found["write_gbps"], peak_gbps=found["copy_gbps"])
     roof_ms = 1e3 * hand_floor(row["read_bytes"], row["write_bytes"], at)
     assert speed_figures(row, roof_ms)["pct_roofline"] == pytest.approx(100.0, rel=1e-12)
+
+
+def test_a_warm_row_judged_at_a_farther_levels_figure_says_which_and_its_levels_own():
+    """The issue's host: the L2's own read (82.4 GB/s, measured on one pass a call) under the LLC's (118): a warm row
+    in the L2 is judged at the LLC's read and its own write and copy, and its level_note says so (so does its finding
+    above the roof); a row in the LLC, judged at the LLC's own, and a cold row have a blank note."""
+    low = {**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 82.4}}
+    ceil = replace(host(), levels=low)
+    case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")  # 384 KiB: the L2
+    base = base_row(case, "torch", "run", "suite", ceil, "clock")
+    note = "read at the llc's 118.0 GB/s (the l2's own 82.4)"
+    assert base["level_note"] == "" and base["_levels"]["l2"]["level_note"] == note
+    plain = {k: v for k, v in base.items() if k != "_levels"}
+    row = measure_mod.with_state(plain, "warm", base["_levels"])
+    assert (row["roof_level"], row["level_read_gbps"], row["level_write_gbps"]) == ("l2", 118.0, 97.0)
+    assert row["level_note"] == note
+    above = measure_mod.judged({**row, **speed_figures(row, 1e3 * float(measure_mod.roof_of_row(row)[1]) / 1.2),
+                                "mode": "compiled"})
+    assert above["above_roof"] and f"({note})" in above["reason"]
+    bigger = ElementwiseCase("residual_add", 64, 4096, "float32", "decode")  # 3 MiB: the LLC
+    in_llc = measure_mod.with_state({k: v for k, v in base_row(bigger, "torch", "run", "suite", ceil, "clock").items()
+                                     if k != "_levels"}, "warm", base["_levels"])
+    assert in_llc["roof_level"] == "llc" and in_llc["level_note"] == ""
+    assert measure_mod.with_state(plain, "rotated", base["_levels"])["level_note"] == ""
+    assert measure_mod.with_state(row, "evicted", base["_levels"])["level_note"] == ""  # judged anew: no stale note
 
 
 def test_a_level_without_measured_ceilings_leaves_a_warm_row_at_memory():
@@ -250,6 +275,30 @@ def test_a_stored_warm_row_is_judged_at_the_levels_of_its_moment():
     assert again["ceiling_drift_pct"] == pytest.approx(0.0)  # only `after` measured its level: one roof
     early = measure_mod.judged_at_moments(text, [(0, *span[1:4], 110.0)], moments)  # round 1: before and the probe
     assert early["roof_moment"].startswith("before ") and early["above_roof"] and early["roof_verdict"] == "above"
+
+
+def test_a_stored_rows_level_note_follows_the_moment_it_is_judged_at():
+    """Before the run the L2's own read (82.4) sat under the LLC's (118): the row was judged at the LLC's and said so;
+    measured again after it, the L2 read 226.5: a row judged at that moment takes the L2's own, its note cleared; at a
+    moment whose L2 still reads under the LLC's (90.1), the note names both."""
+    before = replace(host(), levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 82.4}})
+    after = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 226.5}})
+    case = ElementwiseCase("residual_add", 8, 4096, "float32", "decode")
+    base = base_row(case, "torch", "run", "suite", before, "clock")
+    row = measure_mod.with_state({k: v for k, v in base.items() if k != "_levels"}, "warm", base["_levels"])
+    latency = 1e3 * float(measure_mod.roof_of_row(row)[1]) / 0.9
+    stored = measure_mod.judged({**row, **speed_figures(row, latency), "mode": "compiled"})
+    assert stored["level_note"] and stored["level_read_gbps"] == 118.0
+    text = {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in stored.items()}
+    span = (0, latency, latency * 0.99, latency * 1.01, 9.0)
+    again = measure_mod.judged_at_moments(text, [span], [moment_of(before, "before", 0.0),
+                                                         moment_of(after, "after", 10.0)])
+    assert again["level_read_gbps"] == pytest.approx(226.5) and again["level_note"] == ""
+    lower = replace(before, levels={**LEVELS, "l2": {**LEVELS["l2"], "read_gbps": 90.1}})  # still under the LLC's
+    again = measure_mod.judged_at_moments(text, [span], [moment_of(before, "before", 0.0),
+                                                         moment_of(lower, "after", 10.0)])
+    assert again["level_read_gbps"] == 118.0
+    assert again["level_note"] == "read at the llc's 118.0 GB/s (the l2's own 90.1)"
 
 
 def test_a_compute_bound_row_of_two_dtypes_takes_the_matmul_ceilings_of_its_moment():

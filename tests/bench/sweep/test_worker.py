@@ -15,7 +15,8 @@ import pytest
 import torch
 from phasebench.bench.session.child_process import sigint_default
 from phasebench.bench.sweep import worker
-from phasebench.bench.sweep.worker import CaseClock, Worker, WorkerError, signal_name
+from phasebench.bench.sweep.executor import CaseClock
+from phasebench.bench.sweep.worker import Worker, WorkerError, signal_name
 
 from ...conftest import REPO, run_cli
 
