@@ -42,6 +42,11 @@ class Operator:
     # the op also reads it) what a call must write, run before every judged call (the gate's and the last timed
     # one), so that a call which skips a write fails whatever an earlier call left there; None: out of place only
     poison_written: Callable[[object, object], None] | None = None
+    # (case, inputs) -> None, for an op whose inputs hold memory no call may read (a KV cache past each sequence's
+    # length, where a server's pool keeps stale values): fills it with NaN, in place, before every judged call, so
+    # that a kernel which reads it fails (a masked score still multiplies its value: 0 x NaN is NaN); the reference
+    # and the baseline never read it. None: a call may read all of its inputs
+    poison_unread: Callable[[object, object], None] | None = None
     # case -> (bytes read, bytes written), summing to min_bytes: the row's roof is the floor of each at its measured
     # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
     # bandwidth (its rows say so in roof_model)

@@ -175,18 +175,20 @@ class CaseState:
         return self._copies[:count - 1]
 
 
-def poison_written(state: CaseState, *inputs) -> None:
-    """Before a judged call of an op that writes into its inputs in place: poison (or restore) what it must write."""
-    if state.op.poison_written is not None:
-        for x in inputs:
-            state.op.poison_written(state.case, x)
+def poison_inputs(state: CaseState, *inputs) -> None:
+    """Before a judged call: poison (or restore) what an in-place op must write (Operator.poison_written), and fill
+    with NaN what no call may read (Operator.poison_unread: a KV cache past each sequence's length)."""
+    for hook in (state.op.poison_written, state.op.poison_unread):
+        if hook is not None:
+            for x in inputs:
+                hook(state.case, x)
 
 
 def judged_call(state: CaseState, checked: Checked, run: Callable[[], object]) -> Verdict:
-    """One call judged against `checked`: what it writes in place poisoned first, its fresh allocations poisoned while
-    it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
+    """One call judged against `checked`: its inputs poisoned first (poison_inputs), its fresh allocations poisoned
+    while it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
     with poisoned_allocations():
-        poison_written(state, checked.inputs)
+        poison_inputs(state, checked.inputs)
         out = run()
         sync(state.device)
     verdict = checked.judge(out)
@@ -293,7 +295,7 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with watch as seen:
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
                              interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                             before_last=functools.partial(poison_written, state, *timed.inputs),
+                             before_last=functools.partial(poison_inputs, state, *timed.inputs),
                              guard_last=poisoned_allocations)
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)

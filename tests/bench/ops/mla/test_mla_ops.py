@@ -100,3 +100,15 @@ def test_the_mla_decode_suite_has_both_presets_and_their_published_dims():
 def test_bad_cases_are_one_line(change, message):
     with pytest.raises(ValueError, match=message):
         MLACase(**{**dict(batch=2, q_heads=16, q_len=1, kv_len=64, dtype="bfloat16"), **change})
+
+
+@pytest.mark.parametrize("name", ["mtp-ragged", "paged-mid-page"])
+def test_the_reference_and_the_baseline_ignore_nan_past_each_length(name):
+    case = AWKWARD[name]
+    x = inputs.make_inputs(case, CPU, seed=9)
+    clean = reference.reference(case, x, CPU)
+    low = baseline.mla_in_dtype(case, x, CPU)
+    inputs.poison_unread(case, x)
+    assert torch.isnan(x.latent).any()
+    assert torch.equal(reference.reference(case, x, CPU), clean)
+    assert torch.equal(baseline.mla_in_dtype(case, x, CPU), low)
