@@ -196,6 +196,18 @@ def judged_call(state: CaseState, checked: Checked, run: Callable[[], object]) -
     return verdict
 
 
+def plain_call(state: CaseState, run: Callable[[], object], inputs) -> Verdict:
+    """One call as the timed loop makes it, judged: outside the deterministic mode that poisons allocations (under it
+    index_add_, index_put_ with accumulate, scatter_add_ and others take another kernel than the timed calls ran), its
+    inputs poisoned first and its output NaN-filled once judged, as every judged call's."""
+    poison_inputs(state, inputs)
+    out = run()
+    sync(state.device)
+    verdict = state.standard.judge(out)
+    scrub(out, keep=inputs)
+    return verdict
+
+
 def gate(state: CaseState, call, impl: str) -> Verdict:
     """The first call's output on the standard inputs, then, where the operator has them, a call on its stress
     inputs: the verdict of the first that fails, else the standard one."""
@@ -302,10 +314,15 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
             last = state.standard.judge(timing.last)
             scrub(timing.last, keep=timed.inputs)
+            # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
+            plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok else last
         del timed
         if not last.ok:
             return {**row, "status": last.status, "max_rel_err": last.error,
                     "reason": f"the call after the samples: {last.reason}"}
+        if not plain.ok:
+            return {**row, "status": plain.status, "max_rel_err": plain.error,
+                    "reason": f"the plain call after the samples (no deterministic algorithms): {plain.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:

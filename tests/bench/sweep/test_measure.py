@@ -264,6 +264,29 @@ def test_the_builtin_kernels_pass_with_nan_past_each_end(tmp_path):
     assert len(ran) >= 12 and (ran.status == "ok").all(), ran[["op", "impl", "shape", "status", "reason"]].to_string()
 
 
+# ---- the kernels the timed loop runs are judged too ----------------------------------------------------------------
+
+
+def right_only_under_deterministic_algorithms(x, w):
+    """Right while torch's deterministic algorithms are on (the poisoned calls' mode), 2% off otherwise: an op whose
+    deterministic kernel differs from the one the timed loop runs."""
+    out = torch.nn.functional.linear(x, w)
+    return out if torch.are_deterministic_algorithms_enabled() else out * 1.02
+
+
+def test_a_kernel_wrong_outside_the_deterministic_mode_is_incorrect(tmp_path, plugins):
+    # every call the earlier gate judged ran under use_deterministic_algorithms (the allocation poison's switch)
+    plugins("linear", "det_only", right_only_under_deterministic_algorithms)
+    case = LinearCase(m=3, n=97, k=1025, dtype="bfloat16", phase="decode")
+    rows = rows_of(tmp_path, [case], ["torch", "det_only"])
+    assert rows["torch"].status == "ok", rows["torch"].reason
+    bad = rows["det_only"]
+    assert bad.status == "incorrect" and math.isnan(bad.latency_ms), (bad.status, bad.reason)
+    assert bad.reason.startswith("the plain call after the samples (no deterministic algorithms): worst row"), \
+        bad.reason
+    assert not torch.are_deterministic_algorithms_enabled()  # the mode was the judged calls' only
+
+
 # ---- the right kernels pass ------------------------------------------------------------------------------------
 
 
