@@ -87,8 +87,8 @@ def _plan(req: AttentionRequest) -> PlannedCall:
     return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
-def _compute(device_type: str, dtype: torch.dtype, fields) -> str:
-    """Half of its FLOPs (the scores) in fp32, half (P.V) in the input dtype."""
+def scores_fp32(device_type: str, dtype: torch.dtype, fields) -> str:
+    """What naive_attention computes in: half of its FLOPs (the scores) in fp32, half (P.V) in the input dtype."""
     name = dtype_name(dtype)
     return name if dtype in (torch.float32, torch.float64) else f"float32+{name}"
 
@@ -105,5 +105,5 @@ NAIVE = add_builtin(Impl(
     sinks=True,
     max_head_dim=1 << 16,
     backends=lambda device_type: "torch-matmul",
-    compute=_compute,
+    compute=scores_fp32,
 ))

@@ -13,5 +13,5 @@ MLA = register_operator(Operator(
                                               cache_seqlens=x.cache_seqlens, block_table=x.block_table),
     does_not_fit=memory.does_not_fit, key=mla_key_for, streamed=("latent",), stress=inputs.large_logits,
     stress_note=f"large-logit inputs (q x {LOGIT_SCALE:g}: logits of about +-50 at DeepSeek's scale)",
-    poison_unread=inputs.poison_unread,
+    poison_unread=inputs.poison_unread, baseline_cap=baseline.CAP_UNITS,
 ))
