@@ -34,6 +34,10 @@ class Operator:
     key: Callable[[object, str], str]  # the NVTX name of (case, impl)
     # fields of the inputs that a forward pass streams from memory (weights, the KV cache): cold on the host
     streamed: tuple[str, ...] = ()
+    # case -> bytes one call reads of its streamed operands where that is less than their size (a window reads the last
+    # keys of a cache, a ragged or paged batch the keys each sequence holds): what a cold rotation counts; None: their
+    # size
+    streamed_read: Callable[[object], float] | None = None
     # (case, inputs) -> inputs that stress the kernel where standard-normal inputs cannot (attention: large logits),
     # checked after the standard inputs; None for an operator without such a regime
     stress: Callable[[object, object], object] | None = None
