@@ -104,7 +104,7 @@ def rotation(streamed: int, device, allocated: int | None = None) -> int:
 def policy(device, timer) -> dict:
     """What run.json says of cold operands: on a GPU the L2 flush, on the host the rule below."""
     if device.type == "cuda":
-        return {"cold": timer.flush_l2, "rule": "an L2 flush (a buffer 4x L2 zeroed) before each call"
+        return {"cold": timer.flush_l2, "rule": "an L2 flush (a buffer 4x L2 read) before each call"
                 if timer.flush_l2 else "no L2 flush: operands may stay in L2 between calls"}
     cold = timer.cold
     llc, source = last_level_cache()
