@@ -10,7 +10,7 @@ import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call, l2_flush_buffer
+from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call, flush_l2, l2_flush_buffer
 from .sweep.executor import Executor
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls
@@ -109,7 +109,7 @@ class BenchmarkSampler:
 
         def setup():  # outside the clock: the next call in turn, the L2 flush or the host eviction before it
             if self.flush is not None:
-                self.flush.zero_()
+                flush_l2(self.flush)
                 torch.cuda.synchronize(device)
             if evict is not None:
                 evict()

@@ -99,7 +99,7 @@ def test_a_read_after_the_l2_flush_is_slower_than_one_from_l2(benchmark, expect,
     behind a spin of the GPU, so its events time the kernel, not the wait for the host's launch."""
     if where.type != "cuda":
         pytest.skip("the L2 flush is the CUDA timer's")
-    from phasebench.bench.instruments.timing import l2_flush_buffer
+    from phasebench.bench.instruments.timing import flush_l2, l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(where).L2_cache_size
     flush = l2_flush_buffer(where)
@@ -113,7 +113,7 @@ def test_a_read_after_the_l2_flush_is_slower_than_one_from_l2(benchmark, expect,
             torch.sum(x, out=out)  # x in L2 (unless flushed next)
             torch.cuda._sleep(100_000)  # keeps the GPU busy while the host queues what follows
             if flushed:
-                flush.zero_()
+                flush_l2(flush)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             torch.sum(x, out=out)

@@ -84,11 +84,12 @@ def plan(state, impl: str, call, *, cold: bool, mode: str, flush_l2: bool = Fals
 
 
 def streamed_read_bytes(op, case, streamed) -> int:
-    """Bytes of the streamed operands one call reads: their size, or what the cost model says the call reads where
-    that is less (a sliding window reads the last keys of a cache, a ragged batch the keys each sequence holds), so
-    that the rotation streams its COLD_FACTOR x LLC in bytes the calls really read."""
-    read = op.moved_bytes(case)[0] if op.moved_bytes is not None else op.min_bytes(case)
-    return int(min(nbytes(streamed), read))
+    """Bytes of the streamed operands one call reads: their size, or what the operator says a call reads of them where
+    that is less (Operator.streamed_read: a sliding window reads the last keys of a cache, a ragged batch the keys each
+    sequence holds), so that the rotation streams its COLD_FACTOR x LLC in bytes of the rotated operands the calls
+    really read; what else a call reads (q, sinks, a block table) is never rotated and never counted."""
+    size = nbytes(streamed)
+    return int(size if op.streamed_read is None else min(size, op.streamed_read(case)))
 
 
 def rotation(streamed: int, device, allocated: int | None = None) -> int:
@@ -103,7 +104,7 @@ def rotation(streamed: int, device, allocated: int | None = None) -> int:
 def policy(device, timer) -> dict:
     """What run.json says of cold operands: on a GPU the L2 flush, on the host the rule below."""
     if device.type == "cuda":
-        return {"cold": timer.flush_l2, "rule": "an L2 flush (a buffer 4x L2 zeroed) before each call"
+        return {"cold": timer.flush_l2, "rule": "an L2 flush (a buffer 4x L2 read) before each call"
                 if timer.flush_l2 else "no L2 flush: operands may stay in L2 between calls"}
     cold = timer.cold
     llc, source = last_level_cache()

@@ -17,7 +17,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -26,6 +26,7 @@ import torch
 from ...profiles.names import L2FLUSH
 from ...profiles.nvtx_ranges import nvtx_range
 from ..spec.interval import MedianInterval, median_interval, outlier_count, percentile
+from .memory.poison import scrub, storages
 
 # The relative half-width of the 95% interval of the median at which the runner stops sampling, per device kind: a
 # GPU's events resolve a microsecond and repeat closely; the host's clock sees the scheduler and its neighbours.
@@ -217,9 +218,16 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
-    """A buffer several times the L2 cache; zeroing it evicts what the previous call left there."""
+    """A buffer several times the L2 cache; reading it (flush_l2) evicts what the previous call left there."""
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
     return torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.int32, device=device)
+
+
+def flush_l2(buffer) -> None:
+    """Evict the L2 by reading `buffer` (l2_flush_buffer) in one reduction whose result is dropped: nothing of it is
+    written, so the lines it leaves are clean and the timed call pays no write-back of the flush's own (zeroing the
+    buffer left L2 full of dirty lines)."""
+    buffer.amax()
 
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
@@ -232,7 +240,8 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
     closed once the last sample has finished on the GPU; each flush sits in a nested 'l2flush' range.
     With several calls each is taken in turn (each captured in a graph of its own with cuda_graph); the output kept
     is the checked call's, the next in turn after the samples (with cuda_graph, the graph's output after one more
-    replay: a replay allocates nothing, it reruns the captured kernels into the graph's own output).
+    replay: a replay allocates nothing, it reruns the captured kernels into the graph's own output, which is
+    NaN-filled first: checked_replay).
     stream: run, record and wait on that stream only (a call timed beside work on other streams); by default the
     current stream, and waits synchronise the whole device.
     before_last, guard_last: run before and around the checked call (enqueued work outside the events).
@@ -258,7 +267,7 @@ class EventBatches:
         for start, end in zip(starts, ends, strict=True):
             if self.flush is not None:
                 with nvtx_range(L2FLUSH):
-                    self.flush.zero_()
+                    flush_l2(self.flush)
             at = self.next % len(self.runs)
             self.next += 1
             start.record()
@@ -268,12 +277,25 @@ class EventBatches:
         return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def checked_replay(replay: Callable[[], object], static, sync: Callable[[], None], returned: Collection[int] = (),
+                   before_last: Callable[[], None] | None = None, guard_last: Guard | None = None) -> object:
+    """The checked call of a CUDA graph: its static output NaN-filled (integers their largest value), then one more
+    replay as checked_call makes it, whose output is the static one; what the replay does not rewrite cannot hold the
+    previous replay's right answer. Tensors whose storage is in `returned` (what the call returned of its inputs: an
+    in-place op's caches, whose rows to write `before_last` poisons) are left as they are. None when nothing checks."""
+    if before_last is None and guard_last is None:
+        return None
+    scrub(static, skip=returned)
+    checked_call(replay, sync, before_last, guard_last)
+    return static
+
+
 def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | None, payload,
                sync: Callable[[], None], before_last: Callable[[], None] | None = None,
                guard_last: Guard | None = None) -> Timing:
     calls = _calls(fn)
     per_call, _ = _warm_up(calls, cfg, sync)
-    runs, static = calls, [None] * len(calls)
+    runs, static, returned = calls, [None] * len(calls), [set()] * len(calls)
     if cfg.cuda_graph:
         runs = []
         stream = torch.cuda.Stream(device)
@@ -281,9 +303,14 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
         with torch.cuda.stream(stream):
             for i, call in enumerate(calls):
                 graph = torch.cuda.CUDAGraph()
-                call()  # allocations of the first call happen outside the capture
+                first = call()  # allocations of the first call happen outside the capture
                 with torch.cuda.graph(graph, stream=stream):
                     static[i] = call()  # replays rewrite this output in place
+                # what both calls return is what they return of their inputs (an in-place op's caches: held until
+                # here, no fresh output of the capture shares an address with the first's); the checked replay
+                # leaves it unfilled
+                returned[i] = storages(first) & storages(static[i])
+                del first
                 runs.append(graph.replay)
         torch.cuda.current_stream(device).wait_stream(stream)
     flush = l2_flush_buffer(device) if cfg.flush_l2 else None
@@ -292,9 +319,10 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
     with _samples_range(range_name, payload):
         samples = adaptive_samples(take, cfg, per_call)
     at = take.next % len(runs)
-    last = checked_call(runs[at], sync, before_last, guard_last)
-    if cfg.cuda_graph and (before_last is not None or guard_last is not None):
-        last = static[at]
+    if cfg.cuda_graph:
+        last = checked_replay(runs[at], static[at], sync, returned[at], before_last, guard_last)
+    else:
+        last = checked_call(runs[at], sync, before_last, guard_last)
     return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last, cfg.target)
 
 

@@ -34,6 +34,10 @@ class Operator:
     key: Callable[[object, str], str]  # the NVTX name of (case, impl)
     # fields of the inputs that a forward pass streams from memory (weights, the KV cache): cold on the host
     streamed: tuple[str, ...] = ()
+    # case -> bytes one call reads of its streamed operands where that is less than their size (a window reads the last
+    # keys of a cache, a ragged or paged batch the keys each sequence holds): what a cold rotation counts; None: their
+    # size
+    streamed_read: Callable[[object], float] | None = None
     # (case, inputs) -> inputs that stress the kernel where standard-normal inputs cannot (attention: large logits),
     # checked after the standard inputs; None for an operator without such a regime
     stress: Callable[[object, object], object] | None = None
@@ -42,6 +46,11 @@ class Operator:
     # the op also reads it) what a call must write, run before every judged call (the gate's and the last timed
     # one), so that a call which skips a write fails whatever an earlier call left there; None: out of place only
     poison_written: Callable[[object, object], None] | None = None
+    # (case, inputs) -> None, for an op whose inputs hold memory no call may read (a KV cache past each sequence's
+    # length, where a server's pool keeps stale values): fills it with NaN, in place, before every judged call, so
+    # that a kernel which reads it fails (a masked score still multiplies its value: 0 x NaN is NaN); the reference
+    # and the baseline never read it. None: a call may read all of its inputs
+    poison_unread: Callable[[object, object], None] | None = None
     # case -> (bytes read, bytes written), summing to min_bytes: the row's roof is the floor of each at its measured
     # ceiling (bench.spec.roof); None: an operator that does not split them, whose roof puts min_bytes at the copy
     # bandwidth (its rows say so in roof_model)

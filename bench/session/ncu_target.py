@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         return 2
     from ...profiles.capture import cuda_profiler_range
     from ..instruments.roofline import on_device
-    from ..sweep.measure import CaseState, gate, judged_call, poison_written, sync
+    from ..sweep.measure import CaseState, gate, judged_call, poison_inputs, sync
 
     with on_device(device):
         state = CaseState(case, device)
@@ -48,7 +48,8 @@ def main(argv=None) -> int:
             print(f"ncu_target: error: {args.impl} is incorrect on this case: {verdict.reason}", file=sys.stderr)
             return 1
         call.run()
-        poison_written(state, state.inputs)  # what an in-place op writes: the profiled calls must write it again
+        # what an in-place op writes poisoned (the profiled calls must write it again), NaN where no call may read
+        poison_inputs(state, state.inputs)
         sync(device)
         with cuda_profiler_range() if device.type == "cuda" else contextlib.nullcontext():
             for _ in range(args.calls):

@@ -175,22 +175,36 @@ class CaseState:
         return self._copies[:count - 1]
 
 
-def poison_written(state: CaseState, *inputs) -> None:
-    """Before a judged call of an op that writes into its inputs in place: poison (or restore) what it must write."""
-    if state.op.poison_written is not None:
-        for x in inputs:
-            state.op.poison_written(state.case, x)
+def poison_inputs(state: CaseState, *inputs) -> None:
+    """Before a judged call: poison (or restore) what an in-place op must write (Operator.poison_written), and fill
+    with NaN what no call may read (Operator.poison_unread: a KV cache past each sequence's length)."""
+    for hook in (state.op.poison_written, state.op.poison_unread):
+        if hook is not None:
+            for x in inputs:
+                hook(state.case, x)
 
 
 def judged_call(state: CaseState, checked: Checked, run: Callable[[], object]) -> Verdict:
-    """One call judged against `checked`: what it writes in place poisoned first, its fresh allocations poisoned while
-    it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
+    """One call judged against `checked`: its inputs poisoned first (poison_inputs), its fresh allocations poisoned
+    while it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
     with poisoned_allocations():
-        poison_written(state, checked.inputs)
+        poison_inputs(state, checked.inputs)
         out = run()
         sync(state.device)
     verdict = checked.judge(out)
     scrub(out, keep=checked.inputs)
+    return verdict
+
+
+def plain_call(state: CaseState, run: Callable[[], object], inputs) -> Verdict:
+    """One call as the timed loop makes it, judged: outside the deterministic mode that poisons allocations (under it
+    index_add_, index_put_ with accumulate, scatter_add_ and others take another kernel than the timed calls ran), its
+    inputs poisoned first and its output NaN-filled once judged, as every judged call's."""
+    poison_inputs(state, inputs)
+    out = run()
+    sync(state.device)
+    verdict = state.standard.judge(out)
+    scrub(out, keep=inputs)
     return verdict
 
 
@@ -305,17 +319,22 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with watch as seen:
             timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
                              interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                             before_last=functools.partial(poison_written, state, *timed.inputs),
+                             before_last=functools.partial(poison_inputs, state, *timed.inputs),
                              guard_last=poisoned_allocations)
         if seen is not None and seen.noisy:
             row.update(noisy=True, noise_reason=seen.reason)
         with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
             last = state.standard.judge(timing.last)
             scrub(timing.last, keep=timed.inputs)
+            # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
+            plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok else last
         del timed
         if not last.ok:
             return {**row, "status": last.status, "max_rel_err": last.error,
                     "reason": f"the call after the samples: {last.reason}"}
+        if not plain.ok:
+            return {**row, "status": plain.status, "max_rel_err": plain.error,
+                    "reason": f"the plain call after the samples (no deterministic algorithms): {plain.reason}"}
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:

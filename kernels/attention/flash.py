@@ -8,8 +8,9 @@ Routes (each reported as the call's backend):
   (FlashAttention-2 on CUDA, PyTorch's flash kernel on CPU). SDPA's `is_causal` is top-left, so
   a causal chunk with Sq < Sk goes through `causal_lower_right` (suffix `+lower-right`), which
   PyTorch dispatches to the same flash kernel with bottom-right alignment. Ragged
-  `cache_seqlens` are served by one flash call per sequence on its own key prefix (suffix
-  `+per-seq`): same kernel, B launches.
+  `cache_seqlens` on a contiguous cache are served by one call per sequence on its own key prefix (suffix
+  `+per-seq`, then the suffixes of its sequences' routes): same kernel, B launches, and nothing past a sequence's
+  length is read (every pinned backend, a mask-taking one too, and with a window or sinks).
 - A paged cache (block_table): `flash_attn_with_kvcache(..., block_table=...)` (suffix `+paged`) where flash_attn
   serves it (pages of a multiple of 256 tokens); without flash_attn, the pages gathered into contiguous K/V inside
   the call and then the SDPA route above, named `gather+sdpa-flash...`.
@@ -28,6 +29,7 @@ A backend that rejects a request at run time raises `Unsupported`; nothing falls
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -69,8 +71,13 @@ def _sdpa(req: AttentionRequest, backend: SDPBackend, q, k, v, *, is_causal=Fals
 
 
 def sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> PlannedCall:
-    """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask. A paged
-    request's pages are gathered into contiguous K/V inside the call (the label says `gather+`)."""
+    """Plan an SDPA call pinned to one backend; `masks` says whether it takes an explicit attn_mask. A ragged
+    contiguous cache runs one call per sequence over its own keys (`+per-seq`): a mask over the whole cache would
+    meet what lies past a sequence's length, and a masked key's NaN reaches the output (NaN + -inf, 0 x NaN). A paged
+    request's pages are gathered into contiguous K/V inside the call (the label says `gather+`), the keys past a
+    length read as the sequence's key 0 (paged.gather_index)."""
+    if req.ragged and not req.paged:
+        return _each_sequence(req, impl, backend, label, masks)
     q = req.q
     kv = gatherer(req) if req.paged else lambda: (req.k, req.v)
     label = ("gather+" if req.paged else "") + label
@@ -81,7 +88,7 @@ def sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str
     if req.ragged and masks:
         keep = allowed_keys(req)[:, None]  # built here, outside the timed call
         return PlannedCall(impl, label + "+mask", lambda: _sdpa(req, backend, q, *kv(), attn_mask=keep))
-    if req.ragged:
+    if req.ragged:  # gathered pages, for a backend without masks
         def per_sequence():
             k, v = kv()
             out = buffers.empty_like(q)
@@ -98,6 +105,22 @@ def sdpa_route(req: AttentionRequest, impl: str, backend: SDPBackend, label: str
         bias = allowed_keys(req)[:, None] if req.device_type == "cpu" else causal_lower_right(req.q_len, req.kv_len)
         return PlannedCall(impl, label + "+lower-right", lambda: _sdpa(req, backend, q, *kv(), attn_mask=bias))
     return PlannedCall(impl, label, lambda: _sdpa(req, backend, q, *kv(), is_causal=causal_square))
+
+
+def _each_sequence(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, masks: bool) -> PlannedCall:
+    """A ragged contiguous request as one dense request per sequence over its own keys (views), each planned here
+    (its masks built outside the timed call) and run in turn into the batch's output."""
+    plans = [sdpa_route(dataclasses.replace(req, q=req.q[b:b + 1], k=req.k[b:b + 1, :, :n], v=req.v[b:b + 1, :, :n],
+                                            cache_seqlens=None, seqlens=None), impl, backend, label, masks)
+             for b, n in enumerate(req.seqlens)]
+    suffixes = "".join(dict.fromkeys(p.backend.removeprefix(label) for p in plans))
+
+    def per_sequence():
+        out = buffers.empty_like(req.q)
+        for b, plan in enumerate(plans):
+            out[b:b + 1] = plan.run()
+        return out
+    return PlannedCall(impl, f"{label}+per-seq{suffixes}", per_sequence)
 
 
 def _masked_with_sinks(req: AttentionRequest, impl: str, backend: SDPBackend, label: str, takes_mask: bool,

@@ -1,10 +1,12 @@
 """Naive attention: fp32 scores as a matmul, softmax in fp32 (a sink logit joining its denominator), then a matmul
-(materialises the scores, a window as a mask); a paged cache is gathered into contiguous K/V first, inside the call."""
+(materialises the scores, a window as a mask; a ragged batch's P.V per sequence, over its own keys); a paged cache is
+gathered into contiguous K/V first, inside the call."""
 
 from __future__ import annotations
 
 import torch
 
+from .. import buffers
 from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .paged import contiguous, gatherer
 from .request import AttentionRequest
@@ -67,7 +69,15 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
     else:
         probs = torch.softmax(scores, dim=-1)
     # the output has v's head dim (MLA's value is narrower than its key: kernels/mla/)
-    return torch.matmul(probs.to(v.dtype).view(b, hkv, group * sq, sk), v).view(b, hq, sq, v.shape[-1])
+    probs = probs.to(v.dtype).view(b, hkv, group * sq, sk)
+    if not req.ragged:
+        return torch.matmul(probs, v).view(b, hq, sq, v.shape[-1])
+    # what lies past a sequence's length may be anything (a server's stale values, NaN), and a probability of 0
+    # times NaN is NaN: each sequence multiplies its own keys' values only
+    out = buffers.empty((b, hkv, group * sq, v.shape[-1]), dtype=v.dtype, device=v.device)
+    for i, n in enumerate(req.seqlens):
+        torch.matmul(probs[i, :, :, :n], v[i, :, :n], out=out[i])
+    return out.view(b, hq, sq, v.shape[-1])
 
 
 def _plan(req: AttentionRequest) -> PlannedCall:
@@ -77,8 +87,8 @@ def _plan(req: AttentionRequest) -> PlannedCall:
     return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
 
 
-def _compute(device_type: str, dtype: torch.dtype, fields) -> str:
-    """Half of its FLOPs (the scores) in fp32, half (P.V) in the input dtype."""
+def scores_fp32(device_type: str, dtype: torch.dtype, fields) -> str:
+    """What naive_attention computes in: half of its FLOPs (the scores) in fp32, half (P.V) in the input dtype."""
     name = dtype_name(dtype)
     return name if dtype in (torch.float32, torch.float64) else f"float32+{name}"
 
@@ -95,5 +105,5 @@ NAIVE = add_builtin(Impl(
     sinks=True,
     max_head_dim=1 << 16,
     backends=lambda device_type: "torch-matmul",
-    compute=_compute,
+    compute=scores_fp32,
 ))

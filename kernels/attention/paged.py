@@ -17,17 +17,17 @@ from .request import AttentionRequest
 
 
 def gather_index(req: AttentionRequest) -> torch.Tensor:
-    """int64 [B * Hkv * Sk]: the pool row of each (sequence, kv head, key) in BHSD order. The entries past a
-    sequence's pages may hold padding: they are read as its first page instead (keys the math masks by
-    cache_seqlens), so the gather touches only pages the sequence holds."""
+    """int64 [B * Hkv * Sk]: the pool row of each (sequence, kv head, key) in BHSD order. A key past a sequence's
+    length is read as its key 0 instead (the math masks it): the gather touches only the slots the sequence holds, so
+    what lies past its end (the tail of its last page, pages no entry names, padding in the table: a server's stale
+    values, NaN) never reaches the copy."""
     dev, page, heads = req.q.device, req.page_size, req.kv_heads
     table = req.block_table.to(torch.int64)
     lengths = req.cache_seqlens.to(torch.int64) if req.cache_seqlens is not None else torch.full(
         (req.batch,), req.kv_len, device=dev)
-    unused = torch.arange(table.shape[1], device=dev)[None, :] >= (lengths[:, None] + page - 1) // page
-    table = torch.where(unused, table[:, :1], table)
-    keys = torch.arange(req.kv_len, device=dev)
-    token_rows = table[:, keys // page] * page + keys % page  # [B, Sk]: the token's (page, slot) row
+    keys = torch.arange(req.kv_len, device=dev)[None, :]
+    keys = torch.where(keys < lengths[:, None], keys, 0)  # [B, Sk]
+    token_rows = table.gather(1, keys // page) * page + keys % page  # [B, Sk]: the token's (page, slot) row
     rows = token_rows[:, None, :] * heads + torch.arange(heads, device=dev)[None, :, None]
     return rows.reshape(-1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.naive import naive_attention
+from ..attention.naive import naive_attention, scores_fp32
 from ..attention.paged import gatherer
 from ..registry import Impl, PlannedCall, add_builtin
 from .request import MLARequest, value_request
@@ -27,5 +27,6 @@ NAIVE_MLA = add_builtin(Impl(
     dtypes=DTYPES,
     plan=_plan,
     backends=lambda device_type: "torch-matmul",
+    compute=scores_fp32,  # q and the latent upcast for the scores, the probabilities rounded to the dtype for P.V
     op="mla",
 ))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+from collections.abc import Collection
 
 import torch
 import torch.utils.deterministic
@@ -44,10 +45,16 @@ def tensors_in(obj) -> list[torch.Tensor]:
     return []
 
 
-def scrub(out, keep=()) -> None:
+def storages(obj) -> set[int]:
+    """The addresses of the storages of the tensors in `obj` (tensors_in)."""
+    return {t.untyped_storage().data_ptr() for t in tensors_in(obj)}
+
+
+def scrub(out, keep=(), skip: Collection[int] = ()) -> None:
     """Fill each tensor of a judged output with NaN (integers: their largest value) before it is released; tensors
-    that share memory with `keep` (the inputs: an in-place op returns its caches) are left as they are."""
-    kept = {t.untyped_storage().data_ptr() for t in tensors_in(keep)}
+    that share memory with `keep` (the inputs: an in-place op returns its caches), or whose storage is in `skip`
+    (addresses), are left as they are."""
+    kept = storages(keep) | set(skip)
     for t in tensors_in(out):
         if t.numel() == 0 or t.dtype == torch.bool or t.untyped_storage().data_ptr() in kept:
             continue

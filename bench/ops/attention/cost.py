@@ -46,6 +46,13 @@ def flops(case: AttentionCase) -> float:
     return 4.0 * case.batch * case.q_heads * case.head_dim * pairs(case)
 
 
+def kv_read_bytes(case: AttentionCase) -> float:
+    """The K and V bytes a call reads: the keys some query's window reaches (case.keys_read) of each sequence's length,
+    by kv heads."""
+    return float(ELEMENT_BYTES[case.dtype] * 2 * case.kv_heads * sum(case.keys_read(n) for n in case.lengths)
+                 * case.head_dim)
+
+
 def moved_bytes(case: AttentionCase) -> tuple[float, float]:
     """(bytes read, bytes written): q, k and v read once and o written once; K/V counted by kv heads (GQA) and by the
     keys each sequence uses.
@@ -58,9 +65,8 @@ def moved_bytes(case: AttentionCase) -> tuple[float, float]:
     logit per query head."""
     elem, d = ELEMENT_BYTES[case.dtype], case.head_dim
     queries = case.batch * case.q_heads * case.q_len * d  # q in, o out: the same shape
-    kv = 2 * case.kv_heads * sum(case.keys_read(n) for n in case.lengths) * d
     sinks = SINK_BYTES * case.q_heads if case.sinks else 0
-    return float(elem * (queries + kv) + table_read_bytes(case) + sinks), float(elem * queries)
+    return float(elem * queries + kv_read_bytes(case) + table_read_bytes(case) + sinks), float(elem * queries)
 
 
 def min_bytes(case: AttentionCase) -> float:

@@ -1,4 +1,5 @@
-"""The seeded inputs of an attention case (dense, ragged or paged) and its large-logit stress inputs."""
+"""The seeded inputs of an attention case (dense, ragged or paged), its large-logit stress inputs, and the NaN the gate
+puts past each sequence's length."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from ...instruments.roofline import TORCH_DTYPES
 from .cases import AttentionCase
-from .pages import make_pages
+from .pages import held_slots, make_pages
 
 # Standard-normal q and k give logits of about +-4, where softmax without its max subtraction never overflows;
 # q x 30 gives logits of about +-100 at a few thousand keys, past exp's float32/bfloat16 range (88.7) and far
@@ -56,6 +57,28 @@ def draw_sinks(case: AttentionCase, gen: torch.Generator, device: torch.device) 
     seen = min(case.lengths) if not case.windowed else min(min(case.lengths), case.window_left + 1)
     noise = torch.randn((case.q_heads,), generator=gen, device=device, dtype=torch.float32)
     return noise.add_(math.log(seen))
+
+
+def fill_past_the_end(case: AttentionCase, caches, block_table: torch.Tensor | None = None,
+                      value: float = float("nan")) -> None:
+    """Fill what no sequence's keys hold in each cache tensor (K and V, or MLA's latent), in place: a ragged contiguous
+    cache's keys j >= each length, a paged pool's slots past each length in its last page and the pages no entry
+    names. A server's pool holds stale values there (FlashMLA's own test fills it with NaN)."""
+    if case.paged:
+        unread = ~held_slots(case, block_table, caches[0].shape[0])[:, :, None, None]
+    elif case.ragged:
+        lengths = torch.tensor(case.lengths, device=caches[0].device)
+        unread = (torch.arange(case.kv_len, device=lengths.device)[None, :] >= lengths[:, None])[:, None, :, None]
+    else:
+        return
+    for t in caches:
+        t.masked_fill_(unread, value)
+
+
+def poison_unread(case: AttentionCase, inputs: CaseInputs) -> None:
+    """NaN past each sequence's length in K and V, before every judged call: a kernel that reads there (a masked
+    score still multiplies its value: 0 x NaN is NaN) fails whatever the values a server's pool would hold."""
+    fill_past_the_end(case, (inputs.k, inputs.v), inputs.block_table)
 
 
 def large_logits(case: AttentionCase, inputs: CaseInputs) -> CaseInputs:

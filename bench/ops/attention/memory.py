@@ -87,8 +87,8 @@ def _sdpa_common(case: AttentionCase, device: torch.device) -> int:
         return lse
     chunk_causal = case.causal and 1 < case.q_len < case.kv_len
     if device.type == "cpu" and (chunk_causal or ragged):
-        # the lower-right mask is built on the host ([1, Sq, Sk], or one sequence's at a time when ragged)
-        lse += HOST_MASK_BYTES * case.q_len * case.kv_len
+        # the lower-right mask is built on the host ([1, Sq, Sk]; a ragged batch plans one per sequence)
+        lse += HOST_MASK_BYTES * case.q_len * case.kv_len * (case.batch if ragged else 1)
     if ragged:  # the per-sequence route: one sequence's output, and its K/V slices should a backend copy them
         lse += output_bytes(case) // case.batch + 2 * case.kv_heads * case.kv_len * case.head_dim * _elem(case)
     return lse
@@ -105,7 +105,7 @@ def _flash(case: AttentionCase, device: torch.device) -> int:
 
 def _sdpa_efficient(case: AttentionCase, device: torch.device) -> int:
     need = _sdpa_common(case, device)
-    if _seqlens(case) is not None:  # the masked route: a bool [B, 1, Sq, Sk] and its float copy
+    if _seqlens(case) is not None:  # gathered pages' masked route: a bool [B, 1, Sq, Sk] and its float copy (at most)
         need += HOST_MASK_BYTES * case.batch * case.q_len * case.kv_len
     return need
 

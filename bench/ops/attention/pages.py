@@ -40,6 +40,19 @@ def keys_in_order(inputs, case: AttentionCase, start: int, stop: int, rows: slic
     return inputs.k[page, slot].permute(0, 2, 1, 3), inputs.v[page, slot].permute(0, 2, 1, 3)
 
 
+def held_slots(case: AttentionCase, table: torch.Tensor, num_pages: int) -> torch.Tensor:
+    """bool [num_pages, page_size]: the slots of a pool that hold a key some sequence uses (key j < its length);
+    the rest (the tail of each last page, pages no table entry names) a kernel must never read."""
+    page, dev = case.page_size, table.device
+    lengths = torch.tensor(case.lengths, dtype=torch.int64, device=dev)
+    used = (lengths[:, None] - page * torch.arange(case.max_pages, device=dev)[None, :]).clamp(0, page)
+    named = used > 0  # [B, max_pages]: the entries naming a page the sequence holds, and how many of its slots
+    slots = torch.arange(page, device=dev)[None, :] < used[named][:, None]
+    held = torch.zeros((num_pages, page), dtype=torch.int32, device=dev)
+    held.index_add_(0, table[named].to(torch.int64), slots.to(torch.int32))  # a page two entries name: either's
+    return held > 0
+
+
 def pool_bytes(case: AttentionCase, elem: int) -> int:
     """The K and V pools as allocated (whole pages) and the block table."""
     return 2 * sum(case.pages) * case.page_size * case.kv_heads * case.head_dim * elem \

@@ -12,8 +12,9 @@ ATTENTION = register_operator(Operator(
     prepare=lambda case, x, impl: prepare(x.q, x.k, x.v, impl=impl, causal=case.causal,
                                           cache_seqlens=x.cache_seqlens, block_table=x.block_table,
                                           window_left=case.window_left, sinks=x.sinks),
-    does_not_fit=memory.does_not_fit, key=case_key_for, streamed=("k", "v"), stress=inputs.large_logits,
-    baseline_cap=baseline.CAP_UNITS,
+    does_not_fit=memory.does_not_fit, key=case_key_for, streamed=("k", "v"),
+    streamed_read=cost.kv_read_bytes, stress=inputs.large_logits,
+    baseline_cap=baseline.CAP_UNITS, poison_unread=inputs.poison_unread,
     stress_note=f"large-logit inputs (q x {inputs.LOGIT_SCALE:g}: logits of about +-100, past exp's range without "
                 "softmax's max subtraction)",
 ))

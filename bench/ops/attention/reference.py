@@ -100,6 +100,8 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
                 if k1 > (shortest - sq + start + 1 if case.causal else shortest) or k0 < edge:
                     ids = torch.arange(k0, k1, device=device)
                     keep = ids[None, None, :] < lengths[:, None, None]
+                    if k1 > shortest:  # past a length the cache may hold anything (the gate puts NaN there): 0 x NaN
+                        v = v.masked_fill(~keep[..., None], 0.0)
                     position = lengths[:, None] - sq + torch.arange(start, stop, device=device)[None, :]
                     if case.causal:
                         keep = keep & (ids[None, None, :] <= position[:, :, None])

@@ -7,9 +7,14 @@ import torch
 
 from ...instruments.gate import relative_error
 from ...instruments.roofline import TORCH_DTYPES
+from ..attention import baseline as attention_baseline
 from ..attention.reference import blocked_attention
 from .cases import MLACase
 from .inputs import MLAInputs
+
+# attention's cap (2 u): the same blocked math and rounding points (0.6-1.0 u at 4k-64k keys). The default 4 u let a
+# bf16 limit reach 3.1%, past the 1.0-2.7% that a kernel dropping one 64-key block of 64k keys errs.
+CAP_UNITS = attention_baseline.CAP_UNITS
 
 
 def mla_in_dtype(case: MLACase, inputs: MLAInputs, device: torch.device) -> torch.Tensor:

@@ -88,12 +88,17 @@ def flops(case: MLACase) -> float:
     return 2.0 * case.q_len * sum(case.lengths) * case.q_heads * (case.head_dim + case.head_dim_v)
 
 
+def latent_read_bytes(case: MLACase) -> float:
+    """The latent bytes a call reads: sum(seqlens) x D, whatever the cache or the pool holds past each length."""
+    return float(ELEMENT_BYTES[case.dtype] * sum(case.lengths) * case.head_dim)
+
+
 def moved_bytes(case: MLACase) -> tuple[float, float]:
     """(read, written) as FlashMLA counts them: the latent cache read once (sum(seqlens) x D, and a paged cache's table
     entries) and q read; the output [B, Hq, Sq, Dv] written."""
     elem = ELEMENT_BYTES[case.dtype]
     rows = case.batch * case.q_heads * case.q_len
-    read = elem * (sum(case.lengths) * case.head_dim + rows * case.head_dim) + table_read_bytes(case.attention)
+    read = latent_read_bytes(case) + elem * rows * case.head_dim + table_read_bytes(case.attention)
     return float(read), float(elem * rows * case.head_dim_v)
 
 

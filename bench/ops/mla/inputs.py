@@ -1,4 +1,5 @@
-"""The seeded inputs of an MLA decode case (q and the latent cache, contiguous or paged) and its large-logit stress."""
+"""The seeded inputs of an MLA decode case (q and the latent cache, contiguous or paged), its large-logit stress, and
+the NaN the gate puts past each sequence's length."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ...instruments.roofline import TORCH_DTYPES
-from ..attention.inputs import LOGIT_SCALE, CaseInputs
+from ..attention.inputs import LOGIT_SCALE, CaseInputs, fill_past_the_end
 from ..attention.pages import make_pages
 from .cases import MLACase
 
@@ -44,3 +45,8 @@ def large_logits(case: MLACase, inputs: MLAInputs) -> MLAInputs:
     """The same latent with q x LOGIT_SCALE: logits of about +-50 at DeepSeek's scale, past exp's range unless the
     kernel subtracts the running max."""
     return dataclasses.replace(inputs, q=inputs.q * LOGIT_SCALE)
+
+
+def poison_unread(case: MLACase, inputs: MLAInputs) -> None:
+    """NaN in the latent past each sequence's length, before every judged call (attention's rule over one pool)."""
+    fill_past_the_end(case.attention, (inputs.latent,), inputs.block_table)

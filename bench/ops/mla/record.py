@@ -11,6 +11,8 @@ MLA = register_operator(Operator(
     make_inputs=inputs.make_inputs, reference=reference.reference, baseline_error=baseline.baseline_error,
     prepare=lambda case, x, impl: prepare_mla(x.q, x.latent, impl=impl, scale=case.scale, v_dim=case.head_dim_v,
                                               cache_seqlens=x.cache_seqlens, block_table=x.block_table),
-    does_not_fit=memory.does_not_fit, key=mla_key_for, streamed=("latent",), stress=inputs.large_logits,
+    does_not_fit=memory.does_not_fit, key=mla_key_for, streamed=("latent",),
+    streamed_read=cases.latent_read_bytes, stress=inputs.large_logits,
     stress_note=f"large-logit inputs (q x {LOGIT_SCALE:g}: logits of about +-50 at DeepSeek's scale)",
+    poison_unread=inputs.poison_unread, baseline_cap=baseline.CAP_UNITS,
 ))

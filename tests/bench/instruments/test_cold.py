@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 from phasebench.bench.instruments import cold
+from phasebench.bench.instruments.memory.host_cache import COLD_FACTOR
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.linear.cases import LinearCase
 from phasebench.bench.sweep.measure import CaseState
+from phasebench.bench.sweep.suites import suite_cases
 
 CPU = torch.device("cpu")
 
@@ -44,11 +47,31 @@ def test_a_window_rotates_over_the_keys_its_calls_read_not_the_whole_cache(small
     state = CaseState(case, CPU)
     whole = state.inputs.k.nbytes + state.inputs.v.nbytes
     read = cold.streamed_read_bytes(state.op, case, [state.inputs.k, state.inputs.v])
-    assert read == 2 * 2 * 128 * 64 * 4 + 4 * 64 * 4 < whole / 20  # the window's K/V and q
+    assert read == 2 * 2 * 128 * 64 * 4 < whole / 20  # the window's K/V (q is not rotated: it is not counted)
     timed = cold.plan(state, "naive", state.op.prepare(case, state.inputs, "naive"), cold=True, mode="compiled")
     assert len(timed.calls) == cold.copies_needed(read, 2 << 20) > cold.copies_needed(whole, 2 << 20)
     full = dataclasses.replace(case, window_left=-1)  # without the window every key is read: its size counts
     assert cold.streamed_read_bytes(state.op, full, [state.inputs.k, state.inputs.v]) == whole
+
+
+def test_a_window_chunk_counts_the_keys_and_values_it_streams_not_its_query():
+    """gpt-oss-20b's window layer, a 512-token chunk behind 16k cached keys (the sink-prefill suite): a call reads
+    1.25 MiB of K/V (639 keys of the window) beside 4 MiB of q. Counted together, 14 copies sat in rotation, 17.5 MiB
+    of K/V inside a 32 MiB LLC, and the row was called cold; counting K/V alone, 2 x the LLC between two reads of one
+    copy takes 53 copies, past MAX_COPIES: the row is evicted instead."""
+    llc = 32 << 20
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cold, "cold_bytes", lambda: COLD_FACTOR * llc)
+        patch.setattr(cold, "last_level_cache", lambda: (llc, "test"))
+        case = next(c for c in suite_cases("sink-prefill", "cuda", "bfloat16")
+                    if c.model == "gpt-oss-20b" and c.windowed and c.q_len == 512 and c.kv_len == 16 * 1024 + 512)
+        state = CaseState(case, CPU)
+        kv = 2 * case.kv_heads * (case.q_len + case.window_left) * case.head_dim * 2  # K and V of 639 keys, bf16
+        assert cold.streamed_read_bytes(state.op, case, [state.inputs.k, state.inputs.v]) == kv
+        timed = cold.plan(state, "naive", state.op.prepare(case, state.inputs, "naive"), cold=True, mode="compiled")
+    rotated = (len(timed.calls) - 1) * kv if timed.state == "rotated" else math.inf
+    assert rotated >= COLD_FACTOR * llc  # what streams between two reads of one copy: K/V bytes only
+    assert timed.state == "evicted" and cold.copies_needed(kv, COLD_FACTOR * llc) > cold.MAX_COPIES
 
 
 def test_small_streamed_operands_are_evicted_instead(small_llc):

@@ -134,9 +134,9 @@ def test_event_batches_flush_before_each_call_and_take_the_calls_in_turn_across_
             return f"out{i}"
         return call
 
-    class Flush:
-        def zero_(self):
-            log.append(("flush",))
+    class Flush:  # whatever the flush calls on its buffer
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: log.append(("flush",))
 
     take = EventBatches([run(0), run(1), run(2)], Flush(), lambda: log.append(("sync",)),
                         event=lambda: FakeEvent(clock))
@@ -147,6 +147,117 @@ def test_event_batches_flush_before_each_call_and_take_the_calls_in_turn_across_
     log.clear()
     assert take(2) == pytest.approx([2.0, 3.0]) and take.next == 6  # the turn goes on across batches
     assert log == [("flush",), ("call", 1), ("flush",), ("call", 2), ("sync",)]
+
+
+class RecordingBuffer:
+    """A stand-in for the L2 flush buffer that records each method called on it and what it is: a write (an in-place
+    method: its name ends in `_`) or a read."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def method(*args, **kwargs):
+            self.calls.append(("write" if name.endswith("_") else "read", name))
+            return torch.zeros(())
+        return method
+
+
+def test_the_l2_flush_reads_its_buffer_and_never_writes_it():
+    # zeroing the buffer left L2 full of dirty lines, whose write-backs the timed call then paid
+    clock, buffer = {"now": 0.0}, RecordingBuffer()
+    take = EventBatches([lambda: None], buffer, lambda: None, event=lambda: FakeEvent(clock))
+    take(3)
+    assert [kind for kind, _ in buffer.calls] == ["read"] * 3, buffer.calls  # one read before each call
+    x = torch.arange(1000, dtype=torch.int32)
+    timing_mod.flush_l2(x)
+    assert torch.equal(x, torch.arange(1000, dtype=torch.int32))
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph on the host: no kernel is recorded; replay() runs the test's `kernel` again into the output
+    the captured call returned (the graph's static output)."""
+
+    capturing, kernel, static = False, None, None
+
+    def replay(self):
+        FakeGraph.kernel(FakeGraph.static)
+
+
+@contextlib.contextmanager
+def fake_capture(graph, stream=None):
+    FakeGraph.capturing = True
+    try:
+        yield
+    finally:
+        FakeGraph.capturing = False
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's streams, graphs and events faked on the host, so that _time_cuda's graph path runs without a GPU;
+    the test sets FakeGraph.kernel, and its call records its output as FakeGraph.static while capturing."""
+    clock = {"now": 0.0}
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=True: FakeEvent(clock))
+    yield
+    FakeGraph.kernel = FakeGraph.static = None
+
+
+GRAPH = TimerConfig(warmup_s=0.0, budget_s=0.0, min_samples=4, max_samples=4, flush_l2=False, cuda_graph=True)
+
+
+def captured(kernel, output):
+    """A call that runs `kernel` into `output()` and returns it; its output while capturing is the static one."""
+    FakeGraph.kernel = kernel
+
+    def call():
+        out = output()
+        kernel(out)
+        if FakeGraph.capturing:
+            FakeGraph.static = out
+        return out
+    return call
+
+
+def test_the_checked_replay_rewrites_a_static_output_filled_with_nan(fake_cuda):
+    """A kernel right on its first calls that stops writing its last 64 elements: each replay writes into the
+    graph's one static output, which still held an earlier replay's right answer at the checked replay."""
+    x, calls = torch.randn(300, generator=torch.Generator().manual_seed(3)), []
+
+    def kernel(out):
+        calls.append(1)
+        stop = 300 if len(calls) <= 4 else 236  # the warm-up, the call before the capture, the capture, one replay
+        torch.mul(x[:stop], 2.0, out=out[:stop])
+
+    call = captured(kernel, lambda: torch.empty(300))  # a fresh output (the capture's from the graph's own pool)
+    timing = timing_mod._time_cuda(call, torch.device("cuda"), GRAPH, None, None, lambda: None,
+                                   guard_last=contextlib.nullcontext)
+    out = timing.last
+    assert out is FakeGraph.static and timing.count == 4 and len(calls) == 3 + 4 + 1
+    assert torch.equal(out[:236], x[:236] * 2) and torch.isnan(out[236:]).all()  # the stale tail is NaN
+
+
+def test_the_checked_replay_leaves_the_inputs_an_in_place_op_returns(fake_cuda):
+    """kv_append returns its caches: only the rows it writes are poisoned (by before_last), the rest kept."""
+    cache, rows = torch.randn(50, 8, generator=torch.Generator().manual_seed(4)), torch.tensor([47, 48, 49])
+    new, kept = torch.ones(3, 8), cache[:47].clone()
+    call = captured(lambda out: out.index_copy_(0, rows, new), lambda: cache)
+    timing = timing_mod._time_cuda(call, torch.device("cuda"), GRAPH, None, None, lambda: None,
+                                   before_last=lambda: cache.index_fill_(0, rows, float("nan")))
+    assert timing.last is cache and torch.equal(cache[:47], kept) and torch.equal(cache[47:], new)
 
 
 def test_cpu_timer_warms_up_then_samples_each_call():
@@ -276,7 +387,7 @@ def test_cuda_range_encloses_the_samples_and_their_flushes_only(events, graph):
 
 @pytest.mark.cuda
 def test_the_l2_flush_buffer_outsizes_l2_and_leaves_the_operands_alone():
-    """The flush writes well beyond the cache (Hopper's L2 is two partitions that may both hold a line) and nothing
+    """The flush reads well beyond the cache (Hopper's L2 is two partitions that may both hold a line) and nothing
     else. That a read after it is slower than one from L2 is a timing: `pytest bench --expectations` measures it."""
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -285,7 +396,7 @@ def test_the_l2_flush_buffer_outsizes_l2_and_leaves_the_operands_alone():
     torch.manual_seed(5)
     x = torch.rand(l2 // 4 // 4, device=device)
     before = x.double().sum()
-    flush.zero_()  # as the timer does before each sample
+    timing_mod.flush_l2(flush)  # as the timer does before each sample
     torch.testing.assert_close(x.double().sum(), before, rtol=0, atol=0)
 
 

@@ -16,6 +16,7 @@ from phasebench.bench.ops import operators
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.elementwise.cases import ElementwiseCase
 from phasebench.bench.ops.linear.cases import LinearCase
+from phasebench.bench.ops.mla.cases import MLACase
 from phasebench.bench.ops.records import OPERATORS
 from phasebench.bench.sweep import runner
 from phasebench.bench.sweep.measure import case_seed
@@ -219,6 +220,71 @@ def test_a_kernel_whose_timed_calls_skip_a_block_is_incorrect_though_its_buffer_
     assert bad.status == "incorrect", (bad.status, bad.reason)
     assert bad.reason.startswith("the call after the samples: output holds NaN"), bad.reason
     assert math.isnan(bad.latency_ms)
+
+
+# ---- what lies past a sequence's end holds NaN ---------------------------------------------------------------------
+
+
+def reads_one_key_past_each_end(q, k, v, *, causal, scale, cache_seqlens):
+    """Decode attention over keys [0, length] of each sequence, the last one (past its end) masked in the scores: its
+    value still multiplies a probability of 0, which is right on a finite cache and NaN on NaN."""
+    out, group = torch.empty_like(q), q.shape[1] // k.shape[1]
+    for b, n in enumerate(cache_seqlens.tolist()):
+        keys, values = (t[b, :, :n + 1].repeat_interleave(group, 0).float() for t in (k, v))
+        scores = q[b].float() @ keys.transpose(-1, -2) * scale
+        scores[..., n] = float("-inf")
+        out[b] = (torch.softmax(scores, dim=-1) @ values).to(q.dtype)
+    return out
+
+
+def test_a_kernel_that_reads_one_key_past_each_end_is_incorrect(tmp_path, plugins):
+    # the earlier gate left standard-normal keys past each length: masked, they changed nothing and the plugin passed
+    plugins("attention", "one_past", reads_one_key_past_each_end)
+    case = AttentionCase(3, 8, 2, 1, 64, 64, True, "bfloat16", seqlens=(37, 5, 60))
+    rows = rows_of(tmp_path, [case], ["naive", "flash", "one_past"])
+    assert rows["naive"].status == "ok" and rows["flash"].status == "ok", (rows["naive"].reason, rows["flash"].reason)
+    bad = rows["one_past"]
+    assert bad.status == "incorrect" and bad.reason == "output holds NaN or inf", (bad.status, bad.reason)
+    x = operators()["attention"].make_inputs(case, CPU, case_seed(case))  # on a clean cache it is right
+    out = reads_one_key_past_each_end(x.q, x.k, x.v, causal=True, scale=64 ** -0.5, cache_seqlens=x.cache_seqlens)
+    assert relative_error(out, operators()["attention"].reference(case, x, CPU)) < 0.01
+
+
+def test_the_builtin_kernels_pass_with_nan_past_each_end(tmp_path):
+    lengths = (37, 5, 60)
+    cases = [AttentionCase(3, 8, 2, 1, 64, 64, True, "bfloat16", seqlens=lengths, page_size=16),
+             AttentionCase(3, 8, 2, 1, 64, 64, True, "bfloat16", seqlens=lengths, window_left=20, sinks=True),
+             AttentionCase(3, 8, 2, 1, 64, 64, True, "bfloat16", seqlens=lengths, page_size=16, window_left=20,
+                           sinks=True),
+             MLACase(3, 16, 1, 64, "bfloat16", seqlens=lengths),
+             MLACase(3, 16, 1, 64, "bfloat16", seqlens=lengths, page_size=16)]
+    df = runner.run(runner.RunConfig(cases, ["naive", "flash", "triton", "torch"], CPU, tmp_path, suite="test",
+                                     detect_contention=False, timer=FAST))
+    ran = df[df.status != "skipped"]
+    assert len(ran) >= 12 and (ran.status == "ok").all(), ran[["op", "impl", "shape", "status", "reason"]].to_string()
+
+
+# ---- the kernels the timed loop runs are judged too ----------------------------------------------------------------
+
+
+def right_only_under_deterministic_algorithms(x, w):
+    """Right while torch's deterministic algorithms are on (the poisoned calls' mode), 2% off otherwise: an op whose
+    deterministic kernel differs from the one the timed loop runs."""
+    out = torch.nn.functional.linear(x, w)
+    return out if torch.are_deterministic_algorithms_enabled() else out * 1.02
+
+
+def test_a_kernel_wrong_outside_the_deterministic_mode_is_incorrect(tmp_path, plugins):
+    # every call the earlier gate judged ran under use_deterministic_algorithms (the allocation poison's switch)
+    plugins("linear", "det_only", right_only_under_deterministic_algorithms)
+    case = LinearCase(m=3, n=97, k=1025, dtype="bfloat16", phase="decode")
+    rows = rows_of(tmp_path, [case], ["torch", "det_only"])
+    assert rows["torch"].status == "ok", rows["torch"].reason
+    bad = rows["det_only"]
+    assert bad.status == "incorrect" and math.isnan(bad.latency_ms), (bad.status, bad.reason)
+    assert bad.reason.startswith("the plain call after the samples (no deterministic algorithms): worst row"), \
+        bad.reason
+    assert not torch.are_deterministic_algorithms_enabled()  # the mode was the judged calls' only
 
 
 # ---- the right kernels pass ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phasebench.kernels import buffers, mla_decode, prepare_mla
+from phasebench.kernels import available_impls, buffers, mla_decode, prepare_mla
 from phasebench.kernels.mla.request import validate_mla
 from phasebench.kernels.mla.triton_mla import mla_decode_triton
 
@@ -88,3 +88,28 @@ def test_bad_mla_arguments_are_one_line(change, message):
     with pytest.raises(ValueError, match=message) as err:
         mla_decode(args.pop("q"), args.pop("latent"), impl="naive", **args)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("impl", [name for name in available_impls("cpu", op="mla") if name in IMPLS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page", [0, 16], ids=["ragged", "paged-p16"])
+def test_nan_past_each_length_never_reaches_the_output(page, dtype, impl):
+    # a server's latent pool past each length (the tail of each last page, spare pages) holds NaN, as in FlashMLA's
+    # own test: the output must match the reference of the clean cache
+    seqlens = (37, 5, 60)
+    gen = torch.Generator().manual_seed(page + 7)
+    q = torch.randn((3, 16, 1, 576), generator=gen).to(dtype)
+    latent = torch.randn((3, 1, 64, 576), generator=gen).to(dtype)
+    if page:
+        cache, _, table = to_pages(latent, latent, page, seqlens, seed=5)
+        for b, n in enumerate(seqlens):
+            cache[table[b, (n - 1) // page], n - (n - 1) // page * page:] = float("nan")
+    else:
+        cache, table = latent.clone(), None
+        for b, n in enumerate(seqlens):
+            cache[b, :, n:] = float("nan")
+    assert torch.isnan(cache).any()
+    with buffers.poisoned():
+        out = mla_decode(q, cache, impl=impl, scale=SCALE, v_dim=512, block_table=table,
+                         cache_seqlens=torch.tensor(seqlens, dtype=torch.int32))
+    check(out, q, latent, 512, seqlens)

@@ -111,3 +111,34 @@ def test_the_gate_records_a_kernel_that_ignores_the_block_table_as_incorrect(tmp
             assert r.status == "ok", (r.impl, r.page_size, r.reason)
             assert r.backend.startswith("gather+") or r.backend.startswith("triton-splitkv+paged")
     assert len(df) == len(cases) * len(impls)
+
+
+def test_the_gate_fills_nan_where_no_sequence_holds_a_key():
+    case = paged(batch=4, kv_len=200, seqlens=(200, 1, 16, 90))  # tails of 8, 15 and 6 slots; pages 1 and 16 full
+    x = inputs.make_inputs(case, CPU, seed=3)
+    spare = torch.ones((2, *x.k.shape[1:]))  # two pages no table entry names, as a server's free list holds
+    x = dataclasses.replace(x, k=torch.cat([x.k, spare]), v=torch.cat([x.v, spare]))
+    clean = (x.k.clone(), x.v.clone())
+    inputs.poison_unread(case, x)
+    for pool, before in zip((x.k, x.v), clean, strict=True):
+        held = torch.isfinite(pool).all(dim=(2, 3))  # [pages, slots]
+        assert held.sum().item() == sum(case.lengths) and torch.isnan(pool[~held]).all()
+        assert torch.isnan(pool[-2:]).all()
+        assert torch.equal(pool[held], before[held])
+    k, v = pages.keys_in_order(x, case, 0, case.kv_len)
+    for b, n in enumerate(case.lengths):  # every key of every length as it was; everything past each NaN
+        assert torch.isfinite(k[b, :, :n]).all() and torch.isfinite(v[b, :, :n]).all()
+        assert torch.isnan(k[b, :, n:(n + 15) // 16 * 16]).all()
+
+
+def test_a_ragged_contiguous_cache_gets_nan_past_each_length_and_a_full_one_none():
+    case = AttentionCase(3, 4, 2, 1, 100, 32, True, "bfloat16", seqlens=(100, 1, 47))
+    x = inputs.make_inputs(case, CPU, seed=5)
+    inputs.poison_unread(case, x)
+    for b, n in enumerate(case.lengths):
+        for t in (x.k, x.v):
+            assert torch.isfinite(t[b, :, :n]).all() and torch.isnan(t[b, :, n:]).all()
+    dense = dataclasses.replace(case, seqlens=None)
+    y = inputs.make_inputs(dense, CPU, seed=5)
+    inputs.poison_unread(dense, y)
+    assert torch.isfinite(y.k).all() and torch.isfinite(y.v).all()

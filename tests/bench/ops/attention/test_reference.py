@@ -77,3 +77,23 @@ def test_the_bounded_reference_honours_per_sequence_lengths(causal, q_len, monke
     # lengths read from the case alone, or from the inputs' cache_seqlens when the case carries none
     assert torch.equal(out, reference(case, CaseInputs(x.q, x.k, x.v), torch.device("cpu")))
     assert torch.equal(out, reference(dataclasses.replace(case, seqlens=None), x, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("page", [0, 16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reference_and_the_baseline_ignore_nan_past_each_length(page, dtype, monkeypatch):
+    """The gate puts NaN past each length (Operator.poison_unread); the reference and the baseline mask those keys
+    before they multiply (0 x NaN is NaN): the same figures as on the clean cache."""
+    from phasebench.bench.ops.attention import baseline
+    from phasebench.bench.ops.attention.inputs import poison_unread
+
+    monkeypatch.setattr(correctness, "REFERENCE_SCORE_BYTES", 1 << 17)  # several key chunks, some past a length
+    case = AttentionCase(3, 8, 2, 1, 300, 32, True, dtype, seqlens=(37, 5, 300), page_size=page, window_left=40,
+                         sinks=True)
+    x = make_inputs(case, torch.device("cpu"), seed=13)
+    clean = reference(case, x, torch.device("cpu"))
+    low = baseline.attention_in_dtype(case, x, torch.device("cpu"))
+    poison_unread(case, x)
+    assert torch.isnan(x.k).any() and torch.isnan(x.v).any()
+    assert torch.equal(reference(case, x, torch.device("cpu")), clean)
+    assert torch.equal(baseline.attention_in_dtype(case, x, torch.device("cpu")), low)

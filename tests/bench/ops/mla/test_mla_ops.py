@@ -4,15 +4,18 @@ value from the wrong slice of the latent judged incorrect, and the mla-decode su
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from phasebench.bench.ops import operator_of, operators
 from phasebench.bench.ops.mla import baseline, inputs, reference
 from phasebench.bench.ops.mla.cases import MLACase, flops, moved_bytes
+from phasebench.bench.ops.records import compute_dtype
 from phasebench.bench.spec.models import MODELS
 from phasebench.bench.sweep.measure import CaseState, gate
 from phasebench.bench.sweep.suites import suite_cases
-from phasebench.kernels import OPS, register
+from phasebench.kernels import OPS, mla_decode, register
 
 from ....kernels.reference import reference as textbook
 
@@ -59,6 +62,44 @@ def test_the_built_in_impls_pass_the_gate(name, impl):
     assert found.ok, f"{impl} failed the gate on {AWKWARD[name].shape_label}: {found}"
 
 
+def test_naive_declares_fp32_scores_and_a_bf16_product():
+    # naive MLA is naive attention over the latent: q and the latent upcast for the scores, P.V in the dtype; held to
+    # the bf16 matmul's ceiling alone, its compute roof stood above what it computes at
+    case = AWKWARD["deepseek-dims"]
+    assert compute_dtype(case, "naive", "cpu") == compute_dtype(case, "naive", "cuda") == "float32+bfloat16"
+    assert compute_dtype(AWKWARD["paged-mid-page"], "naive", "cpu") == "float32"
+
+
+def drops_the_last_block(q, latent, *, scale, v_dim, cache_seqlens):
+    """Right MLA decode that forgets the cache's last 64 keys."""
+    return mla_decode(q, latent[:, :, :-64], impl="naive", scale=scale, v_dim=v_dim)
+
+
+def test_a_lossy_baseline_no_longer_lets_an_mla_limit_reach_a_dropped_block(monkeypatch):
+    """MLA's bf16 limit capped at attention's 2 u: a kernel that drops one 64-key block of 65536 errs 2.6% here
+    (1.0-2.7% on the GPU suites), past 2 x 2 u + 1e-5 = 1.56% but within 2 x 3.9 u + 1e-5 = 3.05%, the limit the
+    default 4 u cap gave a case whose baseline errs 3.9 u (injected: MLA's own errs 0.6-1.0 u at 4k-64k keys)."""
+    from phasebench.bench.instruments.gate import EPS, FACTOR
+    from phasebench.bench.ops.records import OPERATORS
+
+    unit = 2.0 ** -8
+    monkeypatch.setitem(OPERATORS, "mla", dataclasses.replace(operators()["mla"],
+                                                              baseline_error=lambda case, x, ref: 3.9 * unit))
+    register("mla", "drops_block", drops_the_last_block)
+    try:
+        case = MLACase(1, 16, 1, 65536, "bfloat16", model="deepseek-v2-lite")
+        state = CaseState(case, CPU)
+        found = {impl: gate(state, state.op.prepare(case, state.inputs, impl), impl)
+                 for impl in ("naive", "drops_block")}
+    finally:
+        OPS["mla"].pop("drops_block")
+    assert found["naive"].ok, found
+    dropped = found["drops_block"]
+    assert FACTOR * 2 * unit + EPS < dropped.error < FACTOR * 3.9 * unit + EPS  # between the new and the old limit
+    assert dropped.status == "incorrect" and "above its cap" in dropped.reason, dropped
+    assert dropped.limit == pytest.approx(FACTOR * 2 * unit + EPS)
+
+
 @pytest.fixture(scope="module")
 def wrong_slice():
     def fn(q, latent, *, scale, v_dim, cache_seqlens):  # the value from the latent's last v_dim dims
@@ -100,3 +141,15 @@ def test_the_mla_decode_suite_has_both_presets_and_their_published_dims():
 def test_bad_cases_are_one_line(change, message):
     with pytest.raises(ValueError, match=message):
         MLACase(**{**dict(batch=2, q_heads=16, q_len=1, kv_len=64, dtype="bfloat16"), **change})
+
+
+@pytest.mark.parametrize("name", ["mtp-ragged", "paged-mid-page"])
+def test_the_reference_and_the_baseline_ignore_nan_past_each_length(name):
+    case = AWKWARD[name]
+    x = inputs.make_inputs(case, CPU, seed=9)
+    clean = reference.reference(case, x, CPU)
+    low = baseline.mla_in_dtype(case, x, CPU)
+    inputs.poison_unread(case, x)
+    assert torch.isnan(x.latent).any()
+    assert torch.equal(reference.reference(case, x, CPU), clean)
+    assert torch.equal(baseline.mla_in_dtype(case, x, CPU), low)
