@@ -69,13 +69,14 @@ class TimerConfig:
     target: float = 0.0  # relative half-width of the median's 95% interval that stops sampling (0: no target)
     min_time_s: float = 0.0  # seconds of sampling before the target may stop it
     warmup_calls: int = 1  # calls the warm-up makes at least (0 with warmup_s 0: none, the gate's call warmed it)
-    max_warmup_s: float = 0.0  # the warm-up's cap while its timings are not steady (at most warmup_s: a fixed warm-up)
+    max_warmup_s: float = 0.0  # the warm-up's cap while its timings are not steady (at most warmup_s, or a warmup_s
+    # of 0: a fixed warm-up, which does not look)
 
 
 @dataclass(frozen=True)
 class WarmUp:
     """What the warm-up did: its wall seconds (NaN: not recorded), its calls, and whether its timings steadied (None: a
-    fixed warm-up, max_warmup_s at most warmup_s, which does not look)."""
+    fixed warm-up, which does not look)."""
 
     seconds: float = math.nan
     calls: int = 0
@@ -205,19 +206,19 @@ def _calls(fn: Callable[[], object] | Sequence[Callable[[], object]]) -> list[Ca
 
 def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None], evict: Callable[[], None] | None = None,
              clock: Callable[[], float] = time.perf_counter) -> WarmUp:
-    """Run the calls in turn past warmup_s and warmup_calls. With a cap past warmup_s (max_warmup_s) each call is timed
-    on `clock` with its sync (its eviction outside), in windows of warmup_s / WARMUP_WINDOWS seconds and WINDOW_CALLS
-    calls at least, and the warm-up goes on, to the cap at most, until its timings are steady: the medians of the
-    latest window and of the one two windows before it each inside the other's 95% interval (a drift too slow to
-    show between neighbouring windows shows across two). The samples go on from the next call in turn, so the first
-    sample never rereads what warm-up just read."""
-    looks, window_s = cfg.max_warmup_s > cfg.warmup_s, cfg.warmup_s / WARMUP_WINDOWS
+    """Run the calls in turn past warmup_s and warmup_calls. With a cap past a positive warmup_s (max_warmup_s) each
+    call is timed on `clock` with its sync (its eviction outside), in windows of warmup_s / WARMUP_WINDOWS seconds and
+    WINDOW_CALLS calls at least, and the warm-up goes on, to the cap at most, until its timings are steady: the
+    medians of the latest window and of the one two windows before it each inside the other's 95% interval (a drift
+    too slow to show between neighbouring windows shows across two). The samples go on from the next call in turn,
+    so the first sample never rereads what warm-up just read."""
+    looks, window_s = 0 < cfg.warmup_s < cfg.max_warmup_s, cfg.warmup_s / WARMUP_WINDOWS
     windows: deque[MedianInterval] = deque(maxlen=WARMUP_WINDOWS)
     n, start, steady = 0, clock(), False
     window, opened = [], start
     while True:
         elapsed = clock() - start
-        if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s and (steady or elapsed >= cfg.max_warmup_s):
+        if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s and (not looks or steady or elapsed >= cfg.max_warmup_s):
             return WarmUp(elapsed, n, steady if looks else None)
         if evict is not None:
             evict()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..spec.roof import COPY
-from ..spec.schema import ABOVE_ROOF_PCT
+from ..spec.schema import ABOVE_ROOF_PCT, cell_true
 
 
 class Progress:
@@ -27,7 +27,7 @@ class Progress:
         status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms{_half_width(row)}"
         if row.get("noisy"):
             status += " NOISY"
-        if row.get("drifting"):
+        if cell_true(row.get("drifting")):
             status += " DRIFTING"
         text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
         if self.tty:
@@ -63,7 +63,7 @@ def format_table(df: pd.DataFrame) -> str:
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
         if getattr(r, "noisy", False) is True:
             status = ("NOISY " + status).strip()
-        if getattr(r, "drifting", False) is True:
+        if cell_true(getattr(r, "drifting", False)):  # a loaded frame's flag is numpy's bool
             status = ("DRIFTING " + status).strip()
         if getattr(r, "above_roof", False) is True:
             status = ("ABOVE ROOF " + status).strip()

@@ -166,6 +166,11 @@ def test_a_steady_call_warms_up_for_the_minimum_and_a_fixed_warm_up_does_not_loo
     fixed = Simulated(3, steady=1.0, warm=0.5, tau=10.0)
     warm = _warm_up([fixed.call], dataclasses.replace(WINDOWED, max_warmup_s=0.1), lambda: None, clock=fixed.clock)
     assert warm.steady is None and WINDOWED.warmup_s <= warm.seconds < WINDOWED.warmup_s + 0.002
+    for calls in (0, 1):  # a warm-up of 0 s (the interpreter's, a sequence's) makes its calls only, whatever the cap
+        none = Simulated(3, warm=0.5, tau=10.0)
+        warm = _warm_up([none.call], dataclasses.replace(WINDOWED, warmup_s=0.0, warmup_calls=calls), lambda: None,
+                        clock=none.clock)
+        assert warm.calls == calls and warm.steady is None
 
 
 def test_the_warm_up_goes_on_until_a_slowness_has_passed_and_stops_at_its_cap_when_it_never_does():
