@@ -35,8 +35,8 @@ from .worker import IN_PROCESS, Executor, Isolation
 # Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
 # at the time limit (budget_s). Six samples are the fewest whose extremes hold the median with 95%: fewer, no interval.
 # A warm-up of 0.2 s at least, on to 0.4 s while its timings are not steady: its windows of 0.067 s see a drift
-# that fades over about 0.1 s (a 4% warm-up slowness left the intervals covering the steady median 0% of the time
-# after the earlier fixed 0.05 s, 90-95% now: tests/bench/instruments/test_timing.py simulates it)
+# that fades over about 0.1 s (with a 4% warm-up slowness of that kind 94% of the intervals hold the steady median,
+# 0% after a fixed 0.05 s: tests/bench/instruments/test_timing.py simulates it)
 CPU_TIMER = TimerConfig(warmup_s=0.2, budget_s=0.3, min_samples=6, max_samples=500, flush_l2=False, cold=True,
                         target=CI_TARGETS["cpu"], min_time_s=0.05, max_warmup_s=0.4)
 CUDA_TIMER = TimerConfig(warmup_s=0.2, budget_s=0.5, min_samples=10, max_samples=2000, target=CI_TARGETS["cuda"],
