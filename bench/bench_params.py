@@ -9,8 +9,9 @@ import time
 import torch
 
 from ..profiles.nvtx_ranges import nvtx_range
+from .instruments.cuda_events import flush_l2, l2_flush_buffer
 from .instruments.roofline import Ceilings, ceilings
-from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call, flush_l2, l2_flush_buffer
+from .instruments.timing import CI_TARGETS, TimerConfig, Timing, checked_call
 from .sweep.executor import Executor
 from .sweep.measure import base_row, sync
 from .sweep.selection import Selection, UsageError, build_cases, case_ops, load_plugins, resolve_device, resolve_impls

@@ -99,7 +99,7 @@ def test_a_read_after_the_l2_flush_is_slower_than_one_from_l2(benchmark, expect,
     behind a spin of the GPU, so its events time the kernel, not the wait for the host's launch."""
     if where.type != "cuda":
         pytest.skip("the L2 flush is the CUDA timer's")
-    from phasebench.bench.instruments.timing import flush_l2, l2_flush_buffer
+    from phasebench.bench.instruments.cuda_events import flush_l2, l2_flush_buffer
 
     l2 = torch.cuda.get_device_properties(where).L2_cache_size
     flush = l2_flush_buffer(where)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .conditions import gpu_state, host_state
-from .gpu_reading import GpuReading, read_gpu
-from .host_reading import HostReading, memory_cpus, process_cpu_s, read_host, running_others
 from .memory.host_cache import allowed_cpus
+from .readings.gpu_reading import GpuReading, read_gpu
+from .readings.host_reading import HostReading, memory_cpus, process_cpu_s, read_host, running_others
 
 __all__ = ["ContentionProbe", "HostReading", "Watch", "judge_gpu", "judge_host", "process_cpu_s", "read_host",
            "snapshot", "summary_warning", "without_companions"]

@@ -1,5 +1,6 @@
-"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up by time; samples taken
-in batches until the median's confidence interval is narrow enough or a time limit passes.
+"""Timers: CUDA events with an L2 flush between calls, or perf_counter_ns on the host; warm-up until the timings are
+steady; samples taken in batches until the median's confidence interval is narrow enough and the halves of the samples
+agree, or a limit passes.
 
 A timer takes one call or several equivalent ones (the same op on copies of its streamed operands, taken in
 turn so that none is still cached when it is read again) and an optional `evict` run before each call, outside the
@@ -17,31 +18,49 @@ import gc
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
-from ...profiles.names import L2FLUSH
 from ...profiles.nvtx_ranges import nvtx_range
-from ..spec.interval import MedianInterval, median_interval, outlier_count, percentile
+from ..spec.interval import (
+    FIXED_COUNT,
+    SAMPLE_LIMIT,
+    TARGET,
+    TIME_LIMIT,
+    MedianInterval,
+    half_intervals,
+    interval_columns,
+    median_interval,
+    medians_agree,
+    outlier_count,
+    percentile,
+    stop_reason_of,
+)
+from .cuda_events import EventBatches, l2_flush_buffer
 from .memory.poison import scrub, storages
 
 # The relative half-width of the 95% interval of the median at which the runner stops sampling, per device kind: a
 # GPU's events resolve a microsecond and repeat closely; the host's clock sees the scheduler and its neighbours.
 CI_TARGETS = {"cuda": 0.01, "cpu": 0.02}
+WARMUP_WINDOWS = 3  # windows in the minimum warm-up; each look compares the latest with the one two before
+WINDOW_CALLS = 6  # the fewest calls in a warm-up window: the fewest whose median has a 95% interval
 
 
 @dataclass(frozen=True)
 class TimerConfig:
     """How long to warm up and measure one (case, impl), and the bounds on the sample count.
 
-    With a `target`, samples come in batches until the relative half-width of the median's 95% interval is at most
-    `target` (after `min_samples` and `min_time_s`), or until `budget_s` of sampling (the time limit) or
-    `max_samples`; without one, the count is set once from the warm-up to fill `budget_s`."""
+    The warm-up runs at least `warmup_s` (and `warmup_calls`), then on until its timings are steady, to `max_warmup_s`
+    at most (_warm_up). With a `target`, samples come in batches until the relative half-width of the median's 95%
+    interval is at most `target` and the intervals of the medians of the samples' two halves overlap (after
+    `min_samples` and `min_time_s`), or until `budget_s` of sampling (the time limit) or `max_samples`; without one,
+    the count is set once from the warm-up to fill `budget_s`."""
 
-    warmup_s: float = 0.1
+    warmup_s: float = 0.1  # the minimum warm-up, WARMUP_WINDOWS windows
     budget_s: float = 1.0
     min_samples: int = 5
     max_samples: int = 1000
@@ -51,16 +70,40 @@ class TimerConfig:
     target: float = 0.0  # relative half-width of the median's 95% interval that stops sampling (0: no target)
     min_time_s: float = 0.0  # seconds of sampling before the target may stop it
     warmup_calls: int = 1  # calls the warm-up makes at least (0 with warmup_s 0: none, the gate's call warmed it)
+    max_warmup_s: float = 0.0  # the warm-up's cap while its timings are not steady (at most warmup_s, or a warmup_s
+    # of 0: a fixed warm-up, which does not look)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What the warm-up did: its wall seconds (NaN: not recorded), its calls, and whether its timings steadied (None: a
+    fixed warm-up, which does not look)."""
+
+    seconds: float = math.nan
+    calls: int = 0
+    steady: bool | None = None
+
+    @property
+    def per_call_s(self) -> float:
+        """Wall seconds per call, its eviction included (0 when nothing ran): the first batch's size comes from it."""
+        return self.seconds / self.calls if self.calls else 0.0
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Latency samples of one call, in milliseconds: the median, its confidence interval, percentiles, outliers."""
+    """Latency samples of one call in time order, in milliseconds: the median, its confidence interval, its halves,
+    percentiles, outliers; why sampling stopped and what the warm-up did."""
 
     samples_ms: tuple[float, ...]
     method: str
     last: object = field(default=None, compare=False, repr=False)  # the checked call's output (None: not asked)
     target: float = 0.0  # the relative half-width the sampling aimed at (0: none)
+    stop_reason: str = ""  # bench.spec.interval.STOP_REASONS; "": a count set in advance (stop_reason_of decides)
+    warmup: WarmUp = field(default=WarmUp(), compare=False)
+
+    def __post_init__(self):
+        if not self.stop_reason:  # pytest-benchmark's rounds, a test's samples: stopped at a fixed count
+            object.__setattr__(self, "stop_reason", stop_reason_of(self.samples_ms, self.target, FIXED_COUNT))
 
     @property
     def median_ms(self) -> float:
@@ -77,9 +120,19 @@ class Timing:
     def interval(self) -> MedianInterval:
         return median_interval(self.samples_ms)
 
+    @cached_property
+    def halves(self) -> tuple[MedianInterval, MedianInterval]:
+        """The median intervals of the first and the second half of the samples."""
+        return half_intervals(self.samples_ms)
+
     @property
     def converged(self) -> bool:
-        return self.interval.converged(self.target)
+        """Sampling stopped on its target: the interval narrow enough and the halves agreeing."""
+        return self.stop_reason == TARGET
+
+    def columns(self) -> dict:
+        """The row's interval, sampling and warm-up columns (bench.spec.interval.interval_columns)."""
+        return interval_columns(self.samples_ms, self.target, stop=self.stop_reason, warmup_s=self.warmup.seconds)
 
     @property
     def outliers(self) -> int:
@@ -96,15 +149,20 @@ def _first_batch(per_call_s: float, cfg: TimerConfig) -> int:
     return max(cfg.min_samples, min(cfg.max_samples, wanted))
 
 
-def _stop(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig) -> bool:
-    """The stopping rule after a batch: the sample limit; else, past min_samples, the time limit or (past min_time_s)
-    a positive target met by the interval of the median. Without a target the first batch was the whole sampling."""
+def _stop(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig, settled: bool = True) -> str | None:
+    """The stopping rule after a batch: None to go on, else why it stops (STOP_REASONS). The sample limit; else, past
+    min_samples, the time limit or (past min_time_s, and only `settled`) a positive target met by the interval of the
+    median while the intervals of its halves' medians overlap. Without a target the first batch was the whole
+    sampling (a fixed count). A stop at a limit says `target` where the target holds there too, `drifting` where the
+    halves disagree."""
     n = len(samples)
     if cfg.target <= 0 or n >= cfg.max_samples:
-        return True
+        return stop_reason_of(samples, cfg.target, FIXED_COUNT if cfg.target <= 0 else SAMPLE_LIMIT)
     if n < cfg.min_samples:
-        return False
-    return elapsed_s >= cfg.budget_s or (elapsed_s >= cfg.min_time_s and median_interval(samples).converged(cfg.target))
+        return None
+    reason = stop_reason_of(samples, cfg.target, TIME_LIMIT)
+    early = settled and elapsed_s >= cfg.min_time_s and reason == TARGET
+    return reason if early or elapsed_s >= cfg.budget_s else None
 
 
 def _next_batch(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig) -> int:
@@ -123,17 +181,20 @@ def _next_batch(samples: Sequence[float], elapsed_s: float, cfg: TimerConfig) ->
 
 
 def adaptive_samples(take: Callable[[int], Sequence[float]], cfg: TimerConfig, per_call_s: float,
-                     clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Samples from `take(k)` (k timed calls, their latencies in ms) in batches until the stopping rule holds;
-    `per_call_s` is the warm-up's wall seconds per call (0: unknown), `clock` the wall clock of the time limits."""
+                     clock: Callable[[], float] = time.perf_counter, settled: bool = True) -> tuple[list[float], str]:
+    """Samples from `take(k)` (k timed calls, their latencies in ms) in batches until the stopping rule holds, and why
+    it stopped; `per_call_s` is the warm-up's wall seconds per call (0: unknown), `clock` the wall clock of the time
+    limits. Not `settled` (a warm-up whose timings did not steady), the target waits for the time limit: the halves
+    then span the whole budget, long enough to show a drift the warm-up saw go on."""
     samples: list[float] = []
     start = clock()
     k = _first_batch(per_call_s, cfg)
     while True:
         samples += take(k)
         elapsed = clock() - start
-        if _stop(samples, elapsed, cfg):
-            return samples
+        reason = _stop(samples, elapsed, cfg, settled)
+        if reason is not None:
+            return samples, reason
         k = _next_batch(samples, elapsed, cfg)
 
 
@@ -144,22 +205,35 @@ def _calls(fn: Callable[[], object] | Sequence[Callable[[], object]]) -> list[Ca
     return calls
 
 
-def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None],
-             evict: Callable[[], None] | None = None) -> tuple[float, int]:
-    """Run the calls in turn until warm-up time has passed and at least `warmup_calls` ran; return the mean wall
-    seconds per call, its eviction included (so that the sample count keeps the sampling near its budget; 0 when
-    nothing ran), and how many calls ran (the samples go on from the next one in turn, so the first sample never
-    rereads what warm-up just read)."""
-    n, start = 0, time.perf_counter()
+def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None], evict: Callable[[], None] | None = None,
+             clock: Callable[[], float] = time.perf_counter) -> WarmUp:
+    """Run the calls in turn past warmup_s and warmup_calls. With a cap past a positive warmup_s (max_warmup_s) each
+    call is timed on `clock` with its sync (its eviction outside), in windows of warmup_s / WARMUP_WINDOWS seconds and
+    WINDOW_CALLS calls at least, and the warm-up goes on, to the cap at most, until its timings are steady: the
+    medians of the latest window and of the one two windows before it each inside the other's 95% interval (a drift
+    too slow to show between neighbouring windows shows across two). The samples go on from the next call in turn,
+    so the first sample never rereads what warm-up just read."""
+    looks, window_s = 0 < cfg.warmup_s < cfg.max_warmup_s, cfg.warmup_s / WARMUP_WINDOWS
+    windows: deque[MedianInterval] = deque(maxlen=WARMUP_WINDOWS)
+    n, start, steady = 0, clock(), False
+    window, opened = [], start
     while True:
-        elapsed = time.perf_counter() - start
-        if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s:
-            return (elapsed / n if n else 0.0), n
+        elapsed = clock() - start
+        if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s and (not looks or steady or elapsed >= cfg.max_warmup_s):
+            return WarmUp(elapsed, n, steady if looks else None)
         if evict is not None:
             evict()
+        begun = clock()
         calls[n % len(calls)]()
         sync()
         n += 1
+        if looks:
+            ended = clock()
+            window.append(ended - begun)
+            if ended - opened >= window_s and len(window) >= WINDOW_CALLS:
+                windows.append(median_interval(window))
+                window, opened = [], ended
+                steady = len(windows) == WARMUP_WINDOWS and medians_agree(windows[0], windows[-1])
 
 
 def _samples_range(range_name: str | None, payload):
@@ -190,8 +264,8 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
     """perf_counter_ns around each call after warm-up, the calls taken in turn, `evict` run before each one (outside
     the clock), then the checked call (the next in turn); range_name: NVTX range around the samples only."""
     calls = _calls(fn)
-    per_call, offset = _warm_up(calls, cfg, lambda: None, evict)
-    turn = {"next": offset}
+    warm = _warm_up(calls, cfg, lambda: None, evict)
+    turn = {"next": warm.calls}
 
     def take(k: int) -> list[float]:
         samples = []
@@ -209,25 +283,12 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
     gc.disable()  # as timeit does: a collection would land inside a random sample
     try:
         with _samples_range(range_name, payload):
-            samples = adaptive_samples(take, cfg, per_call)
+            samples, stop = adaptive_samples(take, cfg, warm.per_call_s, settled=warm.steady is not False)
     finally:
         if gc_was_on:
             gc.enable()
     last = checked_call(calls[turn["next"] % len(calls)], lambda: None, before_last, guard_last)
-    return Timing(tuple(samples), "perf_counter_ns", last, cfg.target)
-
-
-def l2_flush_buffer(device: torch.device) -> torch.Tensor:
-    """A buffer several times the L2 cache; reading it (flush_l2) evicts what the previous call left there."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
-    return torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.int32, device=device)
-
-
-def flush_l2(buffer) -> None:
-    """Evict the L2 by reading `buffer` (l2_flush_buffer) in one reduction whose result is dropped: nothing of it is
-    written, so the lines it leaves are clean and the timed call pays no write-back of the flush's own (zeroing the
-    buffer left L2 full of dirty lines)."""
-    buffer.amax()
+    return Timing(tuple(samples), "perf_counter_ns", last, cfg.target, stop, warm)
 
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
@@ -252,31 +313,6 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device:
     return _time_cuda(fn, device, cfg, range_name, payload, torch.cuda.synchronize, before_last, guard_last)
 
 
-class EventBatches:
-    """Timed calls on a GPU, a batch at a time: the L2 flush (outside the events) and events around each call, then
-    one wait for the batch; `next` counts the calls taken (the checked call after the samples is the next in turn).
-    `event` makes a timing event (a fake one in the host's tests)."""
-
-    def __init__(self, runs, flush, sync: Callable[[], None],
-                 event: Callable[[], object] = lambda: torch.cuda.Event(enable_timing=True)):
-        self.runs, self.flush, self.sync, self.event = runs, flush, sync, event
-        self.next = 0
-
-    def __call__(self, k: int) -> list[float]:
-        starts, ends = [self.event() for _ in range(k)], [self.event() for _ in range(k)]
-        for start, end in zip(starts, ends, strict=True):
-            if self.flush is not None:
-                with nvtx_range(L2FLUSH):
-                    flush_l2(self.flush)
-            at = self.next % len(self.runs)
-            self.next += 1
-            start.record()
-            self.runs[at]()
-            end.record()
-        self.sync()
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-
-
 def checked_replay(replay: Callable[[], object], static, sync: Callable[[], None], returned: Collection[int] = (),
                    before_last: Callable[[], None] | None = None, guard_last: Guard | None = None) -> object:
     """The checked call of a CUDA graph: its static output NaN-filled (integers their largest value), then one more
@@ -294,7 +330,7 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
                sync: Callable[[], None], before_last: Callable[[], None] | None = None,
                guard_last: Guard | None = None) -> Timing:
     calls = _calls(fn)
-    per_call, _ = _warm_up(calls, cfg, sync)
+    warm = _warm_up(calls, cfg, sync)
     runs, static, returned = calls, [None] * len(calls), [set()] * len(calls)
     if cfg.cuda_graph:
         runs = []
@@ -317,13 +353,14 @@ def _time_cuda(fn, device: torch.device, cfg: TimerConfig, range_name: str | Non
     take = EventBatches(runs, flush, sync)
     sync()  # the range opens on an idle GPU: nothing of the warm-up or the capture runs inside it
     with _samples_range(range_name, payload):
-        samples = adaptive_samples(take, cfg, per_call)
+        samples, stop = adaptive_samples(take, cfg, warm.per_call_s, settled=warm.steady is not False)
     at = take.next % len(runs)
     if cfg.cuda_graph:
         last = checked_replay(runs[at], static[at], sync, returned[at], before_last, guard_last)
     else:
         last = checked_call(runs[at], sync, before_last, guard_last)
-    return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last, cfg.target)
+    return Timing(tuple(samples), "cuda-graph+events" if cfg.cuda_graph else "cuda-events", last, cfg.target, stop,
+                  warm)
 
 
 def time_call(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,

@@ -1,8 +1,10 @@
-"""The uncertainty of a median: its distribution-free confidence interval from order statistics, the outliers beyond
-Tukey's fences (counted, never removed), and the interval of a ratio of two medians (no torch)."""
+"""The uncertainty of a median: its distribution-free confidence interval from order statistics, whether the halves
+of the samples agree, the outliers beyond Tukey's fences (counted, never removed), and the interval of a ratio of two
+medians (no torch)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,7 +13,13 @@ from fractions import Fraction
 CONFIDENCE = 0.95
 FENCE = 1.5  # an outlier lies beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR (Tukey's fences, as tritonbench filters)
 _EXACT_UP_TO = 2048  # binomial tails in exact integers up to this many samples, in log space beyond
-INTERVAL_COLUMNS = ("latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "converged", "outliers")
+INTERVAL_COLUMNS = ("latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "converged", "outliers",
+                    "stop_reason", "drifting", "first_half_ms", "second_half_ms", "warmup_s")
+# Why sampling stopped: its target met with halves that agree; a limit; a limit reached with halves that disagree;
+# a count fixed in advance (no target, or a timer that takes a set number of rounds)
+TARGET, TIME_LIMIT, SAMPLE_LIMIT, DRIFTING, FIXED_COUNT = "target", "time limit", "sample limit", "drifting", \
+    "fixed count"
+STOP_REASONS = (TARGET, TIME_LIMIT, SAMPLE_LIMIT, DRIFTING, FIXED_COUNT)
 
 
 def _check_confidence(confidence: float) -> float:
@@ -38,6 +46,12 @@ def _tail_rank(n: int, tail: float) -> int:
     return n
 
 
+@functools.lru_cache(maxsize=4096)  # the sampler asks again after every batch, for the halves too
+def _ranks(n: int, confidence: float) -> tuple[int, int] | None:
+    low = _tail_rank(n, _check_confidence(confidence))
+    return (low, n + 1 - low) if low >= 1 else None
+
+
 def median_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] | None:
     """The 1-based ranks (l, n + 1 - l) of the order statistics that hold the median of n samples with at least
     `confidence`: the largest l with P(B <= l - 1) <= (1 - confidence) / 2, B ~ Binomial(n, 1/2) (the median lies
@@ -45,10 +59,10 @@ def median_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] | No
     cover less: under 6 samples at 95% ([min, max] of 5 covers 1 - 2/32 = 93.75%)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n: must be a count of samples (an int >= 0), got {n!r}")
-    low = _tail_rank(n, _check_confidence(confidence))
-    return (low, n + 1 - low) if low >= 1 else None
+    return _ranks(n, confidence)
 
 
+@functools.lru_cache(maxsize=4096)
 def rank_coverage(n: int, low: int) -> float:
     """The exact probability that the order statistics of ranks (low, n + 1 - low) hold the median: 1 - 2 P(B < low)."""
     below = sum(math.comb(n, k) for k in range(low)) if n <= _EXACT_UP_TO else None
@@ -94,6 +108,35 @@ def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE) ->
     return MedianInterval(median, ordered[ranks[0] - 1], ordered[ranks[1] - 1], n, rank_coverage(n, ranks[0]))
 
 
+def half_intervals(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[MedianInterval, MedianInterval]:
+    """The median intervals of the first and the second half of `samples` in time order (the middle sample of an odd
+    count goes to the second)."""
+    half = len(samples) // 2
+    return median_interval(samples[:half], confidence), median_interval(samples[half:], confidence)
+
+
+def halves_agree(first: MedianInterval, second: MedianInterval) -> bool:
+    """Whether the intervals of two halves' medians overlap (True where either has none: no disagreement shown)."""
+    return overlap((first.low, first.high), (second.low, second.high))
+
+
+def medians_agree(a: MedianInterval, b: MedianInterval) -> bool:
+    """Whether each median lies inside the other's interval, a closer test than overlapping intervals (which let two
+    medians differ by the sum of both half-widths); False where either has no interval (no agreement shown)."""
+    if not all(math.isfinite(x) for x in (a.low, a.high, b.low, b.high)):
+        return False
+    return a.low <= b.median <= a.high and b.low <= a.median <= b.high
+
+
+def stop_reason_of(samples: Sequence[float], target: float, limit: str, confidence: float = CONFIDENCE) -> str:
+    """Why sampling that stopped at `limit` (TIME_LIMIT, SAMPLE_LIMIT or FIXED_COUNT) stopped: DRIFTING where the
+    halves of its samples disagree, TARGET where they agree and a positive target holds the interval of the median,
+    else the limit."""
+    if not halves_agree(*half_intervals(samples, confidence)):
+        return DRIFTING
+    return TARGET if median_interval(samples, confidence).converged(target) else limit
+
+
 def percentile(ordered: Sequence[float], pct: float) -> float:
     """The pct-th percentile of sorted values, linearly interpolated between ranks (numpy's default)."""
     position = (len(ordered) - 1) * pct / 100
@@ -112,11 +155,21 @@ def outlier_count(samples: Sequence[float], fence: float = FENCE) -> int:
     return sum(1 for s in ordered if s < q1 - reach or s > q3 + reach)
 
 
-def interval_columns(samples: Sequence[float], target: float, confidence: float = CONFIDENCE) -> dict:
-    """A row's interval columns from its latency samples (ms) and the relative half-width its sampling aimed at."""
+def interval_columns(samples: Sequence[float], target: float, confidence: float = CONFIDENCE, *,
+                     stop: str | None = None, warmup_s: float = math.nan) -> dict:
+    """A row's interval columns from its latency samples (ms, in time order) and the relative half-width its sampling
+    aimed at: the interval, why sampling stopped (`stop`, one of STOP_REASONS; by default as a fixed count would
+    have, stop_reason_of), whether it was drifting, the medians of its halves and the warm-up's seconds (NaN: none
+    recorded)."""
+    if stop is not None and stop not in STOP_REASONS:
+        raise ValueError(f"stop: must be one of {', '.join(STOP_REASONS)}, got {stop!r}")
     found = median_interval(samples, confidence)
+    first, second = half_intervals(samples, confidence)
+    reason = stop if stop is not None else stop_reason_of(samples, target, FIXED_COUNT, confidence)
     return {"latency_ci_low_ms": found.low, "latency_ci_high_ms": found.high, "latency_ci_rel": found.rel_half_width,
-            "converged": found.converged(target), "outliers": outlier_count(samples)}
+            "converged": reason == TARGET, "outliers": outlier_count(samples), "stop_reason": reason,
+            "drifting": reason == DRIFTING, "first_half_ms": first.median, "second_half_ms": second.median,
+            "warmup_s": float(warmup_s)}
 
 
 def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:

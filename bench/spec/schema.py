@@ -43,6 +43,9 @@ from .roof import COPY, MEMORY
 #    level_note (where a warm row's level measured below a farther level, the farther figure that judged it and the
 #    level's own; blank where its level's own figures judged it, for rows read from memory, and in older files, whose
 #    rows were judged at the higher figure unsaid).
+#    stop_reason, drifting, first_half_ms, second_half_ms, warmup_s (why sampling stopped, whether at a limit with the
+#    halves of its samples disagreeing, the halves' medians, the warm-up's seconds); blank in older files (drifting
+#    False: none was flagged).
 SCHEMA_VERSION = 8
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -78,8 +81,12 @@ RESULT_COLUMNS = (
     "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "latency_ci_low_ms", "latency_ci_high_ms",  # the 95% interval of the median (order statistics; blank: too few)
     "latency_ci_rel",  # its half-width over the median
-    "converged",  # sampling stopped with latency_ci_rel under its target, not at the time or sample limit
+    "converged",  # sampling stopped on its target: latency_ci_rel under it, the halves agreeing (stop_reason target)
     "outliers",  # samples beyond Q1 - 1.5 IQR or Q3 + 1.5 IQR: counted, never removed
+    "stop_reason",  # target, time limit, sample limit, drifting or fixed count (bench.spec.interval.STOP_REASONS)
+    "drifting",  # stopped at a limit while the 95% intervals of its halves' medians (in time order) were disjoint
+    "first_half_ms", "second_half_ms",  # the medians of the first and the second half of its samples
+    "warmup_s",  # how long its warm-up ran: past the minimum only while its timings were not steady
     "rounds",  # rounds pooled in the row, each in a worker process of its own (blank: older files, one round)
     "round_latencies_ms",  # each round's median ("2.21/2.25/2.19")
     "latency_between_low_ms", "latency_between_high_ms",  # the 95% interval a repeat of the run's median lands in
@@ -135,6 +142,7 @@ RESULT_STRING_COLUMNS = (
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
     "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level", "level_note",
     "round_latencies_ms", "roof_moment", "roof_verdict",
+    "stop_reason",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -143,7 +151,7 @@ STRING_COLUMNS = RESULT_STRING_COLUMNS + (
 INT_COLUMNS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "samples", "kv_tokens", "page_size",
                "window_left", "head_dim_v", "m", "n", "k", "cache_len", "outliers", "experts", "top_k",
                "touched_experts", "routing_seed", "rounds")
-BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged", "sinks")
+BOOL_COLUMNS = ("causal", "noisy", "above_roof", "profiled", "converged", "sinks", "drifting")
 FLOAT_COLUMNS = (
     "flops", "bytes", "intensity", "read_bytes", "write_bytes", "latency_ms", "latency_p20_ms", "latency_p80_ms",
     "latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel",
@@ -151,6 +159,7 @@ FLOAT_COLUMNS = (
     "max_rel_err", "datasheet_tflops", "datasheet_gbps", "l2_bytes", "llc_bytes", "level_read_gbps",
     "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct", "latency_between_low_ms", "latency_between_high_ms",
     "latency_between_rel", "pct_roof_low", "pct_roof_high",
+    "first_half_ms", "second_half_ms", "warmup_s",
 )
 
 # Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which
@@ -217,7 +226,7 @@ def read_samples(path: Path) -> dict[tuple, list[float]]:
 # roof_model: a row without one (schema 4 or older) kept the roof of all its bytes at the copy bandwidth.
 # roof_level: a row without one (schema 6 or older) was judged against memory's ceilings.
 DEFAULTS = {"op": "attention", "noisy": False, "above_roof": False, "profiled": False, "page_size": 0,
-            "window_left": -1, "sinks": False, "roof_model": COPY, "roof_level": MEMORY}
+            "window_left": -1, "sinks": False, "roof_model": COPY, "roof_level": MEMORY, "drifting": False}
 
 # Profile summary tables (profiles/summary.py): one row per timed case key, with the case
 # fields, ranges (occurrences), wall_ns, kernel_count, kernel_time_ns, launch_overhead_ns.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..spec.roof import COPY
-from ..spec.schema import ABOVE_ROOF_PCT
+from ..spec.schema import ABOVE_ROOF_PCT, cell_true
 
 
 class Progress:
@@ -27,6 +27,8 @@ class Progress:
         status = row["status"] if row["status"] != "ok" else f"{row['latency_ms']:.3f} ms{_half_width(row)}"
         if row.get("noisy"):
             status += " NOISY"
+        if cell_true(row.get("drifting")):
+            status += " DRIFTING"
         text = f"[{bar}] {index}/{total} {row['op']:<9} {row['impl']:<8} {row['phase']:<15} {row['shape']}  {status}"
         if row.get("round"):
             text += f"  (round {row['round']})"
@@ -59,8 +61,9 @@ def _between(row) -> str:
 
 def format_table(df: pd.DataFrame) -> str:
     """Per row: impl, phase, shape, latency with the 95% interval of its median (its half-width, '*' where sampling
-    stopped at its time limit short of the target), the interval a repeat of the run lands in (`next run`, from its
-    rounds) and the sample count, TFLOP/s, GB/s, % of roofline, bound, status."""
+    stopped at a limit short of the target), the interval a repeat of the run lands in (`next run`, from its rounds)
+    and sample count, TFLOP/s, GB/s, % of roofline, bound, status (NOISY, DRIFTING where sampling stopped at a limit
+    with the halves of its samples disagreeing, ABOVE ROOF)."""
     if df.empty:
         return "(no rows)"
     lines = []
@@ -69,6 +72,8 @@ def format_table(df: pd.DataFrame) -> str:
         status = "" if r.status == "ok" else f"{r.status}: {r.reason}"[:70]
         if getattr(r, "noisy", False) is True:
             status = ("NOISY " + status).strip()
+        if cell_true(getattr(r, "drifting", False)):  # a loaded frame's flag is numpy's bool
+            status = ("DRIFTING " + status).strip()
         if getattr(r, "above_roof", False) is True:
             status = ("ABOVE ROOF " + status).strip()
         low, high = getattr(r, "latency_ci_low_ms", math.nan), getattr(r, "latency_ci_high_ms", math.nan)
@@ -93,7 +98,7 @@ def closing_lines(df: pd.DataFrame, out) -> list[str]:
     warning = summary_warning(df) if not df.empty else None
     if warning:
         lines.append(f"warning: {warning}")
-    lines += _unconverged(df)
+    lines += _unconverged(df) + _drifting(df)
     lines += _between_runs(df)
     above = df[df["above_roof"].astype(bool)] if "above_roof" in df.columns and not df.empty else df.iloc[0:0]
     if len(above):
@@ -150,15 +155,44 @@ def _level_notes(df: pd.DataFrame) -> list[str]:
                                                                                                 "level_note"])]
 
 
+def _timed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & (df["mode"] == "compiled")]
+
+
+def _drifted(rows: pd.DataFrame) -> pd.Series:
+    if "drifting" not in rows.columns:  # a file written before the column: none was flagged
+        return pd.Series(False, index=rows.index)
+    return rows["drifting"].astype("boolean").fillna(False).astype(bool)
+
+
 def _unconverged(df: pd.DataFrame) -> list[str]:
-    """A note on the compiled ok rows whose interval stayed wider than the target at the time limit (the '*')."""
+    """A note on the compiled ok rows whose interval stayed wider than the target at a limit (the '*'), drifting
+    rows aside (their own warning)."""
     if df.empty or "converged" not in df.columns:
         return []
-    timed = df[(df["status"] == "ok") & (df["mode"] == "compiled")]
-    short = timed[~timed["converged"].astype("boolean").fillna(True)]
+    timed = _timed(df)
+    short = timed[~timed["converged"].astype("boolean").fillna(True) & ~_drifted(timed)]
     if short.empty:
         return []
     widest = short.loc[short["latency_ci_rel"].astype(float).fillna(float("inf")).idxmax()]
-    return [f"note: {len(short)} of {len(timed)} timed rows stopped at their time limit with the 95% interval of "
-            f"their median wider than its target ('*'; the widest ±{100 * float(widest['latency_ci_rel']):.1f}%, "
-            f"{widest['impl']} {widest['shape']}): --sample-time S gives them longer"]
+    return [f"note: {len(short)} of {len(timed)} timed rows stopped at their time or sample limit with the 95% "
+            f"interval of their median wider than its target ('*'; the widest "
+            f"±{100 * float(widest['latency_ci_rel']):.1f}%, {widest['impl']} {widest['shape']}): --sample-time S "
+            "gives them longer"]
+
+
+def _drifting(df: pd.DataFrame) -> list[str]:
+    """A warning on the compiled ok rows whose samples drifted: stopped at a limit with the 95% intervals of the
+    medians of their first and second half disjoint (DRIFTING), the one whose halves differ most as the example."""
+    if df.empty or "drifting" not in df.columns:
+        return []
+    timed = _timed(df)
+    drifted = timed[_drifted(timed)]
+    if drifted.empty:
+        return []
+    first, second = drifted["first_half_ms"].astype(float), drifted["second_half_ms"].astype(float)
+    example = drifted.loc[(second / first - 1).abs().fillna(0).idxmax()]
+    return [f"warning: {len(drifted)} of {len(timed)} timed rows were drifting (DRIFTING: the medians of the first "
+            f"and the second half of their samples disagree), e.g. {example['impl']} {example['shape']}: "
+            f"{float(example['first_half_ms']):.3f} ms then {float(example['second_half_ms']):.3f} ms. Their latency "
+            "moved while they were sampled: re-run those cases on a quiet machine"]

@@ -23,7 +23,6 @@ from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..ops import operator_of
 from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
-from ..spec.interval import interval_columns
 from ..spec.roof import MEMORY, compute_peak, level_ceilings, level_notes, memory_figures, roof_level, roof_of_row
 from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', through here)
     LEVEL_COLUMNS,
@@ -346,7 +345,7 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     except (ArithmeticError, ValueError) as err:  # a timer that read zero
         return {**row, "status": "failed", "reason": f"figures: {one_line(err)}"}
     row = {**row, **figures, "latency_p20_ms": timing.percentile_ms(20),
-           "latency_p80_ms": timing.percentile_ms(80), **interval_columns(timing.samples_ms, timing.target),
+           "latency_p80_ms": timing.percentile_ms(80), **timing.columns(),
            "samples": timing.count,
            "samples_ms": list(timing.samples_ms)}  # raw samples: results.parquet keeps them, the CSV does not
     return judged(row)

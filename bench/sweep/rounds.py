@@ -93,27 +93,35 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None) -> dict:
            "samples": len(samples), "samples_ms": samples,
            "noisy": bool(noisy), "noise_reason": "; ".join(f"{r['noise_reason']} (round {k + 1})" for k, r in noisy),
            "time": max(str(r.get("time") or "") for r in ok)}
+    stopping = _stopping(ok)
     if samples:
         ordered = sorted(samples)
-        target = max(cell_float(r.get("latency_ci_rel")) for r in ok)  # recomputed below: the flag's target only
+        warmups = [cell_float(r.get("warmup_s")) for r in ok]
         out.update(latency_p20_ms=percentile(ordered, 20), latency_p80_ms=percentile(ordered, 80),
-                   **interval_columns(samples, target if math.isfinite(target) else 0.0))
-    out.update(_stopping(ok))
+                   **interval_columns(samples, 0.0, stop=stopping.get("stop_reason"),
+                                      warmup_s=max((w for w in warmups if math.isfinite(w)), default=math.nan)))
+    out.update(stopping)
     return judged(out)
 
 
 def _stopping(ok: Sequence[dict]) -> dict:
     """The rounds' sampling in the row's columns: converged where every round stopped on its target; drifting where
-    any round's halves disagreed (its halves kept), and the stop reason of the first round that did not converge."""
+    any round's halves disagreed, the stop reason of the first round that did not stop on its target, and the halves
+    of the round whose halves lie furthest apart (the pooled samples' halves would set one round against another)."""
     found = {"converged": all(bool(r.get("converged")) for r in ok)}
-    if any("stop_reason" in r for r in ok):
-        drifting = [r for r in ok if r.get("drifting")]
-        short = drifting or [r for r in ok if r.get("stop_reason") != "target"]
-        found.update(drifting=bool(drifting), stop_reason=short[0]["stop_reason"] if short else "target")
-        if drifting:
-            found.update({k: drifting[0].get(k) for k in ("first_half_ms", "second_half_ms")})
-    return found
+    if not any(r.get("stop_reason") for r in ok):
+        return found
+    drifting = [r for r in ok if r.get("drifting")]
+    short = drifting or [r for r in ok if r.get("stop_reason") != "target"]
+    found.update(drifting=bool(drifting), stop_reason=short[0]["stop_reason"] if short else "target")
 
+    def apart(row: dict) -> float:
+        first, second = cell_float(row.get("first_half_ms")), cell_float(row.get("second_half_ms"))
+        return abs(math.log(second / first)) if first > 0 and second > 0 else -1.0
+
+    widest = max(drifting or ok, key=apart)
+    found.update({k: widest.get(k) for k in ("first_half_ms", "second_half_ms")})
+    return found
 
 class RoundBook:
     """What this invocation measured, for judging at the run's moments: the rounds of each row in combined rounds

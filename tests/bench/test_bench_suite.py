@@ -41,6 +41,9 @@ def test_benchmark_suite_writes_tidy_json(bench_json):
         median_s = b["stats"]["median"]
         assert info["latency_ci_low_ms"] <= median_s * 1e3 <= info["latency_ci_high_ms"]
         assert info["latency_ci_rel"] >= 0 and isinstance(info["converged"], bool) and info["outliers"] >= 0
+        # fixed rounds: `target` where they met it with halves that agree (bench.spec.interval.stop_reason_of)
+        assert info["stop_reason"] in ("target", "fixed count", "drifting") and isinstance(info["drifting"], bool)
+        assert info["converged"] == (info["stop_reason"] == "target") and info["first_half_ms"] > 0
         assert abs(info["tflops"] - info["flops"] / median_s / 1e12) <= 1e-9 * info["tflops"] + 1e-12
 
 

@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from phasebench.bench.instruments import contention, gpu_reading, host_reading
+from phasebench.bench.instruments import contention
 from phasebench.bench.instruments.contention import (
     ContentionProbe,
     HostReading,
@@ -22,7 +22,8 @@ from phasebench.bench.instruments.contention import (
     summary_warning,
     without_companions,
 )
-from phasebench.bench.instruments.gpu_reading import GpuReading, parse_smi_gpu, parse_smi_pids
+from phasebench.bench.instruments.readings import gpu_reading, host_reading
+from phasebench.bench.instruments.readings.gpu_reading import GpuReading, parse_smi_gpu, parse_smi_pids
 from phasebench.bench.instruments.timing import TimerConfig, time_call
 
 HZ = 100

@@ -1,5 +1,5 @@
 """The interval of a median (no torch): the order-statistic ranks against exact binomial sums, the interval on known
-samples, outliers by Tukey's fences, a ratio's interval and overlap."""
+samples, the halves and why sampling stopped, outliers by Tukey's fences, a ratio's interval and overlap."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ import numpy as np
 import pytest
 from phasebench.bench.spec import interval
 from phasebench.bench.spec.interval import (
+    MedianInterval,
+    half_intervals,
+    halves_agree,
     interval_columns,
     median_interval,
     median_ranks,
+    medians_agree,
     outlier_count,
     overlap,
     rank_coverage,
     ratio_interval,
+    stop_reason_of,
 )
 
 
@@ -94,6 +99,43 @@ def test_outliers_are_counted_beyond_the_fences_and_kept():
     columns = interval_columns(samples, 0.5)
     assert columns["outliers"] == 2 and columns["latency_ci_low_ms"] <= np.median(samples)  # kept, not removed
     assert set(columns) == set(interval.INTERVAL_COLUMNS)
+
+
+def test_the_halves_split_the_samples_in_time_order_and_disagree_only_where_their_intervals_are_disjoint():
+    rng = np.random.default_rng(29)
+    early, late = list(rng.normal(1.0, 0.01, 20)), list(rng.normal(1.3, 0.01, 21))
+    first, second = half_intervals(early + late)
+    assert (first.count, second.count) == (20, 21)  # the middle sample of an odd count goes to the second half
+    assert first.median == np.median(early) and second.median == np.median(late)
+    assert not halves_agree(first, second) and stop_reason_of(early + late, 0.5, "time limit") == "drifting"
+    mixed = list(rng.permutation(early + late))
+    assert halves_agree(*half_intervals(mixed))
+    assert stop_reason_of(mixed, 0.5, "time limit") == "target"  # wide as it is, a target of ±50% holds it
+    assert stop_reason_of(mixed, 0.001, "sample limit") == "sample limit"
+    assert stop_reason_of(mixed, 0.0, "fixed count") == "fixed count"  # no target: never met
+    few = [1.0, 1.1, 0.9, 2.0, 2.1, 1.9, 2.2]  # halves of 3 and 4: no interval, no disagreement shown
+    assert halves_agree(*half_intervals(few)) and stop_reason_of(few, 0.0, "fixed count") == "fixed count"
+
+
+def test_medians_agree_only_where_each_lies_inside_the_other_interval():
+    a = MedianInterval(10.0, 9.0, 11.0, 30, 0.95)
+    assert medians_agree(a, MedianInterval(10.5, 9.8, 11.2, 30, 0.95))
+    assert not medians_agree(a, MedianInterval(11.2, 9.9, 12.0, 30, 0.95))  # overlapping, its median outside a's
+    assert not medians_agree(a, MedianInterval(10.9, 10.4, 11.4, 30, 0.95))  # a's median outside its interval
+    assert not medians_agree(a, MedianInterval(10.0, math.nan, math.nan, 5, math.nan))  # no interval: not shown
+
+
+def test_the_columns_say_why_sampling_stopped_and_carry_the_halves():
+    rng = np.random.default_rng(31)
+    samples = list(rng.normal(2.0, 0.02, 30)) + list(rng.normal(2.5, 0.02, 31))
+    columns = interval_columns(samples, 0.5, warmup_s=0.31)
+    assert columns["stop_reason"] == "drifting" and columns["drifting"] and not columns["converged"]
+    assert columns["first_half_ms"] == np.median(samples[:30]) and columns["second_half_ms"] == np.median(samples[30:])
+    assert columns["warmup_s"] == 0.31 and math.isnan(interval_columns(samples, 0.5)["warmup_s"])
+    given = interval_columns(samples, 0.5, stop="time limit")  # the sampler's own reason is kept as it says
+    assert given["stop_reason"] == "time limit" and not given["drifting"] and not given["converged"]
+    with pytest.raises(ValueError, match="stop: must be one of target, time limit"):
+        interval_columns(samples, 0.5, stop="converged")
 
 
 def test_a_ratio_interval_adds_the_log_arms_in_quadrature():

@@ -145,6 +145,21 @@ def test_rows_before_schema_7_have_no_interval_and_say_nothing_of_convergence():
     assert cols[at: at + 5] == ["latency_ci_low_ms", "latency_ci_high_ms", "latency_ci_rel", "converged", "outliers"]
 
 
+def test_rows_written_before_the_stop_reason_read_as_blank_and_not_drifting():
+    old = pd.DataFrame({"impl": ["torch", "naive"], "op": ["linear", "linear"], "m": [1, 3], "n": [97, 97],
+                        "k": [200, 200], "dtype": ["float32"] * 2, "phase": ["decode"] * 2, "latency_ms": [0.5, 0.7],
+                        "converged": [True, False], "status": ["ok"] * 2})
+    out = schema.conform(old)
+    assert (out["stop_reason"] == "").all() and (out["drifting"] == False).all()  # noqa: E712 (a boolean column)
+    assert out[["first_half_ms", "second_half_ms", "warmup_s"]].isna().all().all()
+    assert str(out["drifting"].dtype) == "boolean" and out["first_half_ms"].dtype == float
+    new = schema.conform(pd.DataFrame({**{c: old[c] for c in old.columns}, "stop_reason": ["target", "drifting"],
+                                       "drifting": ["False", "True"], "first_half_ms": [0.5, 0.6],
+                                       "second_half_ms": [0.5, 0.8], "warmup_s": [0.2, 0.4]}))
+    assert list(new["stop_reason"]) == ["target", "drifting"] and list(new["drifting"]) == [False, True]
+    assert list(new["second_half_ms"]) == [0.5, 0.8] and list(new["warmup_s"]) == [0.2, 0.4]
+
+
 def test_rows_before_schema_7_read_as_no_experts():
     old = pd.DataFrame({"impl": ["torch"], "op": ["linear"], "m": [1], "n": [97], "k": [200], "dtype": ["float32"],
                         "phase": ["decode"], "latency_ms": [0.5], "status": ["ok"]})

@@ -130,14 +130,20 @@ def test_rows_carry_consistent_figures(tmp_path):
     assert r.latency_p20_ms <= r.latency_ms <= r.latency_p80_ms
     assert set(df.bound) <= {"compute", "memory"} and set(df.phase) == {"prefill", "decode"}
     target = runner.CPU_TIMER.target
-    for row in df.itertuples():  # every timed row has its interval, and converged follows from it
+    for row in df.itertuples():  # every timed row has its interval, why sampling stopped, its halves and warm-up
         assert row.samples >= runner.CPU_TIMER.min_samples
         assert row.latency_ci_low_ms <= row.latency_ms <= row.latency_ci_high_ms
         assert row.latency_ci_rel == pytest.approx((row.latency_ci_high_ms - row.latency_ci_low_ms) / 2
                                                    / row.latency_ms)
-        assert bool(row.converged) == (row.latency_ci_rel <= target) and 0 <= row.outliers <= row.samples
+        assert row.stop_reason in ("target", "time limit", "sample limit", "drifting") and 0 <= row.outliers
+        assert bool(row.converged) == (row.stop_reason == "target") and bool(row.drifting) == (row.stop_reason ==
+                                                                                               "drifting")
+        assert row.latency_ci_rel <= target or not row.converged
+        assert math.isfinite(row.first_half_ms) and math.isfinite(row.second_half_ms) and math.isfinite(row.warmup_s)
     sampling = json.loads((tmp_path / "run.json").read_text())["sampling"]
     assert sampling["target_rel_half_width"] == target and sampling["time_limit_s"] == runner.CPU_TIMER.budget_s
+    assert sampling["min_warmup_s"] == runner.CPU_TIMER.warmup_s < sampling["max_warmup_s"]
+    assert "drifting" in sampling["stop_reasons"] and "halves" in sampling
 
 
 def test_an_interpreter_row_is_one_call_without_warm_up():
@@ -146,7 +152,8 @@ def test_an_interpreter_row_is_one_call_without_warm_up():
     timing = sampler([lambda: calls.append(1) or len(calls)], torch.device("cpu"), range_name=None, payload=0.0,
                      interpreter=True)
     assert calls == [1] and timing.count == 1 and timing.last is None  # nothing asked for a checked call
-    assert math.isnan(timing.interval.low) and not timing.converged
+    assert math.isnan(timing.interval.low) and not timing.converged and timing.stop_reason == "fixed count"
+    assert timing.warmup.calls == 0 and timing.warmup.steady is None  # no warm-up: nothing to look at
     checked = sampler([lambda: calls.append(1) or len(calls)], torch.device("cpu"), range_name=None, payload=0.0,
                       interpreter=True, guard_last=contextlib.nullcontext)
     assert calls == [1, 1, 1] and checked.count == 1 and checked.last == 3  # one sample, then the checked call

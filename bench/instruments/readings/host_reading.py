@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .memory.host_cache import allowed_cpus
+from ..memory.host_cache import allowed_cpus
 
 PROC_STAT = Path("/proc/stat")
 NUMA_NODES = Path("/sys/devices/system/node")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .conditions import smi
+from ..conditions import smi
 
 SMI_TIMEOUT_S = 5.0
 
