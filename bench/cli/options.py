@@ -79,14 +79,20 @@ def selection_of(args) -> Selection:
                      suite=getattr(args, "suite", None) or "quick")
 
 
+# the workers a run starts with the command, one per round up to this many (each is a fresh interpreter; more would
+# slow the command's own start-up on a small host than save later)
+PRESTARTED_WORKERS = 3
+
+
 def isolation_of(args, start: bool = False):
     """Where the verb measures, from the command line (the worker imports the plugins again); `start` spawns the
-    worker's interpreter at once, so that its imports overlap the verb's own."""
+    workers' interpreters at once (one per round of a run, up to PRESTARTED_WORKERS), so that their imports overlap
+    the verb's own and no later round waits for one while the machine could be measuring."""
     from ..sweep.worker import Isolation, prestart
 
     isolation = Isolation(not args.no_isolate, tuple(args.plugin or ()), args.case_timeout)
     if start:
-        prestart(isolation)
+        prestart(isolation, min(max(getattr(args, "rounds", 1) or 1, 1), PRESTARTED_WORKERS))
     return isolation
 
 

@@ -320,22 +320,22 @@ def _measure_dtype(device: torch.device, dtype: str, timer: TimerConfig, with_pr
     return tflops, n, (measure_matmul(device, dtype, PROBE_TIMER, n=max(n // 2, 1)) if with_probe else None)
 
 
-def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
-             cached: bool | None = None) -> Ceilings:
+def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False, cached: bool | None = None,
+             levels: bool = True) -> Ceilings:
     """Measured ceilings of `device` for `dtypes`. With `cached` (default: on a GPU), from the cache file unless
     `refresh`, the entry is from other torch/CUDA/driver versions, a probe now differs from the entry's by more
     than PROBE_TOLERANCE, or a dtype is missing (then it is measured and added); without (default on the host),
     measured in each run and reused within one process for HOST_REUSE_S. Figures measured on a busy machine (the
     conditions' load warnings) serve this run, with a warning, and are never kept for another. On the host, where
     PHASEBENCH_HOST_CEILINGS names a folder (and `cached` is not False), the ceilings kept there are used without a
-    probe, and measured and kept there (with their load warning, if any) when there are none yet."""
+    probe, and measured and kept there (with their load warning, if any) when there are none yet. Without `levels` (no
+    row will be judged at a cache level) the host measures none, and what it measures is kept for no other call."""
     gpu = device.type == "cuda"
     keep_dir = None if gpu or cached is False else host_keep_dir()
-    use_file = gpu if cached is None else cached
+    partial = not (levels or gpu or keep_dir is not None)  # the host's levels left out: keep it for no other call
+    use_file, current, name, wanted = gpu if cached is None else cached, versions(device), device_name(device), list(
+        dict.fromkeys(dtypes))
     path = (keep_dir or cache_dir()) / f"ceilings-{fingerprint(device)}.json"
-    current = versions(device)
-    name = device_name(device)
-    wanted = list(dict.fromkeys(dtypes))
     timer = CEILING_TIMER if gpu else HOST_CEILING_TIMER
     with on_device(device):
         if refresh:
@@ -348,7 +348,7 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
         if entry is None:
             def measure_all():
                 streams = measure_streams(device, timer if gpu else HOST_STREAM_TIMER)
-                levels = measure_levels(device, HOST_LEVEL_TIMER)
+                levels = {} if partial else measure_levels(device, HOST_LEVEL_TIMER)
                 figures = {d: _measure_dtype(device, d, timer, use_file) for d in wanted}
                 return streams, levels, figures, stream_probe(device) if use_file else {}
 
@@ -368,7 +368,7 @@ def ceilings(device: torch.device, dtypes=("float32",), refresh: bool = False,
     busy += [w for d in missing for w in load_warnings(entry["added"][d].get("conditions") or {})]
     if busy and keep_dir is None:
         checked += "; kept for no other run: measured on a busy machine"
-    elif source == "measured" or missing:
+    elif (source == "measured" or missing) and not (partial and source == "measured"):
         _keep(device, path, entry, use_file or keep_dir is not None)
     age = round(max(0.0, time.time() - entry["measured_at_epoch"]), 3)
     result = Ceilings(name, device.type, float(entry["peak_gbps"]),

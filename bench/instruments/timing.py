@@ -291,6 +291,12 @@ def time_cpu(fn: Callable[[], object] | Sequence[Callable[[], object]], cfg: Tim
     return Timing(tuple(samples), "perf_counter_ns", last, cfg.target, stop, warm)
 
 
+def one_call(elapsed_ms: float) -> Timing:
+    """The timing of one call timed elsewhere (Triton's interpreter: the gate's first call, seconds a call, not
+    speed): no warm-up, no interval, its output judged where it ran."""
+    return Timing((float(elapsed_ms),), "perf_counter_ns", None, 0.0, FIXED_COUNT, WarmUp(0.0, 0, None))
+
+
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], device: torch.device,
               cfg: TimerConfig = TimerConfig(), range_name: str | None = None, payload=None,
               stream: torch.cuda.Stream | None = None, before_last: Callable[[], None] | None = None,

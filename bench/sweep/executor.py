@@ -24,6 +24,7 @@ from .worker import (
     measure_row,
     open_capture,
     open_device,
+    settle_spares,
 )
 
 
@@ -55,6 +56,7 @@ class Executor:
         self.worker = Worker(isolation.plugins, self._init) if self.isolate else None
 
     def __enter__(self):
+        settle_spares()  # workers started for later rounds finish their imports before anything is measured
         if not self.isolate:
             fn, args = self._init
             fn(*args)
@@ -91,8 +93,8 @@ class Executor:
                 "default_timeout": f"{FIRST_ROW_S:g} s for an impl's first row, then {TIMES_EXPECTED:g} x its "
                                    f"longest row, at least {FLOOR_S:g} s"}
 
-    def ceilings(self, dtypes, refresh: bool = False, before=None):
-        return self.call(device_ceilings, tuple(dtypes), refresh, before, timeout=START_S,
+    def ceilings(self, dtypes, refresh: bool = False, before=None, levels: bool = True):
+        return self.call(device_ceilings, tuple(dtypes), refresh, before, levels, timeout=START_S,
                          doing="measuring the ceilings")
 
     def metadata(self) -> dict:

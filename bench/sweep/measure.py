@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -20,10 +21,10 @@ from ..instruments.cold import cold_copies
 from ..instruments.gate import Verdict, judge
 from ..instruments.memory.poison import poisoned_allocations, scrub
 from ..instruments.roofline import Ceilings
-from ..instruments.timing import TimerConfig, Timing, time_call
+from ..instruments.timing import TimerConfig, Timing, one_call, time_call
 from ..ops import operator_of
 from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
-from ..spec.roof import MEMORY, compute_peak, level_ceilings, level_notes, memory_figures, roof_level, roof_of_row
+from ..spec.roof import MEMORY, WARM, compute_peak, level_ceilings, level_notes, memory_figures, roof_level, roof_of_row
 from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', through here)
     LEVEL_COLUMNS,
     MEMORY_COLUMNS,
@@ -183,13 +184,17 @@ def poison_inputs(state: CaseState, *inputs) -> None:
                 hook(state.case, x)
 
 
-def judged_call(state: CaseState, checked: Checked, run: Callable[[], object]) -> Verdict:
+def judged_call(state: CaseState, checked: Checked, run: Callable[[], object], clock: list | None = None) -> Verdict:
     """One call judged against `checked`: its inputs poisoned first (poison_inputs), its fresh allocations poisoned
-    while it runs, and its output NaN-filled once judged (before its memory goes back to the allocator)."""
+    while it runs, and its output NaN-filled once judged (before its memory goes back to the allocator); its ms
+    appended to `clock` where one is given (the poison's fills inside)."""
     with poisoned_allocations():
         poison_inputs(state, checked.inputs)
+        start = time.perf_counter_ns()
         out = run()
         sync(state.device)
+        if clock is not None:
+            clock.append((time.perf_counter_ns() - start) / 1e6)
     verdict = checked.judge(out)
     scrub(out, keep=checked.inputs)
     return verdict
@@ -207,10 +212,10 @@ def plain_call(state: CaseState, run: Callable[[], object], inputs) -> Verdict:
     return verdict
 
 
-def gate(state: CaseState, call, impl: str) -> Verdict:
-    """The first call's output on the standard inputs, then, where the operator has them, a call on its stress
-    inputs: the verdict of the first that fails, else the standard one."""
-    verdict = judged_call(state, state.standard, call.run)
+def gate(state: CaseState, call, impl: str, clock: list | None = None) -> Verdict:
+    """The first call's output on the standard inputs (its ms appended to `clock` where given), then, where the
+    operator has them, a call on its stress inputs: the verdict of the first that fails, else the standard one."""
+    verdict = judged_call(state, state.standard, call.run, clock)
     if not verdict.ok or state.stressed is None:
         return verdict
     found = judged_call(state, state.stressed,
@@ -290,11 +295,50 @@ def _free_cache() -> str:
     return ""
 
 
+def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler: Sampler, probe, key: str,
+             again: bool) -> tuple[dict, Timing | None]:
+    """The timed samples of a row whose gate passed, on its cold operands, then its checked call (poisoned) and one
+    plain call judged: (the row with its cache state, the timing), or (the incorrect row, None)."""
+    device = state.device
+    with nvtx_range(stage_name(SETUP, key)):
+        timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"],
+                                   flush_l2=getattr(sampler, "flush_l2", False))
+    row = {**with_state(row, timed.state, levels), "cold_how": timed.how}
+    watch = probe.watch() if probe is not None else contextlib.nullcontext()
+    # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
+    # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
+    with watch as seen:
+        timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
+                         interpreter=row["mode"] == "interpreter", evict=timed.evict,
+                         before_last=functools.partial(poison_inputs, state, *timed.inputs),
+                         guard_last=poisoned_allocations)
+    if seen is not None and seen.noisy:
+        row.update(noisy=True, noise_reason=seen.reason)
+    with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
+        last = state.standard.judge(timing.last)
+        scrub(timing.last, keep=timed.inputs)
+        if again:
+            row["max_rel_err"] = last.error
+        # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
+        plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok else last
+    del timed
+    if not last.ok:
+        return {**row, "status": last.status, "max_rel_err": last.error,
+                "reason": f"the call after the samples: {last.reason}"}, None
+    if not plain.ok:
+        return {**row, "status": plain.status, "max_rel_err": plain.error,
+                "reason": f"the plain call after the samples (no deterministic algorithms): {plain.reason}"}, None
+    return row, timing
+
+
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
     """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures. Whatever raises
     on the way (the fit check, the kernel, the timer, freeing the cache after an OOM) costs this row only."""
     case, device, op = state.case, state.device, state.op
     levels = row.pop("_levels", None) or {}
+    # "_again" (not a column): a later round of a run; the gate's first and stress calls judged this code in the first
+    # round, and this round's checked and plain calls are judged as every round's are
+    again = row.pop("_again", False)
     try:
         key = op.key(case, impl)
         reason = op.does_not_fit(case, impl, device, resident=state.resident)
@@ -303,37 +347,20 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with nvtx_range(stage_name(SETUP, key)):
             call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
-        with nvtx_range(stage_name(CHECK, key)):
-            verdict = gate(state, call, impl)
-        row["max_rel_err"] = verdict.error
-        if not verdict.ok:
-            return {**row, "status": verdict.status, "reason": verdict.reason}
-        with nvtx_range(stage_name(SETUP, key)):
-            timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"],
-                                       flush_l2=getattr(sampler, "flush_l2", False))
-        row = {**with_state(row, timed.state, levels), "cold_how": timed.how}
-        watch = probe.watch() if probe is not None else contextlib.nullcontext()
-        # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
-        # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
-        with watch as seen:
-            timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
-                             interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                             before_last=functools.partial(poison_inputs, state, *timed.inputs),
-                             guard_last=poisoned_allocations)
-        if seen is not None and seen.noisy:
-            row.update(noisy=True, noise_reason=seen.reason)
-        with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
-            last = state.standard.judge(timing.last)
-            scrub(timing.last, keep=timed.inputs)
-            # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
-            plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok else last
-        del timed
-        if not last.ok:
-            return {**row, "status": last.status, "max_rel_err": last.error,
-                    "reason": f"the call after the samples: {last.reason}"}
-        if not plain.ok:
-            return {**row, "status": plain.status, "max_rel_err": plain.error,
-                    "reason": f"the plain call after the samples (no deterministic algorithms): {plain.reason}"}
+        # Triton's interpreter on the host (seconds a call, not speed): its one timed call is the gate's first, judged
+        clock = [] if row["mode"] == "interpreter" and device.type != "cuda" else None
+        if not again:
+            with nvtx_range(stage_name(CHECK, key)):
+                verdict = gate(state, call, impl, clock)
+            row["max_rel_err"] = verdict.error
+            if not verdict.ok:
+                return {**row, "status": verdict.status, "reason": verdict.reason}
+        if clock:
+            row, timing = {**with_state(row, WARM, levels), "cold_how": "warm"}, one_call(clock[0])
+        else:
+            row, timing = _sampled(state, impl, call, row, levels, sampler, probe, key, again)
+            if row["status"] != "ok":
+                return row
     except Unsupported as err:
         return {**row, "status": "skipped", "reason": str(err).splitlines()[0] if str(err) else "unsupported"}
     except torch.cuda.OutOfMemoryError as err:

@@ -203,6 +203,17 @@ class ResultsStore:
         last = max((i for i, r in enumerate(rows) if row_key(r) == key), default=len(rows) - 1)
         self._rewrite([r for i, r in enumerate(rows) if row_key(r) != key or i == last])
 
+    def reorder(self, keys: list[tuple]) -> None:
+        """The CSV rewritten once with its rows in the order of `keys` (row_key; a key not there keeps its place
+        after them): a run in rounds replaces each row as its rounds come, and ends in the order of its plan."""
+        if not self.csv_path.exists():
+            return
+        rank = {key: i for i, key in reversed(list(enumerate(keys)))}
+        rows = self._read_rows()
+        ordered = sorted(range(len(rows)), key=lambda i: (rank.get(row_key(rows[i]), len(rank)), i))
+        if ordered != list(range(len(rows))):
+            self._rewrite([rows[i] for i in ordered])
+
     def rewrite_rows(self, change) -> int:
         """Every stored row passed through `change` (a CSV row's text in; the same dict back where it keeps it, else
         a new row) and the CSV rewritten once; returns how many rows changed."""

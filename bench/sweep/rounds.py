@@ -225,6 +225,7 @@ class SweepRounds:
         store replaced by the combination of its rounds so far; returns the rows measured."""
         cfg, fresh, again = self.cfg, 0, []
         total = sum(len(impls) for _, impls in plan)
+        order = [row_key(self.base_of(case, impl)) for case, impls in plan for impl in impls]
         for k in range(cfg.rounds):
             if k:
                 if not again:
@@ -238,7 +239,7 @@ class SweepRounds:
                     if k == 0 and self.store.is_done(base):
                         self.index += 1
                         continue
-                    row = self.measure_one(case, impl, base)
+                    row = self.measure_one(case, impl, {**base, "_again": True} if k else base)
                     if row.get("refused") and k:
                         continue
                     if k == 0 and row["status"] == "ok" and row["mode"] == "compiled":
@@ -254,6 +255,7 @@ class SweepRounds:
                         self.noisy.append((case, impl, base, k))
                     self._shown(row, total, k)
             self.rounds_run = k + 1
+        self.store.reorder(order)  # the rows in the plan's order, as its first round wrote them
         return fresh
 
     def _probe(self, name: str) -> None:

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import torch
 
 from ...kernels import OPS, triton_mode
 from ..instruments.ceiling_drift import DRIFT_FLAG, drift_warning, moment, record, spread
 from ..instruments.cold import policy as cold_policy
 from ..instruments.timing import CI_TARGETS, WARMUP_WINDOWS, WINDOW_CALLS, TimerConfig
+from ..ops import operator_of
 from ..spec.interval import STOP_REASONS
 from ..spec.store.files import WriteError
 from .executor import Executor
@@ -27,6 +29,7 @@ from .measure import (
     HarnessSampler,
     base_row,
     ceiling_dtypes,
+    impl_mode,
     one_line,
     with_ceiling_load,
 )
@@ -36,11 +39,12 @@ from .worker import IN_PROCESS, Isolation
 
 # Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
 # at the time limit (budget_s). Six samples are the fewest whose extremes hold the median with 95%: fewer, no interval.
-# A warm-up of 0.2 s at least, on to 0.4 s while its timings are not steady: its windows of 0.067 s see a drift
-# that fades over about 0.1 s (with a 4% warm-up slowness of that kind 94% of the intervals hold the steady median,
-# 0% after a fixed 0.05 s: tests/bench/instruments/test_timing.py simulates it)
-CPU_TIMER = TimerConfig(warmup_s=0.2, budget_s=0.3, min_samples=6, max_samples=500, flush_l2=False, cold=True,
-                        target=CI_TARGETS["cpu"], min_time_s=0.05, max_warmup_s=0.4)
+# A warm-up of 0.15 s at least (0.2 s on a GPU), on to 0.3 s (0.4 s) while its timings are not steady: its windows
+# of 0.05 s see a drift that fades over about 0.1 s (with a 4% warm-up slowness of that kind 88% of the host's
+# intervals hold the steady median, 0% after a fixed 0.05 s: tests/bench/instruments/test_timing.py simulates it).
+# Each round of a run warms up again, in its fresh process.
+CPU_TIMER = TimerConfig(warmup_s=0.15, budget_s=0.3, min_samples=6, max_samples=500, flush_l2=False, cold=True,
+                        target=CI_TARGETS["cpu"], min_time_s=0.05, max_warmup_s=0.3)
 CUDA_TIMER = TimerConfig(warmup_s=0.2, budget_s=0.5, min_samples=10, max_samples=2000, target=CI_TARGETS["cuda"],
                          min_time_s=0.05, max_warmup_s=0.4)
 PROFILE_TIMER = TimerConfig(warmup_s=0.0, budget_s=0.05, min_samples=3, max_samples=20)  # a readable trace
@@ -188,18 +192,26 @@ class TimeBudget:
         self.durations.setdefault(impl, []).append(seconds)
 
 
-def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore, book: RoundBook) -> dict:
-    """The ceilings measured again after the sweep (the run's last moment), and every row this invocation measured
-    judged again at the moments around its rounds (bench.spec.roof_verdict.judged_at_moments); returns what run.json
-    keeps of it."""
+def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore, book: RoundBook,
+                  probe: bool = False) -> dict:
+    """The ceilings measured again after the sweep (the run's last moment: in full, or with `probe` and no warm row
+    to judge at a cache level, probed as each round is), and every row this invocation measured judged again at the
+    moments around its rounds (bench.spec.roof_verdict.judged_at_moments); returns what run.json keeps of it."""
     started = time.time()
-    try:
-        after, why = executor.ceilings(dtypes, before=before)
-    except Exception as err:  # a worker that died measuring them: the rows keep the moments measured before
-        after, why = None, f"not measured again: {one_line(err)}"
-    found = record(before, after, why)
-    if after is not None:
-        book.moments.append(moment(after, "after", (started + time.time()) / 2))
+    rows = store.frame()
+    judged = rows[rows["mode"] == "compiled"] if "mode" in rows else rows  # an interpreter's rows have no roof to hold
+    levels = judged.get("roof_level", pd.Series(dtype=str)).isin(["l2", "llc"]).any()
+    if probe and not levels:
+        found = _probed_after(executor, before, book)
+    else:
+        again = before if levels else dataclasses.replace(before, levels={})  # no warm row: no level to measure again
+        try:
+            after, why = executor.ceilings(dtypes, before=again)
+        except Exception as err:  # a worker that died measuring them: the rows keep the moments measured before
+            after, why = None, f"not measured again: {one_line(err)}"
+        found = record(before, after, why)
+        if after is not None:
+            book.moments.append(moment(after, "after", (started + time.time()) / 2))
     load = SimpleNamespace(warnings=[w for m in book.moments for w in m.get("warnings", ()) if "under load" in w])
     found["rows_judged_again"] = store.rewrite_rows(
         lambda r: with_ceiling_load(book.judged(row_key(r), r), load) if row_key(r) in book else r)
@@ -210,6 +222,34 @@ def hold_ceilings(executor: Executor, before, dtypes, store: ResultsStore, book:
         [warning] if warning else [])
     found["drift_flag"] = DRIFT_FLAG
     return found
+
+
+def _probed_after(executor: Executor, before, book: RoundBook) -> dict:
+    """The last moment of a run in rounds, probed as each round's start was (the streams by the kernels that won
+    before, the matmuls at their sizes): what run.json keeps of it."""
+    try:
+        probed = executor.probe(before, "after")
+    except Exception as err:  # a worker that died probing: the rows keep the moments measured before
+        return {"ceilings_after": None, "ceilings_after_note": f"not measured again: {one_line(err)}",
+                "ceiling_drift": {}}
+    if probed is None:
+        return {"ceilings_after": None, "ceiling_drift": {},
+                "ceilings_after_note": "not measured again: the host's kept ceilings judge every run"}
+    book.moments.append(probed)
+    first = book.moments[0]
+    figures = [f"{s}_gbps" for s in ("read", "write", "copy")]
+    moved = {k: probed[k] / first[k] - 1 for k in figures if first.get(k)}
+    moved.update({f"matmul {d}": tf / first["peak_tflops"][d] - 1 for d, tf in probed["peak_tflops"].items()
+                  if first["peak_tflops"].get(d)})
+    return {"ceilings_after": None, "ceiling_drift": {k: round(v, 4) for k, v in moved.items()},
+            "ceilings_after_note": "probed after the run, as each round's start was (ceiling_moments)"}
+
+
+def judged_warm(plan, timer: TimerConfig) -> bool:
+    """Whether a compiled row of the plan will be timed warm, so judged at a cache level's ceilings (--warm, or an
+    operator that streams nothing: the elementwise ops); an interpreter's rows are judged at none."""
+    compiled = [case for case, impls in plan if any(impl_mode(i) == "compiled" for i in impls)]
+    return bool(compiled) and (not timer.cold or any(not operator_of(case).streamed for case in compiled))
 
 
 def _snapshot(device: torch.device) -> dict:
@@ -258,7 +298,7 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
     meta: dict = {}
     with executor:
         started = time.time()
-        ceil = executor.ceilings(dtypes, refresh=cfg.refresh_ceilings)
+        ceil = executor.ceilings(dtypes, refresh=cfg.refresh_ceilings, levels=judged_warm(plan, timer))
         book = RoundBook([moment(ceil, "before", (started + time.time()) / 2)])
         previous = store.previous_run() if cfg.resume else None
         run_id = previous["run_id"] if previous and "run_id" in previous else new_run_id()
@@ -296,7 +336,7 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
             if sweep_rounds.probe_failures:
                 meta["probe_failures"] = sweep_rounds.probe_failures
             if fresh and cfg.capture is None:  # a profiler would record the second measurement
-                meta.update(hold_ceilings(executor, ceil, dtypes, store, book))
+                meta.update(hold_ceilings(executor, ceil, dtypes, store, book, probe=cfg.combine_rounds))
             else:
                 meta["ceilings_after_note"] = ("not measured again: " + ("a profiled run" if fresh else
                                                                           "no row measured by this invocation"))

@@ -72,14 +72,15 @@ def close_device() -> None:
         stack.close()
 
 
-def device_ceilings(dtypes, refresh: bool, before=None):
-    """The device's ceilings; with `before`, those measured again after the run (ceiling_drift.measure_again)."""
+def device_ceilings(dtypes, refresh: bool, before=None, levels: bool = True):
+    """The device's ceilings (the host's cache levels only where `levels`: a row will be judged at one); with
+    `before`, those measured again after the run (ceiling_drift.measure_again)."""
     from ..instruments.ceiling_drift import measure_again
     from ..instruments.roofline import ceilings
 
     if before is not None:
         return measure_again(_STATE["device"], before)
-    return ceilings(_STATE["device"], tuple(dtypes), refresh=refresh)
+    return ceilings(_STATE["device"], tuple(dtypes), refresh=refresh, levels=levels)
 
 
 def device_probe(before, name: str) -> dict | None:
@@ -202,7 +203,7 @@ def _portable(err: BaseException) -> BaseException:
 
 # ---- the parent's side ----------------------------------------------------------------------------------------
 
-_SPARE: dict[tuple, tuple] = {}  # plugins -> (process, pipe) started ahead by prestart()
+_SPARE: dict[tuple, list[tuple]] = {}  # plugins -> [(process, pipe)] started ahead by prestart(), oldest first
 
 
 def _spawn(plugins: tuple) -> tuple:
@@ -214,11 +215,24 @@ def _spawn(plugins: tuple) -> tuple:
     return proc, conn
 
 
-def prestart(isolation: Isolation) -> None:
-    """Start the worker's interpreter now, so that its imports overlap this process's own start-up (a verb calls
-    this first thing; the run's Worker takes it over)."""
-    if isolation.isolate and isolation.plugins not in _SPARE:
-        _SPARE[isolation.plugins] = _spawn(isolation.plugins)
+def prestart(isolation: Isolation, workers: int = 1) -> None:
+    """Start the interpreters of `workers` workers now (those not started yet), so that their imports overlap this
+    process's own start-up, never a measurement (a verb calls this first thing; the run's Worker takes them over,
+    one for each of its first rounds); each idles until it is taken."""
+    if not isolation.isolate:
+        return
+    spares = _SPARE.setdefault(isolation.plugins, [])
+    while len(spares) < workers:
+        spares.append(_spawn(isolation.plugins))
+
+
+def settle_spares(timeout: float = START_S) -> None:
+    """Wait (up to `timeout` each) until every started worker has finished its imports and said so, without taking
+    its message: nothing measured may share the CPUs with an interpreter still importing."""
+    for spares in _SPARE.values():
+        for proc, conn in spares:
+            if proc.is_alive():
+                conn.poll(timeout)
 
 
 class Worker:
@@ -231,7 +245,8 @@ class Worker:
         self.starts = 0
 
     def _start(self) -> None:
-        self.proc, self.conn = _SPARE.pop(self.plugins, None) or _spawn(self.plugins)
+        spares = _SPARE.get(self.plugins) or []
+        self.proc, self.conn = spares.pop(0) if spares else _spawn(self.plugins)
         self.starts += 1
         self._wait(START_S, "starting")  # "ready", or the plugin's error
         if self.init is not None:
