@@ -316,3 +316,36 @@ def test_the_right_kernels_pass_in_every_dtype(tmp_path, dtype):
     expected = {("attention", "naive"), ("attention", "flash"), ("attention", "triton"), ("linear", "naive"),
                 ("linear", "torch"), ("linear", "triton"), ("elementwise", "torch")}
     assert set(zip(ran.op, ran.impl, strict=True)) == expected
+
+
+def test_an_interpreter_rows_one_timed_call_is_the_gates_own_and_a_later_round_skips_the_gate(monkeypatch):
+    """Triton's interpreter takes seconds a call and its time is not speed: its row times the gate's first call (one
+    sample, judged there) and makes no other call of the case; a compiled row in a later round of a run makes no gate
+    call, and its timed, checked and plain calls are all it runs."""
+    from phasebench.bench.instruments.roofline import Ceilings
+    from phasebench.bench.sweep import measure as measure_mod
+
+    case = AttentionCase(1, 2, 1, 1, 37, 16, True, "float32")
+    calls = {"standard": 0}
+    record = operators()["attention"]
+    prepare = record.prepare
+
+    def counted(case_, inputs, impl):
+        planned = prepare(case_, inputs, impl)
+        if inputs is state.standard.inputs:
+            return dataclasses.replace(planned, run=lambda: (calls.__setitem__("standard", calls["standard"] + 1),
+                                                             planned.run())[1])
+        return planned
+
+    monkeypatch.setitem(OPERATORS, "attention", dataclasses.replace(record, prepare=counted))
+    state = measure_mod.CaseState(case, torch.device("cpu"))
+    ceil = Ceilings("host", "cpu", 20.0, {"float32": 0.2}, read_gbps=30.0, write_gbps=15.0)
+    sampler = measure_mod.HarnessSampler(FAST, "cpu")
+    row = measure_mod.measure(state, "triton", measure_mod.base_row(case, "triton", "r", "s", ceil, "t"), sampler)
+    assert row["status"] == "ok" and row["mode"] == "interpreter" and calls["standard"] == 1
+    assert row["samples"] == 1 and row["stop_reason"] == "fixed count" and row["roof_verdict"] == ""
+    calls["standard"] = 0
+    again = {**measure_mod.base_row(case, "naive", "r", "s", ceil, "t"), "_again": True}
+    row = measure_mod.measure(state, "naive", again, sampler)
+    assert row["status"] == "ok" and "_again" not in row and math.isfinite(row["max_rel_err"])
+    assert calls["standard"] == FAST.warmup_calls + FAST.min_samples + 2  # warm-up, samples, checked, plain: no gate

@@ -107,26 +107,27 @@ def test_a_run_in_rounds_keeps_one_row_per_case_and_impl_from_three_processes(th
 
 
 def test_each_later_round_is_probed_and_its_rows_judged_at_the_measurements_around_them(tmp_path, monkeypatch):
-    """In this process (fakes for the ceilings: before, a probe per later round, after), a row that ran in round 2
-    takes the moment nearest its rounds' middle, and its verdict spans the measurements around all its rounds."""
+    """In this process (fakes for the ceilings: before, a probe per later round and one after the run, as no row is
+    warm), a row takes the moment nearest its rounds' middle, and its verdict spans the measurements around all its
+    rounds."""
     from dataclasses import replace
 
     from phasebench.bench.instruments import ceiling_drift, roofline
     from phasebench.bench.sweep import runner
 
     monkeypatch.delenv(roofline.HOST_KEEP_ENV, raising=False)
-    monkeypatch.setattr(roofline, "ceilings", lambda device, dtypes, refresh=False: CEIL)
-    probes = iter([0.5, 2.0])  # the read ceiling at round 2's probe, then round 3's
+    monkeypatch.setattr(roofline, "ceilings", lambda device, dtypes, refresh=False, levels=True: CEIL)
+    probes = iter([0.5, 2.0, 1.1])  # the read ceiling at round 2's probe, round 3's, then after the run
     monkeypatch.setattr(ceiling_drift, "probe_moment", lambda device, before, name: {
         **ceiling_drift.moment(replace(before, read_gbps=30.0 * next(probes)), name, __import__("time").time())})
-    monkeypatch.setattr(ceiling_drift, "measure_again", lambda device, before: (replace(before, read_gbps=33.0),
-                                                                                 "faked"))
+    monkeypatch.setattr(ceiling_drift, "measure_again", lambda device, before: pytest.fail("no warm row: probed"))
     timer = runner.default_timer(torch.device("cpu"), sample_time=0.02)
     df = runner.run(runner.RunConfig([CASE], ["naive"], torch.device("cpu"), tmp_path, suite="test",
                                      detect_contention=False, timer=timer, rounds=3, combine_rounds=True))
     meta = json.loads((tmp_path / "run.json").read_text())
     assert [m["name"] for m in meta["ceiling_moments"]] == ["before", "round 2", "round 3", "after"]
     assert [m["read_gbps"] for m in meta["ceiling_moments"]] == [30.0, 15.0, 60.0, 33.0]
+    assert meta["ceilings_after"] is None and meta["ceiling_drift"]["read_gbps"] == pytest.approx(0.1)
     assert meta["ceiling_spread"]["read_gbps"] == pytest.approx(3.0)  # 60 / 15 - 1
     row = df.iloc[0]
     assert row.roof_moment.split()[:2] in (["round", "2"], ["round", "3"])  # nearest the middle round

@@ -596,3 +596,33 @@ def test_ceilings_measured_again_after_the_run_are_kept_and_each_row_judged_at_o
                                 else "unresolved")
     assert any("ceilings moved during the run (highest over lowest of 2 measurements: read_gbps 60%, write_gbps 25%"
                in line for line in closing_lines(df, tmp_path))
+
+
+def test_a_run_measures_the_cache_levels_only_where_a_compiled_row_will_be_warm():
+    from phasebench.bench.ops.elementwise.cases import ElementwiseCase
+
+    attention = AttentionCase(1, 2, 1, 1, 19, 16, True, "float32")
+    rmsnorm = ElementwiseCase("rmsnorm", 3, 97, "float32", "decode")
+    cold = runner.CPU_TIMER
+    assert not runner.judged_warm([(attention, ["naive", "triton"])], cold)  # streamed operands: cold rows
+    assert runner.judged_warm([(rmsnorm, ["torch"])], cold)  # an elementwise op streams nothing: warm
+    assert runner.judged_warm([(attention, ["naive"])], dataclasses.replace(cold, cold=False))  # --warm
+    warm_triton = runner.judged_warm([(attention, ["triton"])], dataclasses.replace(cold, cold=False))
+    assert warm_triton == (runner.impl_mode("triton") == "compiled")  # an interpreter's rows are judged at no roof
+
+
+def test_the_store_puts_its_rows_back_in_the_plans_order(tmp_path):
+    from phasebench.bench.sweep.results import ResultsStore, row_key
+
+    store = ResultsStore(tmp_path)
+    rows = [{"op": "attention", "impl": impl, "kv_len": kv, "status": "ok", "latency_ms": 1.0}
+            for kv in (17, 33) for impl in ("naive", "flash")]
+    for row in rows:
+        store.append(row)
+    store.replace({**rows[0], "latency_ms": 2.0})  # a later round: the row moves to the end
+    assert store.frame()["impl"].tolist()[-1] == "naive"
+    store.reorder([row_key(r) for r in rows])
+    frame = store.frame()
+    assert list(zip(frame["impl"], frame["kv_len"], strict=True)) == [("naive", 17), ("flash", 17), ("naive", 33),
+                                                                      ("flash", 33)]
+    assert frame["latency_ms"].tolist() == [2.0, 1.0, 1.0, 1.0]
