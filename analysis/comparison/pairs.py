@@ -11,7 +11,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from ...bench.spec.between_runs import latencies_of, paired_ratio, ratio_between_runs
+from ...bench.spec.between_runs import latencies_of, paired_ratio, paired_rounds, ratio_between_runs
 from ...bench.spec.interval import ratio_interval
 from ...bench.spec.schema import (
     CASE_FIELDS,
@@ -269,16 +269,18 @@ def _inside_base(out: dict) -> object:
 
 
 def _rounds_interval(row: dict, ratio: float, confidence: float, by: str) -> tuple[float, float, str] | None:
-    """From the two rows' rounds, where both have two or more: paired by round where two impls come from one run with
-    as many rounds (by impl: the same processes and moments), else Welch's interval of two runs' rounds
-    (bench.spec.between_runs). None without rounds on both sides."""
-    base, new = (latencies_of(row.get(f"{side}_round_latencies_ms")) for side in ("base", "new"))
+    """From the two rows' rounds, where both have two or more: paired by round where two impls come from one run and
+    share two or more rounds that both ran in their turn (by impl: the same processes and moments), else Welch's
+    interval of two runs' rounds (bench.spec.between_runs). None without rounds on both sides."""
+    cells = [row.get(f"{side}_round_latencies_ms") for side in ("new", "base")]
+    new, base = (latencies_of(cell) for cell in cells)
     if min(len(base), len(new)) < 2:
         return None
-    same_run = key_text(row.get("base_run_id")) == key_text(row.get("new_run_id")) and len(base) == len(new)
-    if by == "impl" and same_run:
-        low, high = paired_ratio(new, base, ratio, confidence)
-        return low, high, "rounds (paired)"
+    if by == "impl" and key_text(row.get("base_run_id")) == key_text(row.get("new_run_id")):
+        paired = paired_rounds(*cells)  # only the rounds both ran in their turn: the same process and moment
+        if len(paired[0]) >= 2:
+            low, high = paired_ratio(*paired, ratio, confidence)
+            return low, high, "rounds (paired)"
     low, high, _ = ratio_between_runs(new, base, ratio, confidence)
     return low, high, "rounds (Welch)"
 

@@ -6,7 +6,6 @@ import argparse
 import datetime as dt
 import functools
 import json
-import os
 import sys
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -37,6 +36,7 @@ from .options import (
     ci_target_of,
     isolation_of,
     out_dir_for,
+    rounds_of,
     selection_of,
 )
 from .phases_verb import add_phases_verb
@@ -96,7 +96,7 @@ def cmd_list(args) -> int:
 def cmd_run(args) -> int:
     check_seconds(args, "time_budget", "sample_time", "case_timeout")
     check_counts(args, "retry_noisy", minimum=0)
-    check_counts(args, "rounds", minimum=1)
+    args.rounds = rounds_of(args)
     ci_target = ci_target_of(args)
     if args.ray is not None or args.workers is not None:
         load_plugins(args.plugin)
@@ -257,12 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(run, "default 0.5 s on CUDA, 0.3 s on the host")
     run.add_argument("--warm", action="store_true", help=WARM_HELP)
     add_isolation_arguments(run)
-    run.add_argument("--rounds", type=int, default=int(os.environ.get("PHASEBENCH_ROUNDS") or DEFAULT_ROUNDS),
-                     metavar="N",
+    run.add_argument("--rounds", type=int, metavar="N",
                      help="measure the sweep N times, each round after the first in a fresh worker process and a "
-                          "shuffled order after a probe of the ceilings; each row pools its rounds and carries the "
-                          f"interval a repeat of the run lands in (default {DEFAULT_ROUNDS}, env PHASEBENCH_ROUNDS; 1: "
-                          "no between-run interval)")
+                          "shuffled order after a probe of the ceilings; each row's figure and interval come from its "
+                          f"rounds, with the interval a repeat of the run lands in (default {DEFAULT_ROUNDS}, env "
+                          "PHASEBENCH_ROUNDS; 1, and with --no-isolate: no between-run interval)")
     run.add_argument("--retry-noisy", type=int, default=0, metavar="N",
                      help="after the sweep, measure the rows timed on a busy machine again, up to N times each; a "
                           "quiet row replaces its noisy one (default 0)")

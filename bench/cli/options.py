@@ -84,6 +84,18 @@ def selection_of(args) -> Selection:
 PRESTARTED_WORKERS = 3
 
 
+def rounds_of(args) -> int:
+    """`run`'s rounds: --rounds, else PHASEBENCH_ROUNDS, else DEFAULT_ROUNDS; one with --no-isolate, where every round
+    would share this process (what differs between processes is what the rounds are for): asked for, refused."""
+    check_counts(args, "rounds", minimum=1)
+    if args.no_isolate:
+        if args.rounds is not None and args.rounds > 1:
+            raise UsageError("rounds: each round after the first runs in a fresh worker process, and --no-isolate "
+                             "measures in this one; give --rounds 1, or leave out --no-isolate")
+        return 1
+    return args.rounds or int(os.environ.get("PHASEBENCH_ROUNDS") or DEFAULT_ROUNDS)
+
+
 def isolation_of(args, start: bool = False):
     """Where the verb measures, from the command line (the worker imports the plugins again); `start` spawns the
     workers' interpreters at once (one per round of a run, up to PRESTARTED_WORKERS), so that their imports overlap
@@ -92,7 +104,7 @@ def isolation_of(args, start: bool = False):
 
     isolation = Isolation(not args.no_isolate, tuple(args.plugin or ()), args.case_timeout)
     if start:
-        prestart(isolation, min(max(getattr(args, "rounds", 1) or 1, 1), PRESTARTED_WORKERS))
+        prestart(isolation, min(max(getattr(args, "rounds", None) or 1, 1), PRESTARTED_WORKERS))
     return isolation
 
 

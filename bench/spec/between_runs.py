@@ -10,7 +10,11 @@ import statistics
 from collections.abc import Sequence
 
 CONFIDENCE = 0.95
-SEP = "/"  # round_latencies_ms in a CSV cell: "2.21/2.25/2.19"
+SEP = "/"  # round_latencies_ms in a CSV cell: "2.21/2.25/2.19"; a round missing is blank, one measured again "2.3r"
+RETRIED = "r"
+# The least spread of the rounds' log medians taken as their standard deviation: rounds that tie (a timer's resolution,
+# a GPU kernel of microseconds) would otherwise give an interval of no width, and a verdict of full confidence.
+S_FLOOR = 0.001
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -77,17 +81,41 @@ def _logs(values: Sequence[float]) -> list[float]:
     return [math.log(v) for v in found]
 
 
+def _sd(logs: Sequence[float]) -> float:
+    return max(statistics.stdev(logs), S_FLOOR)
+
+
+def run_figure(round_medians: Sequence[float]) -> float:
+    """A run's figure from its rounds: the geometric mean of their medians, each round (its process, its moment)
+    counting once, whatever its sample count. NaN without a positive median."""
+    logs = _logs(round_medians)
+    return math.exp(statistics.fmean(logs)) if logs else math.nan
+
+
+def run_interval(round_medians: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The interval of run_figure with `confidence`: in log space its log ± t(R - 1) · s / sqrt(R), s the standard
+    deviation of the rounds' log medians (at least S_FLOOR): what the run's processes and moments say of the figure
+    they estimate. (NaN, NaN) under two rounds."""
+    logs = _logs(round_medians)
+    if len(logs) < 2:
+        return math.nan, math.nan
+    center = statistics.fmean(logs)
+    half = t_quantile(1 - (1 - confidence) / 2, len(logs) - 1) * _sd(logs) / math.sqrt(len(logs))
+    return math.exp(center - half), math.exp(center + half)
+
+
 def repeat_interval(round_medians: Sequence[float], center: float,
                     confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Where the median of a repeat of the run (another run of as many rounds) lands with `confidence`, centred on
-    this run's `center`: in log space center ± t(R - 1) · s · sqrt(2 / R), s the standard deviation of the log
-    medians of its R rounds (this run's figure and the repeat's each average R rounds: their difference has twice the
-    variance of one). (NaN, NaN) under two rounds or with a median that is not positive."""
+    """Where the figure of a repeat of the run (another run of as many rounds, run_figure) lands with `confidence`,
+    centred on this run's `center` (its run_figure): in log space center ± t(R - 1) · s · sqrt(2 / R), s the standard
+    deviation of the log medians of its R rounds, at least S_FLOOR (this run's figure and the repeat's each average R
+    rounds: their difference has twice the variance of one). (NaN, NaN) under two rounds or with a median that is not
+    positive."""
     logs = _logs(round_medians)
     if len(logs) < 2 or not (math.isfinite(center) and center > 0):
         return math.nan, math.nan
     r = len(logs)
-    half = t_quantile(1 - (1 - confidence) / 2, r - 1) * statistics.stdev(logs) * math.sqrt(2 / r)
+    half = t_quantile(1 - (1 - confidence) / 2, r - 1) * _sd(logs) * math.sqrt(2 / r)
     return center * math.exp(-half), center * math.exp(half)
 
 
@@ -101,28 +129,47 @@ def ratio_between_runs(new_rounds: Sequence[float], base_rounds: Sequence[float]
     new, base = _logs(new_rounds), _logs(base_rounds)
     if len(new) < 2 or len(base) < 2 or not (math.isfinite(ratio) and ratio > 0):
         return math.nan, math.nan, math.nan
-    vn, vb = statistics.variance(new) / len(new), statistics.variance(base) / len(base)
+    vn, vb = _sd(new) ** 2 / len(new), _sd(base) ** 2 / len(base)
     se2 = vn + vb
-    if se2 == 0:
-        return ratio, ratio, math.inf
     df = se2 ** 2 / (vn ** 2 / (len(new) - 1) + vb ** 2 / (len(base) - 1))
     half = t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(se2)
     return ratio * math.exp(-half), ratio * math.exp(half), df
 
 
-def latencies_text(values: Sequence[float]) -> str:
-    """The rounds' medians as one CSV cell ('2.21/2.25/2.19'), each to 6 significant digits."""
-    return SEP.join(f"{float(v):.6g}" for v in values)
+def latencies_text(values: Sequence[float | None], retried: Sequence[bool] = ()) -> str:
+    """The rounds' medians as one CSV cell, in the order of the rounds ('2.21/2.25/2.19'), each to 6 significant
+    digits; a round without one (None) blank, one measured again at the end of the run (a noisy round retried, not in
+    its round's process and moment) marked 'r'."""
+    marks = list(retried) + [False] * (len(values) - len(retried))
+    return SEP.join("" if v is None else f"{float(v):.6g}{RETRIED if again else ''}"
+                    for v, again in zip(values, marks, strict=True))
 
 
-def latencies_of(cell) -> list[float]:
-    """The rounds' medians from a CSV cell (latencies_text), a list, or blank (no rounds: [])."""
+def round_slots(cell) -> list[tuple[float, bool] | None]:
+    """The rounds of a CSV cell (latencies_text) in round order: (median, measured again) or None for a round
+    without one; [] for a blank cell. A list of numbers reads as rounds measured in their turn."""
     if cell is None or (isinstance(cell, float) and math.isnan(cell)):
         return []
     if isinstance(cell, (list, tuple)):
-        return [float(v) for v in cell]
+        return [(float(v), False) for v in cell]
     text = str(cell).strip()
-    return [float(v) for v in text.split(SEP)] if text else []
+    if not text:
+        return []
+    return [None if not part else (float(part.removesuffix(RETRIED)), part.endswith(RETRIED))
+            for part in text.split(SEP)]
+
+
+def latencies_of(cell) -> list[float]:
+    """The rounds' medians of a CSV cell (latencies_text), a list, or blank (no rounds: [])."""
+    return [slot[0] for slot in round_slots(cell) if slot is not None]
+
+
+def paired_rounds(new_cell, base_cell) -> tuple[list[float], list[float]]:
+    """The medians of the rounds two rows of one run share, round by round: both measured in that round's turn (in
+    its process and moment), neither measured again at the end."""
+    pairs = [(n[0], b[0]) for n, b in zip(round_slots(new_cell), round_slots(base_cell), strict=False)
+             if n is not None and b is not None and not n[1] and not b[1]]
+    return [n for n, _ in pairs], [b for _, b in pairs]
 
 
 def paired_ratio(new_rounds: Sequence[float], base_rounds: Sequence[float], ratio: float,
@@ -134,6 +181,6 @@ def paired_ratio(new_rounds: Sequence[float], base_rounds: Sequence[float], rati
     if len(new) != len(base) or len(new) < 2 or not (math.isfinite(ratio) and ratio > 0):
         return math.nan, math.nan
     differences = [n - b for n, b in zip(new, base, strict=True)]
-    half = t_quantile(1 - (1 - confidence) / 2, len(differences) - 1) * statistics.stdev(differences) / math.sqrt(
+    half = t_quantile(1 - (1 - confidence) / 2, len(differences) - 1) * _sd(differences) / math.sqrt(
         len(differences))
     return ratio * math.exp(-half), ratio * math.exp(half)

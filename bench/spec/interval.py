@@ -120,6 +120,20 @@ def halves_agree(first: MedianInterval, second: MedianInterval) -> bool:
     return overlap((first.low, first.high), (second.low, second.high))
 
 
+def halves_disagree(samples: Sequence[float], confidence: float = CONFIDENCE) -> bool:
+    """Whether the first and the second half of `samples` (in time order) disagree: their medians' intervals are
+    disjoint; where a half is too small for an interval (under 12 samples), every sample of one half lies beyond every
+    sample of the other and that happens by chance with at most 1 - confidence (2 / C(n, half): 8 samples or more)."""
+    first, second = half_intervals(samples, confidence)
+    if all(math.isfinite(x) for x in (first.low, first.high, second.low, second.high)):
+        return not halves_agree(first, second)
+    half = len(samples) // 2
+    early, late = [float(s) for s in samples[:half]], [float(s) for s in samples[half:]]
+    if not early or not late or 2 / math.comb(len(samples), half) > 1 - confidence:
+        return False
+    return max(early) < min(late) or max(late) < min(early)
+
+
 def medians_agree(a: MedianInterval, b: MedianInterval) -> bool:
     """Whether each median lies inside the other's interval, a closer test than overlapping intervals (which let two
     medians differ by the sum of both half-widths); False where either has no interval (no agreement shown)."""
@@ -132,7 +146,7 @@ def stop_reason_of(samples: Sequence[float], target: float, limit: str, confiden
     """Why sampling that stopped at `limit` (TIME_LIMIT, SAMPLE_LIMIT or FIXED_COUNT) stopped: DRIFTING where the
     halves of its samples disagree, TARGET where they agree and a positive target holds the interval of the median,
     else the limit."""
-    if not halves_agree(*half_intervals(samples, confidence)):
+    if halves_disagree(samples, confidence):
         return DRIFTING
     return TARGET if median_interval(samples, confidence).converged(target) else limit
 

@@ -136,10 +136,15 @@ def judged_at_moments(row: dict, spans, moments: list[dict]) -> dict:
     if row.get("status") != "ok" or not math.isfinite(out["latency_ms"]):
         return out
     out["pct_roofline"] = float(pct_of_roof(plausible[chosen]["_roof_s"], out["latency_ms"]))
-    ends = [float(pct_of_roof(plausible[i]["_roof_s"], t)) for (k, median, low, high, _) in spans
-            for i in (k, k + 1) if i in plausible for t in (low if math.isfinite(low) else median,
-                                                            high if math.isfinite(high) else median)]
-    known = all(math.isfinite(end) for span in spans for end in span[2:4])
+    # each round's interval at each moment around it, and the row's own figure and interval at its moment: the
+    # published % of roof lies inside what the verdict reads
+    row_span = (chosen, out["latency_ms"], out.get("latency_ci_low_ms", math.nan), out.get("latency_ci_high_ms",
+                                                                                          math.nan))
+    pairs = [(i, end) for (k, median, low, high, _) in spans for i in (k, k + 1) if i in plausible
+             for end in (low if math.isfinite(low) else median, high if math.isfinite(high) else median)]
+    pairs += [(chosen, end if math.isfinite(end) else row_span[1]) for end in row_span[2:]]
+    ends = [float(pct_of_roof(plausible[i]["_roof_s"], end)) for i, end in pairs]
+    known = all(math.isfinite(end) for span in (*spans, (0, 0, *row_span[2:])) for end in span[2:4])
     out.update(pct_roof_low=min(ends) if known else math.nan, pct_roof_high=max(ends) if known else math.nan)
     return judged(out)
 

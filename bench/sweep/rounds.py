@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..spec.between_runs import latencies_text, repeat_interval
-from ..spec.interval import interval_columns, percentile
+from ..spec.between_runs import latencies_text, repeat_interval, run_figure, run_interval
+from ..spec.interval import outlier_count, percentile
 from ..spec.roof_verdict import judged, judged_at_moments, speed_figures, with_ceiling_load
 from ..spec.schema import cell_float
 from .results import row_key
@@ -34,74 +33,89 @@ def round_order(plan: Sequence[tuple], k: int, seed: str) -> list[tuple]:
 
 @dataclass
 class RowRounds:
-    """The rounds of one (case, impl): each round's row as measure() gave it and when it ran (epoch seconds)."""
+    """The rounds of one (case, impl): each round's row as measure() gave it, when it ran (epoch seconds), its round,
+    the moments around it and whether it was measured again at the end of the run (a noisy round retried)."""
 
     rows: list[dict] = field(default_factory=list)
     at: list[float] = field(default_factory=list)
     index: list[int] = field(default_factory=list)  # the round each came from (a noisy round retried keeps its own)
     bracket: list[int] = field(default_factory=list)  # it ran between moments bracket and bracket + 1
+    retried: list[bool] = field(default_factory=list)
 
-    def add(self, row: dict, at: float, k: int, bracket: int) -> None:
+    def add(self, row: dict, at: float, k: int, bracket: int, retried: bool = False) -> None:
         if k in self.index:  # a retry of that round takes its place
             where = self.index.index(k)
-            self.rows[where], self.at[where], self.bracket[where] = row, at, bracket
+            self.rows[where], self.at[where], self.bracket[where], self.retried[where] = row, at, bracket, retried
             return
         self.rows.append(row)
         self.at.append(at)
         self.index.append(k)
         self.bracket.append(bracket)
-
-    def spans(self) -> list[tuple]:
-        """(bracket, median, interval low, high, when) of each ok round, for judged_at_moments."""
-        return [(b, cell_float(r["latency_ms"]), cell_float(r.get("latency_ci_low_ms")),
-                 cell_float(r.get("latency_ci_high_ms")), t)
-                for r, t, b in zip(self.rows, self.at, self.bracket, strict=True) if r["status"] == "ok"]
+        self.retried.append(retried)
 
     def combined(self, moments: list[dict]) -> dict:
-        """The row of all its rounds (combine), judged at the moments around them where there are moments."""
-        row = combine(self.rows, self.index)
-        spans = self.spans()
+        """The row of all its rounds (combine), judged at the moments around the rounds it pools."""
+        row, used = combine(self.rows, self.index, self.retried)
+        spans = [(self.bracket[i], cell_float(self.rows[i]["latency_ms"]),
+                  cell_float(self.rows[i].get("latency_ci_low_ms")), cell_float(self.rows[i].get("latency_ci_high_ms")),
+                  self.at[i]) for i in used]
         return judged_at_moments(row, spans, moments) if moments and spans and row["status"] == "ok" else row
 
 
-def combine(rows: Sequence[dict], index: Sequence[int] | None = None) -> dict:
-    """One row from the rows of its rounds: the first round's that is incorrect or failed where one is (its reason
-    naming the round); else the samples of every round pooled (median, percentiles and the within-run interval of
-    the pooled median), `rounds` and `round_latencies_ms` (each round's median), the interval a repeat of the run
-    lands in (latency_between_*: Student's t on the rounds' log medians, bench.spec.between_runs), noisy where any
-    round was, converged only where every round stopped on its target."""
+def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
+            retried: Sequence[bool] = ()) -> tuple[dict, list[int]]:
+    """One row from the rows of its rounds, and the positions of the rounds it pools. The first round's that is
+    incorrect or failed where one is (its reason naming the round). Else the ok rounds that ran as the first did (its
+    backend and cache state: unlike rounds are never pooled, and the reason says which were left out): the run's
+    figure is the geometric mean of their medians, each round (its process, its moment) counting once
+    (bench.spec.between_runs.run_figure), with its 95% interval from the rounds' spread (run_interval) and the
+    interval a repeat of the run lands in (latency_between_*); `rounds` and `round_latencies_ms` (each round's
+    median in round order); the samples pooled (p20, p80, outliers); noisy where any round was, converged only where
+    every round stopped on its target. One round keeps its own median and interval."""
     index = list(index) if index is not None else list(range(len(rows)))
-    first = rows[0]
-    if len(rows) == 1:
-        return {**first, "rounds": 1 if first["status"] == "ok" else 0,
-                "round_latencies_ms": latencies_text([first["latency_ms"]]) if first["status"] == "ok" else ""}
+    marks = list(retried) + [False] * (len(rows) - len(retried))
     for k, row in sorted(zip(index, rows, strict=True), key=lambda kr: kr[0]):
-        if row["status"] in WORSE:
-            return {**row, "rounds": len(rows), "reason": f"round {k + 1} of {len(rows)}: {row['reason']}"}
-    ok = [row for row in rows if row["status"] == "ok"]
+        if len(rows) > 1 and row["status"] in WORSE:
+            return {**row, "rounds": len(rows), "reason": f"round {k + 1} of {len(rows)}: {row['reason']}"}, []
+    ok = [i for i, row in enumerate(rows) if row["status"] == "ok"]
     if not ok:
-        return {**first, "rounds": 0}
-    samples = [float(s) for row in ok for s in row.get("samples_ms") or ()]
-    medians = [float(row["latency_ms"]) for row in ok]
-    latency = statistics.median(samples) if samples else statistics.median(medians)
-    low, high = repeat_interval(medians, latency)
-    noisy = [(k, r) for k, r in zip(index, rows, strict=True) if r["status"] == "ok" and r.get("noisy")]
-    base = ok[0]
-    out = {**base, **speed_figures(base, latency), "rounds": len(ok), "round_latencies_ms": latencies_text(medians),
-           "latency_between_low_ms": low, "latency_between_high_ms": high,
-           "latency_between_rel": (high - low) / 2 / latency if math.isfinite(low) else math.nan,
-           "samples": len(samples), "samples_ms": samples,
+        return {**rows[0], "rounds": 0, "round_latencies_ms": ""}, []
+    base = rows[ok[0]]
+    used = [i for i in ok if (rows[i].get("backend"), rows[i].get("cache_state")) == (base.get("backend"),
+                                                                                      base.get("cache_state"))]
+    left = [f"round {index[i] + 1} ran as {rows[i].get('backend')}"
+            + (f" ({rows[i]['cache_state']})" if rows[i].get("cache_state") else "") for i in ok if i not in used]
+    slots: list = [None] * (max(index) + 1)
+    for i in used:
+        slots[index[i]] = float(rows[i]["latency_ms"])
+    found = {"rounds": len(used), "round_latencies_ms": latencies_text(slots, [marks[index.index(k)] if k in index
+                                                                               else False for k in range(len(slots))])}
+
+    def said(row: dict) -> dict:  # the rounds left out, after whatever judged the row said
+        return {**row, "reason": "; ".join(filter(None, [row.get("reason"), *(f"{w}: left out" for w in left)]))}
+
+    if len(used) == 1:
+        return said({**base, **found}), used
+    medians = [float(rows[i]["latency_ms"]) for i in used]
+    latency = run_figure(medians)
+    low, high = run_interval(medians)
+    next_low, next_high = repeat_interval(medians, latency)
+    samples = [float(s) for i in used for s in rows[i].get("samples_ms") or ()]
+    noisy = [(index[i], rows[i]) for i in used if rows[i].get("noisy")]
+    out = {**base, **found, **speed_figures(base, latency),
+           "latency_ci_low_ms": low, "latency_ci_high_ms": high, "latency_ci_rel": (high - low) / 2 / latency,
+           "latency_between_low_ms": next_low, "latency_between_high_ms": next_high,
+           "latency_between_rel": (next_high - next_low) / 2 / latency,
+           "samples": len(samples), "samples_ms": samples, "outliers": outlier_count(samples),
            "noisy": bool(noisy), "noise_reason": "; ".join(f"{r['noise_reason']} (round {k + 1})" for k, r in noisy),
-           "time": max(str(r.get("time") or "") for r in ok)}
-    stopping = _stopping(ok)
+           "time": max(str(rows[i].get("time") or "") for i in used)}
     if samples:
         ordered = sorted(samples)
-        warmups = [cell_float(r.get("warmup_s")) for r in ok]
-        out.update(latency_p20_ms=percentile(ordered, 20), latency_p80_ms=percentile(ordered, 80),
-                   **interval_columns(samples, 0.0, stop=stopping.get("stop_reason"),
-                                      warmup_s=max((w for w in warmups if math.isfinite(w)), default=math.nan)))
-    out.update(stopping)
-    return judged(out)
+        out.update(latency_p20_ms=percentile(ordered, 20), latency_p80_ms=percentile(ordered, 80))
+    warmups = [cell_float(rows[i].get("warmup_s")) for i in used]
+    out.update(_stopping([rows[i] for i in used]), warmup_s=max((w for w in warmups if math.isfinite(w)),
+                                                                default=math.nan))
+    return said(judged(out)), used
 
 
 def _stopping(ok: Sequence[dict]) -> dict:
@@ -138,11 +152,12 @@ class RoundBook:
         """An appended row of `key` that ran at `at` (epoch seconds); `replaces`: it took the place of the key's row."""
         self.appended[key] = [at] if replaces else [*self.appended.get(key, []), at]
 
-    def add(self, key: tuple, row: dict, at: float, k: int, bracket: int | None = None) -> dict:
-        """Round k's row of `key` (run between moments `bracket` and `bracket` + 1, by default k's); returns the
-        combined row of its rounds so far, judged at the moments known so far."""
+    def add(self, key: tuple, row: dict, at: float, k: int, bracket: int | None = None, retried: bool = False) -> dict:
+        """Round k's row of `key` (run between moments `bracket` and `bracket` + 1, by default k's; `retried`: measured
+        again at the end of the run); returns the combined row of its rounds so far, judged at the moments known so
+        far."""
         found = self.rounds.setdefault(key, RowRounds())
-        found.add(row, at, k, k if bracket is None else bracket)
+        found.add(row, at, k, k if bracket is None else bracket, retried)
         return found.combined(self.moments)
 
     def __contains__(self, key: tuple) -> bool:
@@ -280,11 +295,18 @@ class SweepRounds:
                 self.executor.restart()  # each retry round starts its own process, as the rounds did
             for case, impl, base, k in noisy:
                 again = self.measure_one(case, impl, base)
-                if again["status"] == "ok" and not again.get("noisy"):
+                if again["status"] == "incorrect":  # a wrong output in any call makes the row wrong
+                    if self.cfg.combine_rounds:
+                        found = self.book.add(row_key(base), again, again["_at"], k, len(self.book.moments) - 1, True)
+                    else:
+                        found = again
+                        self.book.append(row_key(again), again["_at"], replaces=True)
+                    self.store.replace(self._keep(found))
+                elif again["status"] == "ok" and not again.get("noisy"):
                     if self.cfg.combine_rounds:
                         key = row_key(base)
                         last = len(self.book.moments) - 1  # it runs after the last round's probe, before `after`
-                        self.store.replace(self._keep(self.book.add(key, again, again["_at"], k, last)))
+                        self.store.replace(self._keep(self.book.add(key, again, again["_at"], k, last, True)))
                     else:
                         self.store.replace(self._keep(again))
                         self.book.append(row_key(again), again["_at"], replaces=True)

@@ -168,3 +168,19 @@ def test_markdown_and_html_say_the_same_and_links_point_at_the_lists(rng, helper
     assert '<a href="#noisy-rows">2 noisy</a>' in page and '<a href="#not-ok-rows">1 failed</a>' in page
     assert "<a " not in lead.html(links=False) and lead._repr_html_() == lead.html(links=False)
     assert str(lead) == repr(lead) == text and "2 noisy" in text
+
+
+def test_the_first_screen_says_when_the_ceilings_moved_by_more_than_ten_percent(rng, helpers):
+    """A run whose rows saw their roof move by 23% while they ran (ceiling_drift_pct) gets a sentence under its counts
+    with the figure and how many rows that leaves unresolved; one whose roofs moved by 9% gets none."""
+    rows = conform(helpers.make_rows(rng, not_ok=False))
+    rows["ceiling_drift_pct"] = rng.uniform(1.0, 9.0, len(rows))
+    rows["roof_verdict"] = "within"
+    quiet = headline(rows)
+    assert "The ceilings moved" not in quiet.markdown() and quiet.counts.iloc[0]["roof_unresolved"] == 0
+    moved = rows.index[rows["mode"] == "compiled"][:3]
+    rows.loc[moved[0], "ceiling_drift_pct"] = 23.4
+    rows.loc[moved[1:], "roof_verdict"] = "unresolved"
+    text = headline(rows).markdown()
+    assert "The ceilings moved by up to 23% while these rows ran" in text and "and 2 stay unresolved" in text
+    assert headline(rows).counts.iloc[0]["ceilings_moved_pct"] == pytest.approx(23.4)

@@ -13,14 +13,15 @@ TABLE_BYTES = 4  # one int32 block-table entry
 def make_pages(case: AttentionCase, gen: torch.Generator, dtype: torch.dtype, device: torch.device, pools: int = 2):
     """K and V pools [num_pages, page_size, Hkv, D] of standard-normal values (the tail of a sequence's last page
     too: it must never be read) and the int32 block table [B, max_pages]: each sequence holds ceil(length /
-    page_size) pages, drawn as a seeded permutation of the whole pool (a long-running server's fragmentation);
-    the entries past a sequence's pages are 0, as in a zero-initialised table. `pools=1`: one pool (MLA's latent)
-    and the table."""
+    page_size) pages, drawn as a seeded permutation of the whole pool (a long-running server's fragmentation); the
+    pool has one page more, which no sequence holds, and the entries past a sequence's pages name it (a freed page a
+    server's table may still point at: the gate fills it with NaN, so a kernel that reads through those entries
+    fails). `pools=1`: one pool (MLA's latent) and the table."""
     total = sum(case.pages)
-    shape = (total, case.page_size, case.kv_heads, case.head_dim)
+    shape = (total + 1, case.page_size, case.kv_heads, case.head_dim)
     drawn = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
-    order = torch.randperm(total, generator=gen, device=device).to(torch.int32)
-    table = torch.zeros((case.batch, case.max_pages), dtype=torch.int32, device=device)
+    order = torch.randperm(total + 1, generator=gen, device=device).to(torch.int32)
+    table = torch.full((case.batch, case.max_pages), int(order[total]), dtype=torch.int32, device=device)
     start = 0
     for b, count in enumerate(case.pages):
         table[b, :count] = order[start:start + count]
@@ -30,8 +31,8 @@ def make_pages(case: AttentionCase, gen: torch.Generator, dtype: torch.dtype, de
 
 def keys_in_order(inputs, case: AttentionCase, start: int, stop: int, rows: slice = slice(None)):
     """K and V of keys [start, stop) of the sequences `rows` in BHSD order: a view of a contiguous cache, a copy
-    gathered through the block table of a paged one (keys past a sequence's length come from page 0's slots: the
-    caller masks them)."""
+    gathered through the block table of a paged one (keys past a sequence's length come from its last page's tail or
+    the spare page: the caller masks them)."""
     if not case.paged:
         return inputs.k[rows, :, start:stop], inputs.v[rows, :, start:stop]
     keys = torch.arange(start, stop, device=inputs.k.device)
@@ -54,8 +55,8 @@ def held_slots(case: AttentionCase, table: torch.Tensor, num_pages: int) -> torc
 
 
 def pool_bytes(case: AttentionCase, elem: int) -> int:
-    """The K and V pools as allocated (whole pages) and the block table."""
-    return 2 * sum(case.pages) * case.page_size * case.kv_heads * case.head_dim * elem \
+    """The K and V pools as allocated (whole pages, the spare one too) and the block table."""
+    return 2 * (sum(case.pages) + 1) * case.page_size * case.kv_heads * case.head_dim * elem \
         + TABLE_BYTES * case.batch * case.max_pages
 
 

@@ -192,6 +192,8 @@ def test_seconds_options_are_checked_before_anything_runs():
 
 @pytest.mark.parametrize("args,message", [
     (["run", "--ci-target", "0"], "ci-target: must be above 0 and below 100%, got '0'"),
+    (["run", "--rounds", "0"], "rounds: must be a positive whole number, got 0"),
+    (["run", "--rounds", "3", "--no-isolate"], "rounds: each round after the first runs in a fresh worker process"),
     (["phases", "--ci-target", "half"], "ci-target: expected a fraction (0.02) or a percentage (2%), got 'half'"),
 ])
 def test_a_bad_ci_target_gets_one_line_before_anything_runs(args, message, tmp_path, capsys):
@@ -259,3 +261,17 @@ def test_quick_run_writes_rows_parquet_and_run_json(quick_run):
     assert meta["ceilings"]["source"] in ("measured", "cached") and meta["ceilings"]["age_s"] >= 0
     assert meta["device"]["kind"] == device.type and "run" in meta["command"]
     assert meta["state_before"] and meta["state_after"] and meta["measurement"]["device"] == str(device)
+
+
+def test_rounds_default_to_three_or_the_environment_and_to_one_in_this_process(monkeypatch):
+    from argparse import Namespace
+
+    from phasebench.bench.cli.options import DEFAULT_ROUNDS, rounds_of
+
+    monkeypatch.delenv("PHASEBENCH_ROUNDS", raising=False)
+    assert rounds_of(Namespace(rounds=None, no_isolate=False)) == DEFAULT_ROUNDS == 3
+    assert rounds_of(Namespace(rounds=5, no_isolate=False)) == 5
+    assert rounds_of(Namespace(rounds=None, no_isolate=True)) == 1  # rounds would share this process
+    assert rounds_of(Namespace(rounds=1, no_isolate=True)) == 1
+    monkeypatch.setenv("PHASEBENCH_ROUNDS", "2")
+    assert rounds_of(Namespace(rounds=None, no_isolate=False)) == 2

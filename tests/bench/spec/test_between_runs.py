@@ -88,11 +88,16 @@ def test_paired_rounds_take_out_what_moves_both_impls_alike():
     assert all(math.isnan(v) for v in br.paired_ratio(new[:3], base, ratio))
 
 
-def test_under_two_rounds_there_is_no_interval_and_identical_rounds_give_a_point():
+def test_under_two_rounds_there_is_no_interval_and_rounds_that_tie_keep_a_width():
+    """Rounds whose medians tie (a timer's resolution on a kernel of microseconds) would give an interval of no width
+    and a verdict of full confidence on a 14% ratio; their spread is taken as at least S_FLOOR."""
     assert all(math.isnan(v) for v in br.repeat_interval([2.0], 2.0))
     assert all(math.isnan(v) for v in br.ratio_between_runs([1.0], [1.0, 1.1], 1.0))
     assert all(math.isnan(v) for v in br.repeat_interval([2.0, -1.0], 2.0))
-    assert br.ratio_between_runs([2.0, 2.0], [2.0, 2.0], 1.0)[:2] == (1.0, 1.0)
+    low, high, df = br.ratio_between_runs([4.096e-3] * 3, [3.584e-3] * 3, 4.096 / 3.584)
+    assert low < 4.096 / 3.584 < high and high / low > 1.003 and math.isfinite(df)
+    low, high = br.repeat_interval([2.0, 2.0, 2.0], 2.0)
+    assert 2.0 * math.exp(-0.01) < low < 2.0 < high < 2.0 * math.exp(0.01)
 
 
 def test_round_medians_survive_a_csv_cell():
@@ -101,3 +106,14 @@ def test_round_medians_survive_a_csv_cell():
     assert br.latencies_of(text) == pytest.approx([2.21346, 0.000123457, 1500.0])
     assert br.latencies_of("") == [] and br.latencies_of(float("nan")) == [] and br.latencies_of(None) == []
     assert br.latencies_of([1, 2]) == [1.0, 2.0]
+
+
+def test_rounds_pair_only_where_both_ran_in_their_turn():
+    """Round 2 missing from one impl and round 3 measured again at the end for the other: only round 1 and 4 pair."""
+    new = br.latencies_text([1.0, None, 1.2, 1.3])
+    base = br.latencies_text([2.0, 2.1, 2.2, 2.3], [False, False, True, False])
+    assert (new, base) == ("1//1.2/1.3", "2/2.1/2.2r/2.3")
+    assert br.round_slots(base)[2] == (2.2, True) and br.round_slots(new)[1] is None
+    assert br.paired_rounds(new, base) == ([1.0, 1.3], [2.0, 2.3])
+    assert br.latencies_of(base) == [2.0, 2.1, 2.2, 2.3]
+    assert br.run_figure([1.0, 4.0]) == pytest.approx(2.0) and math.isnan(br.run_figure([]))

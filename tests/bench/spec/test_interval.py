@@ -113,8 +113,22 @@ def test_the_halves_split_the_samples_in_time_order_and_disagree_only_where_thei
     assert stop_reason_of(mixed, 0.5, "time limit") == "target"  # wide as it is, a target of ±50% holds it
     assert stop_reason_of(mixed, 0.001, "sample limit") == "sample limit"
     assert stop_reason_of(mixed, 0.0, "fixed count") == "fixed count"  # no target: never met
-    few = [1.0, 1.1, 0.9, 2.0, 2.1, 1.9, 2.2]  # halves of 3 and 4: no interval, no disagreement shown
+    few = [1.0, 1.1, 0.9, 2.0, 2.1, 1.9, 2.2]  # halves of 3 and 4: no interval, and 2 / C(7, 3) = 5.7% by chance
     assert halves_agree(*half_intervals(few)) and stop_reason_of(few, 0.0, "fixed count") == "fixed count"
+
+
+def test_halves_too_small_for_intervals_disagree_where_every_sample_of_one_lies_beyond_the_other():
+    """A slow call stops at 8-11 samples: its halves have no interval, but complete separation of 4 and 4 happens by
+    chance with 2 / 70 = 2.9%: a 20% step between them is drifting, a mixed order is not."""
+    rng = np.random.default_rng(52)
+    step = list(rng.normal(25.0, 0.2, 4)) + list(rng.normal(30.0, 0.2, 5))
+    assert stop_reason_of(step, 0.02, "time limit") == "drifting"
+    slowing = list(rng.normal(30.0, 0.2, 4)) + list(rng.normal(25.0, 0.2, 5))  # slower first, then faster
+    assert stop_reason_of(slowing, 0.02, "time limit") == "drifting"
+    mixed = [25.1, 30.2, 24.9, 29.8, 25.0, 30.1, 24.8, 29.9, 25.2]
+    assert stop_reason_of(mixed, 0.02, "time limit") == "time limit"
+    six = [25.0, 25.1, 24.9, 30.0, 30.1, 29.9]  # 2 / C(6, 3) = 10%: no verdict at six samples
+    assert stop_reason_of(six, 0.02, "time limit") == "time limit"
 
 
 def test_medians_agree_only_where_each_lies_inside_the_other_interval():

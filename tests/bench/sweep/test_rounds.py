@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import statistics
+from dataclasses import replace
 
 import pytest
 import torch
+from phasebench.bench.instruments.ceiling_drift import moment
 from phasebench.bench.instruments.roofline import Ceilings
 from phasebench.bench.ops.attention.cases import AttentionCase
-from phasebench.bench.spec.between_runs import latencies_of, repeat_interval
+from phasebench.bench.spec.between_runs import latencies_of, repeat_interval, run_figure, run_interval
+from phasebench.bench.spec.roof import roof_of_row
 from phasebench.bench.sweep import rounds as rounds_mod
 from phasebench.bench.sweep.measure import base_row
 from phasebench.bench.sweep.worker import Isolation
@@ -37,39 +42,77 @@ def test_the_first_round_keeps_the_plan_and_later_ones_shuffle_cases_and_impls_a
     assert rounds_mod.round_order(plan, 2, "run-a") != second
 
 
-def test_rounds_pool_their_samples_and_carry_the_interval_of_a_repeat():
-    rows = [round_row([1.0, 1.1, 1.2, 1.05, 1.15, 1.12]), round_row([1.4, 1.5, 1.45, 1.41, 1.47, 1.52], noisy=True,
-                                                                     noise_reason="busy host: x"),
+def test_each_round_counts_once_in_the_runs_figure_and_its_intervals():
+    """Three rounds, the second with ten times the samples of the others: the run's figure is the geometric mean of
+    the three medians (the heavy round does not make it), with the interval from the rounds' spread and the wider one
+    a repeat lands in; the samples pool for the percentiles; noisy and not converged where one round was."""
+    rows = [round_row([1.0, 1.1, 1.2, 1.05, 1.15, 1.12]),
+            round_row([1.4, 1.5, 1.45, 1.41, 1.47, 1.52] * 10, noisy=True, noise_reason="busy host: x"),
             round_row([1.2, 1.25, 1.22, 1.3, 1.21, 1.27], converged=False)]
-    out = rounds_mod.combine(rows)
-    pooled = sorted(s for r in rows for s in r["samples_ms"])
-    assert out["samples"] == 18 and out["latency_ms"] == pytest.approx((pooled[8] + pooled[9]) / 2)
-    assert latencies_of(out["round_latencies_ms"]) == pytest.approx([r["latency_ms"] for r in rows], rel=1e-5)
-    low, high = repeat_interval([r["latency_ms"] for r in rows], out["latency_ms"])
+    out, used = rounds_mod.combine(rows)
+    medians = [r["latency_ms"] for r in rows]
+    assert used == [0, 1, 2] and out["latency_ms"] == pytest.approx(run_figure(medians))
+    assert out["latency_ms"] < 1.3 < statistics.median(s for r in rows for s in r["samples_ms"])  # not the pooled one
+    assert (out["latency_ci_low_ms"], out["latency_ci_high_ms"]) == pytest.approx(run_interval(medians))
+    low, high = repeat_interval(medians, out["latency_ms"])
     assert (out["latency_between_low_ms"], out["latency_between_high_ms"]) == (pytest.approx(low), pytest.approx(high))
-    assert out["latency_between_low_ms"] < min(out["latency_ci_low_ms"], 1.1) and out["rounds"] == 3
-    assert out["noisy"] and out["noise_reason"] == "busy host: x (round 2)"  # the cause first, as the summary reads
+    assert out["latency_between_low_ms"] < out["latency_ci_low_ms"] < out["latency_ms"] < out["latency_ci_high_ms"]
+    assert latencies_of(out["round_latencies_ms"]) == pytest.approx(medians, rel=1e-5) and out["rounds"] == 3
+    assert out["samples"] == 72 and out["noisy"] and out["noise_reason"] == "busy host: x (round 2)"
     assert not out["converged"]  # one round stopped short of its target
     assert out["gbps"] == pytest.approx(out["bytes"] / (out["latency_ms"] / 1e3) / 1e9)
+
+
+def test_rounds_that_ran_otherwise_are_not_pooled_and_a_retried_round_is_marked():
+    rows = [round_row([1.0] * 6, backend="sdpa-flash"), round_row([2.0] * 6, backend="sdpa-math"),
+            round_row([1.1] * 6, backend="sdpa-flash")]
+    out, used = rounds_mod.combine(rows, [0, 1, 2], [False, False, True])
+    assert used == [0, 2] and out["rounds"] == 2 and out["round_latencies_ms"] == "1//1.1r"
+    assert out["reason"].endswith("round 2 ran as sdpa-math: left out")
+    assert out["latency_ms"] == pytest.approx((1.0 * 1.1) ** 0.5)
 
 
 def test_a_wrong_output_in_any_round_makes_the_row_wrong_and_one_round_makes_no_interval():
     ok = round_row([1.0] * 6)
     wrong = {**ok, "status": "incorrect", "reason": "max_rel_err 0.3 > limit 1e-4"}
-    out = rounds_mod.combine([ok, ok, wrong])
+    out, _ = rounds_mod.combine([ok, ok, wrong])
     assert out["status"] == "incorrect" and out["reason"] == "round 3 of 3: max_rel_err 0.3 > limit 1e-4"
-    one = rounds_mod.combine([ok])
+    one, _ = rounds_mod.combine([ok])
     assert one["rounds"] == 1 and math.isnan(one.get("latency_between_low_ms", math.nan))
-    failed = rounds_mod.combine([{**ok, "status": "failed", "reason": "boom"}])
+    failed, _ = rounds_mod.combine([{**ok, "status": "failed", "reason": "boom"}])
     assert failed["rounds"] == 0 and failed["round_latencies_ms"] == ""
 
 
-def test_a_retried_round_takes_its_place_and_runs_in_the_last_bracket():
+def test_the_published_pct_of_roof_lies_inside_what_the_verdict_reads():
+    """Rounds of unequal weight at moments far apart (a read ceiling from 30 to 70 GB/s): whatever the rounds, the
+    row's % of roof at its moment lies between pct_roof_low and pct_roof_high, and the flag and the verdict agree."""
+    rng = random.Random(52)
+    base = Ceilings("host", "cpu", 20.0, {"float32": 0.2}, read_gbps=61.0, write_gbps=30.0)
+    roof_ms = 1e3 * float(roof_of_row(round_row([1.0] * 6))[1])  # at 61 and 30 GB/s
+    verdicts = set()
+    for _ in range(200):
+        found, speed = rounds_mod.RowRounds(), rng.uniform(0.3, 2.5)
+        for k in range(3):
+            latency = speed * rng.uniform(0.9, 1.1) * roof_ms
+            count = rng.choice([6, 30, 300])
+            found.add(round_row([latency * rng.uniform(0.99, 1.01) for _ in range(count)]), 10.0 * k + 5, k, k)
+        moments = [moment(replace(base, read_gbps=rng.uniform(30, 70), write_gbps=rng.uniform(15, 35)), f"m{i}",
+                          10.0 * i) for i in range(4)]
+        row = found.combined(moments)
+        assert row["pct_roof_low"] <= row["pct_roofline"] <= row["pct_roof_high"]
+        assert row["roof_verdict"] != "within" or not row["above_roof"]
+        assert row["roof_verdict"] != "above" or row["above_roof"]
+        verdicts.add(row["roof_verdict"])
+    assert verdicts == {"above", "within", "unresolved"}  # the draws reach every verdict
+
+
+def test_a_retry_of_a_noisy_round_takes_its_place_and_runs_in_the_last_bracket():
     found = rounds_mod.RowRounds()
     found.add(round_row([1.0] * 6), 10.0, 0, 0)
     found.add(round_row([3.0] * 6, noisy=True), 20.0, 1, 1)
-    found.add(round_row([1.1] * 6), 90.0, 1, 2)
-    assert [s[0] for s in found.spans()] == [0, 2] and [s[1] for s in found.spans()] == [1.0, 1.1]
+    found.add(round_row([1.1] * 6), 90.0, 1, 2, retried=True)
+    assert found.bracket == [0, 2] and found.retried == [False, True]
+    assert rounds_mod.combine(found.rows, found.index, found.retried)[0]["round_latencies_ms"] == "1/1.1r"
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +141,12 @@ def test_a_run_in_rounds_keeps_one_row_per_case_and_impl_from_three_processes(th
     assert [m["name"] for m in meta["ceiling_moments"]] == ["before"]
     assert [r for _, _, r in shown] == ["1/3"] * 4 + ["2/3"] * 2 + ["3/3"] * 2
     assert compiled["roof_moment"].str.match(r"^before \d\d:\d\d:\d\dZ$").all()
-    assert compiled["roof_verdict"].isin(["within", "above", "unresolved"]).all()
+    assert (compiled["pct_roof_low"] <= compiled["pct_roofline"]).all()
+    assert (compiled["pct_roofline"] <= compiled["pct_roof_high"]).all()
     for row in compiled.itertuples():
         medians = latencies_of(row.round_latencies_ms)
         assert len(medians) == 3 and row.samples >= 18
+        assert row.latency_ms == pytest.approx(run_figure(medians), rel=1e-5)
         low, high = repeat_interval(medians, row.latency_ms)
         assert row.latency_between_low_ms == pytest.approx(low, rel=1e-5)
 

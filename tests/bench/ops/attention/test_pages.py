@@ -28,12 +28,16 @@ def paged(page=16, **over):
 def test_the_pool_is_a_seeded_shuffled_permutation_of_every_sequences_pages():
     case = paged(batch=4, kv_len=200, seqlens=(200, 1, 16, 90))  # 13, 1, 1 and 6 pages
     x = inputs.make_inputs(case, CPU, seed=3)
-    assert x.k.shape == x.v.shape == (21, 16, 2, 32) and x.block_table.shape == (4, 13)
+    assert x.k.shape == x.v.shape == (22, 16, 2, 32) and x.block_table.shape == (4, 13)  # 21 pages and a spare
     assert x.block_table.dtype == torch.int32 and x.cache_seqlens.tolist() == [200, 1, 16, 90]
     used = torch.cat([x.block_table[b, :n] for b, n in enumerate(case.pages)])
-    assert sorted(used.tolist()) == list(range(21))  # each page of the pool held by one sequence
-    assert used.tolist() != list(range(21))  # not in order
-    assert all((x.block_table[b, n:] == 0).all() for b, n in enumerate(case.pages))
+    spare = sorted(set(range(22)) - set(used.tolist()))
+    assert len(spare) == 1 and len(set(used.tolist())) == 21  # each page held by one sequence, one held by none
+    assert used.tolist() != sorted(used.tolist())  # not in order
+    assert all((x.block_table[b, n:] == spare[0]).all() for b, n in enumerate(case.pages))  # past: the spare
+    poisoned = x.k.clone()
+    inputs.fill_past_the_end(case, (poisoned,), x.block_table)
+    assert poisoned[spare[0]].isnan().all()  # the gate's NaN: a kernel that reads through a padding entry fails
     again = inputs.make_inputs(case, CPU, seed=3)
     assert torch.equal(again.block_table, x.block_table) and torch.equal(again.k, x.k)
     assert not torch.equal(inputs.make_inputs(case, CPU, seed=4).block_table, x.block_table)
@@ -76,7 +80,7 @@ def test_cost_adds_the_block_table_reads_to_the_contiguous_bytes():
 def test_memory_charges_the_pools_and_the_gather_routes():
     case, dense = paged(page=16), paged(page=0)
     elem, d = 4, 32
-    pool = 2 * 11 * 16 * 2 * d * elem + 4 * 3 * 7
+    pool = 2 * (11 + 1) * 16 * 2 * d * elem + 4 * 3 * 7  # 11 pages held and the spare
     assert memory.input_bytes(case) == memory.input_bytes(dense) - 2 * 3 * 2 * 100 * d * elem + pool
     gather = 3 * 2 * 100 * (2 * d * elem + 8)
     assert memory.impl_bytes(case, "naive", CPU) == memory.impl_bytes(dense, "naive", CPU) + gather

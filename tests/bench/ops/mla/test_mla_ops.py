@@ -38,8 +38,8 @@ def test_cost_is_flashmla_count_of_what_the_inputs_hold():
     x = inputs.make_inputs(case, CPU, 1)
     assert flops(case) == 2 * 1 * (90 + 37) * 5 * (48 + 32)
     read, written = moved_bytes(case)
-    pages = -(-90 // 16) + -(-37 // 16)  # the table entries read; the pool holds the same pages
-    assert x.latent.shape == (pages, 16, 1, 48) and x.block_table.shape == (2, 6)
+    pages = -(-90 // 16) + -(-37 // 16)  # the table entries read; the pool holds the same pages and a spare
+    assert x.latent.shape == (pages + 1, 16, 1, 48) and x.block_table.shape == (2, 6)
     assert read == 4 * ((90 + 37) * 48 + x.q.numel()) + 4 * pages and written == 4 * 2 * 5 * 32
     v3 = MLACase(1, 128, 1, 4096, "bfloat16", "deepseek-v3")  # intensity grows with the heads: about 230 FLOP/B at 4K
     assert 220 < flops(v3) / sum(moved_bytes(v3)) < 2 * 128 * 1088 / (576 * 2)  # the bound at long context
