@@ -17,7 +17,7 @@ def run_command(args) -> str:
     timer = [*(["--sample-time", str(args.sample_time)] if args.sample_time is not None else []),
              *(["--ci-target", str(args.ci_target)] if args.ci_target is not None else []),
              *(["--warm"] if args.warm else []), *(["--cuda-graph"] if args.cuda_graph else []),
-             *(["--rounds", str(args.rounds)] if args.rounds != DEFAULT_ROUNDS else [])]
+             *(["--rounds", str(args.rounds)] if args.rounds not in (None, DEFAULT_ROUNDS) else [])]
     return shlex.join(["phasebench", "run", *selection_of(args).argv(), *timer])
 
 
