@@ -76,16 +76,20 @@ class TimerConfig:
 
 @dataclass(frozen=True)
 class WarmUp:
-    """What the warm-up did: its wall seconds (NaN: not recorded), its calls, and whether its timings steadied (None: a
-    fixed warm-up, which does not look)."""
+    """What the warm-up did: its wall seconds (NaN: not recorded; its first call's included), its calls, and whether its
+    timings steadied (None: a fixed warm-up, which does not look)."""
 
     seconds: float = math.nan
     calls: int = 0
     steady: bool | None = None
+    first_s: float = 0.0  # the first call's, where the warm-up looks (its clock starts after it)
 
     @property
     def per_call_s(self) -> float:
-        """Wall seconds per call, its eviction included (0 when nothing ran): the first batch's size comes from it."""
+        """Wall seconds per call, its eviction included (0 when nothing ran), the first call's setup left out where it
+        was timed apart: the first batch's size comes from it."""
+        if self.first_s and self.calls > 1:
+            return (self.seconds - self.first_s) / (self.calls - 1)
         return self.seconds / self.calls if self.calls else 0.0
 
 
@@ -215,19 +219,22 @@ def _warm_up(calls, cfg: TimerConfig, sync: Callable[[], None], evict: Callable[
     so the first sample never rereads what warm-up just read."""
     looks, window_s = 0 < cfg.warmup_s < cfg.max_warmup_s, cfg.warmup_s / WARMUP_WINDOWS
     windows: deque[MedianInterval] = deque(maxlen=WARMUP_WINDOWS)
-    n, start, steady = 0, clock(), False
+    n, start, steady, first = 0, clock(), False, 0.0
     window, opened = [], start
     while True:
         elapsed = clock() - start
         if n >= cfg.warmup_calls and elapsed >= cfg.warmup_s and (not looks or steady or elapsed >= cfg.max_warmup_s):
-            return WarmUp(elapsed, n, steady if looks else None)
+            return WarmUp(first + elapsed, n, steady if looks else None, first)
         if evict is not None:
             evict()
         begun = clock()
         calls[n % len(calls)]()
         sync()
         n += 1
-        if looks:
+        if looks and n == 1:  # a process's first call carries its setup (a JIT, a library's handle): the warm-up's
+            first = clock() - start  # clock starts after it, so that it never spends the warm-up alone
+            start = opened = clock()
+        elif looks:
             ended = clock()
             window.append(ended - begun)
             if ended - opened >= window_s and len(window) >= WINDOW_CALLS:

@@ -38,6 +38,9 @@ from ..spec.schema import cell_float
 
 # interpreter timings prove nothing about speed: one sample, after the gate's call, no warm-up (then the checked call)
 INTERPRETER_SAMPLES = 1
+# the fewest samples of a later round of a run (its median joins the row's figure; the interval comes from the
+# rounds): a call of 300 ms, which takes these at its time limit, costs a round 1.2 s, not 1.8
+LATER_ROUND_SAMPLES = 4
 
 
 def impl_mode(impl: str) -> str:
@@ -133,6 +136,14 @@ class Checked:
 
     def judge(self, out) -> Verdict:
         return judge(out, self.reference, self.case.dtype, self.baseline_error, self.op.baseline_cap)
+
+    def shared(self) -> tuple:
+        """(the reference on the host, the baseline's error): what another process's Checked of the same case takes
+        (`seed`) instead of computing them again: the inputs are seeded, so they are the same."""
+        return self.reference.cpu(), self.baseline_error
+
+    def seed(self, reference: torch.Tensor, baseline: float | None) -> None:
+        self._reference, self._baseline = reference.to(self.device), (baseline,)
 
 
 class CaseState:
@@ -304,9 +315,9 @@ def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler
         timed = cold_operands.plan(state, impl, call, cold=sampler.cold, mode=row["mode"],
                                    flush_l2=getattr(sampler, "flush_l2", False))
     row = {**with_state(row, timed.state, levels), "cold_how": timed.how}
-    if again:  # this process's first call of the kernel (its setup, a JIT) runs before the warm-up's clock, as the
-        timed.calls[0]()  # gate's does in the first round
-        sync(device)
+    if again and isinstance(sampler, HarnessSampler):  # a later round: its median, not its interval, joins the row
+        sampler = dataclasses.replace(sampler, config=dataclasses.replace(
+            sampler.config, min_samples=min(sampler.config.min_samples, LATER_ROUND_SAMPLES)))
     watch = probe.watch() if probe is not None else contextlib.nullcontext()
     # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
     # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
@@ -323,7 +334,9 @@ def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler
         if again:
             row["max_rel_err"] = last.error
         # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
-        plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok else last
+        # (a later round's code took the same kernels in the first round: what switches them is the code, not the
+        # process, while what a recycled block holds is the process's: its checked call is judged in every round)
+        plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok and not again else last
     del timed
     if not last.ok:
         return {**row, "status": last.status, "max_rel_err": last.error,
@@ -342,11 +355,16 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
     # "_again" (not a column): a later round of a run; the gate's first and stress calls judged this code in the first
     # round, and this round's checked and plain calls are judged as every round's are
     again = row.pop("_again", False)
+    # "_checked" (not a column): the case's reference and baseline error as the first round computed them (`shared`),
+    # for a later round; "_share": a first round that has later ones returns them so
+    known, share = row.pop("_checked", None), row.pop("_share", False)
     try:
         key = op.key(case, impl)
         reason = op.does_not_fit(case, impl, device, resident=state.resident)
         if reason:
             return {**row, "status": "skipped", "reason": reason}
+        if known is not None and not state.resident:
+            state.standard.seed(*known)
         with nvtx_range(stage_name(SETUP, key)):
             call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
@@ -358,6 +376,8 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
             row["max_rel_err"] = verdict.error
             if not verdict.ok:
                 return {**row, "status": verdict.status, "reason": verdict.reason}
+        if share:
+            row["_checked"] = state.standard.shared()
         if clock:
             row, timing = {**with_state(row, WARM, levels), "cold_how": "warm"}, one_call(clock[0])
         else:

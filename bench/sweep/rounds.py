@@ -203,6 +203,7 @@ class SweepRounds:
         self.rounds_run = 0
         self.index = 0
         self.probe_failures: list[str] = []
+        self.checked: dict = {}  # case -> its reference and baseline error from the first round (measure's shared)
 
     def _shown(self, row: dict, total: int, k: int | None = None) -> None:
         self.index += 1
@@ -254,7 +255,12 @@ class SweepRounds:
                     if k == 0 and self.store.is_done(base):
                         self.index += 1
                         continue
-                    row = self.measure_one(case, impl, {**base, "_again": True} if k else base)
+                    known = {"_checked": self.checked[case]} if case in self.checked else {}
+                    asked = {**base, "_again": True, **known} if k else {
+                        **base, "_share": cfg.rounds > 1 and case not in self.checked}
+                    row = self.measure_one(case, impl, asked)
+                    if "_checked" in row:  # the first ok impl's: every later round of the case judges against them
+                        self.checked.setdefault(case, row.pop("_checked"))
                     if row.get("refused") and k:
                         continue
                     if k == 0 and row["status"] == "ok" and row["mode"] == "compiled":

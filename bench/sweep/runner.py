@@ -40,7 +40,7 @@ from .worker import IN_PROCESS, Isolation
 # Sampling stops once the median's 95% interval is within the device's target (after min_samples and min_time_s), or
 # at the time limit (budget_s). Six samples are the fewest whose extremes hold the median with 95%: fewer, no interval.
 # A warm-up of 0.15 s at least (0.2 s on a GPU), on to 0.3 s (0.4 s) while its timings are not steady: its windows
-# of 0.05 s see a drift that fades over about 0.1 s (with a 4% warm-up slowness of that kind 88% of the host's
+# of 0.05 s see a drift that fades over about 0.1 s (with a 4% warm-up slowness of that kind 90% of the host's
 # intervals hold the steady median, 0% after a fixed 0.05 s: tests/bench/instruments/test_timing.py simulates it).
 # Each round of a run warms up again, in its fresh process.
 CPU_TIMER = TimerConfig(warmup_s=0.15, budget_s=0.3, min_samples=6, max_samples=500, flush_l2=False, cold=True,

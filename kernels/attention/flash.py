@@ -35,7 +35,6 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from .. import buffers
 from ..errors import Unsupported
@@ -47,6 +46,14 @@ from .request import AttentionRequest
 HALF_DTYPES = frozenset({torch.float16, torch.bfloat16})
 FLASH_ATTN_PAGE_MULTIPLE = 256  # flash_attn 2's paged kernels read pages of a multiple of this many tokens
 ALL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def causal_lower_right(q_len: int, kv_len: int):
+    """torch's bottom-right causal bias, imported when first used: its module imports torch._dynamo (1.5 s), which
+    every worker process of a run would otherwise pay at start-up."""
+    from torch.nn.attention.bias import causal_lower_right as bias
+
+    return bias(q_len, kv_len)
 
 
 @functools.cache
