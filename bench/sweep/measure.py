@@ -38,8 +38,7 @@ from ..spec.schema import cell_float
 
 # interpreter timings prove nothing about speed: one sample, after the gate's call, no warm-up (then the checked call)
 INTERPRETER_SAMPLES = 1
-# the fewest samples of a later round of a run (its median joins the row's figure; the interval comes from the
-# rounds): a call of 300 ms, which takes these at its time limit, costs a round 1.2 s, not 1.8
+# a later round's fewest samples (its median joins the row's figure, the interval comes from the rounds)
 LATER_ROUND_SAMPLES = 4
 
 
