@@ -44,19 +44,38 @@ def _num(value, fmt: str) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
 
-def _half_width(row) -> str:
-    """' ±1.2%' (the 95% interval's relative half-width), '*' after it where sampling stopped short of its target."""
-    rel = row.get("latency_ci_rel") if hasattr(row, "get") else getattr(row, "latency_ci_rel", None)
-    converged = row.get("converged") if hasattr(row, "get") else getattr(row, "converged", None)
-    if rel is None or pd.isna(rel):
+def _get(row, name: str):
+    return row.get(name) if hasattr(row, "get") else getattr(row, name, None)
+
+
+def spread_text(low, high, median) -> str:
+    """An interval around `median` in a few characters: '±1.2%' (its half-width over the median) while that is under
+    20%; '×/÷1.8' (the square root of high over low: the interval is about median ÷ 1.8 to median × 1.8) past it, as
+    a wide interval of a latency is nearer symmetric in log space; '' without one."""
+    try:
+        low, high, median = float(low), float(high), float(median)
+    except (TypeError, ValueError):
         return ""
-    return f" ±{100 * rel:.1f}%" + ("" if converged is not None and not pd.isna(converged) and converged else "*")
+    if not (math.isfinite(low) and math.isfinite(high) and low > 0 and median > 0):
+        return ""
+    rel = (high - low) / 2 / median
+    return f"±{100 * rel:.1f}%" if rel < 0.2 else f"×/÷{math.sqrt(high / low):.2g}"
+
+
+def _half_width(row) -> str:
+    """' ±1.2%' or ' ×/÷1.8' (the 95% interval of the row's latency, spread_text), '*' after it where sampling stopped
+    short of its target."""
+    found = spread_text(_get(row, "latency_ci_low_ms"), _get(row, "latency_ci_high_ms"), _get(row, "latency_ms"))
+    converged = _get(row, "converged")
+    if not found:
+        return ""
+    return f" {found}" + ("" if converged is not None and not pd.isna(converged) and converged else "*")
 
 
 def _between(row) -> str:
-    """'±4.1%': the half-width of the interval a repeat of the run lands in (its rounds), blank without rounds."""
-    rel = getattr(row, "latency_between_rel", math.nan)
-    return "" if rel is None or pd.isna(rel) else f"±{100 * rel:.1f}%"
+    """The interval a repeat of the run lands in (its rounds, spread_text), blank without rounds."""
+    return spread_text(_get(row, "latency_between_low_ms"), _get(row, "latency_between_high_ms"),
+                       _get(row, "latency_ms"))
 
 
 def format_table(df: pd.DataFrame) -> str:
@@ -133,7 +152,7 @@ def _between_runs(df: pd.DataFrame) -> list[str]:
         rounds = pd.to_numeric(timed["rounds"], errors="coerce").dropna()
         lines.append(f"note: {int(rel.notna().sum())} of {len(timed)} timed rows carry the 95% interval a repeat of "
                      f"this run lands in ('next run', from {int(rounds.min())}-{int(rounds.max())} rounds in worker "
-                     f"processes of their own); the widest ±{100 * float(widest['latency_between_rel']):.1f}%, "
+                     f"processes of their own); the widest {_between(widest)}, "
                      f"{widest['impl']} {widest['shape']} (rounds {widest['round_latencies_ms']} ms): compare runs "
                      "with `phasebench compare`, which judges them on these")
     if "roof_verdict" in timed.columns:
@@ -174,6 +193,10 @@ def _unconverged(df: pd.DataFrame) -> list[str]:
     short = timed[~timed["converged"].astype("boolean").fillna(True) & ~_drifted(timed)]
     if short.empty:
         return []
+    rounds = pd.to_numeric(short.get("rounds", pd.Series(dtype=float)), errors="coerce").fillna(1)
+    if (rounds > 1).any():  # their interval is the rounds'; the target is each round's sampling
+        return [f"note: {len(short)} of {len(timed)} timed rows had a round stop at its time or sample limit with the "
+                "95% interval of that round's median wider than its target ('*'): --sample-time S gives them longer"]
     widest = short.loc[short["latency_ci_rel"].astype(float).fillna(float("inf")).idxmax()]
     return [f"note: {len(short)} of {len(timed)} timed rows stopped at their time or sample limit with the 95% "
             f"interval of their median wider than its target ('*'; the widest "
