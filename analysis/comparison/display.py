@@ -145,24 +145,25 @@ def format_comparison(frame: pd.DataFrame) -> str:
                   f"{', ' + str(noisy) + ' noisy' if noisy else ''}); "
                   f"{int((frame['pairing'] == 'status change').sum())} status changes, "
                   f"{int((frame['pairing'] == 'base only').sum())} only in base, "
-                  f"{int((frame['pairing'] == 'new only').sum())} only in new", *promise_lines(pairs, confidence)]
+                  f"{int((frame['pairing'] == 'new only').sum())} only in new", *promise_lines(pairs, confidence, by)]
     return "\n".join(lines)
 
 
-def promise_lines(pairs: pd.DataFrame, confidence: float) -> list[str]:
-    """Which interval each verdict judged and what it promises: pairs from rounds hold between runs (the same code
-    run twice is called slower or faster at most 1 - confidence of the time); the others within each run only
-    (no promise between runs); and, where the base rows carry one, how many new medians fell inside the base's
-    between-run interval against the share its level promises."""
+def promise_lines(pairs: pd.DataFrame, confidence: float, by: str = "run") -> list[str]:
+    """Which interval each verdict judged and what it promises: pairs from rounds hold between runs (the same code run
+    twice, or two impls of equal speed, are called slower or faster at most 1 - confidence of the time); the others
+    within each run only (no promise between runs); and, comparing runs where the base rows carry one, how many new
+    medians fell inside the base's between-run interval against the share its level promises."""
     if pairs.empty or "covers" not in pairs.columns:
         return []
     timed = pairs[~pairs["interpreter"].astype(bool)]
     between = int((timed["covers"] == "between runs").sum())
+    same = "the same code" if by == "run" else f"two {BY[by].replace('_', ' ')}s of equal speed"
     lines = [f"judged on: {between} of {len(timed)} timed pairs with intervals between runs (rounds: Welch, or "
-             f"paired within one run), which call the same code slower or faster at most {1 - confidence:.0%} of "
-             f"the time; {len(timed) - between} within each run only (no promise between runs)"]
+             f"paired within one run), which call {same} slower or faster at most {1 - confidence:.0%} of the time; "
+             f"{len(timed) - between} within each run only (no promise between runs)"]
     inside = timed["in_base_between"].dropna() if "in_base_between" in timed.columns else pd.Series(dtype=object)
-    if len(inside):
+    if by == "run" and len(inside):
         lines.append(f"between-run coverage: {int(inside.astype(bool).sum())} of {len(inside)} new medians inside the "
                      f"base rows' 95% between-run intervals (a repeat of the same code: about 95%)")
     return lines
