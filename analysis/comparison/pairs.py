@@ -290,8 +290,11 @@ def _interval(row: dict, ratio: float, confidence: float, rng, resamples: int,
     found = _rounds_interval(row, ratio, confidence, by)
     if found is not None and math.isfinite(found[0]):
         return found
+    # a row of rounds publishes its rounds' geometric mean, not its pooled samples' median: beside a row of one round
+    # the pair is judged on the two rows' own intervals of what they publish, never a bootstrap of another figure
+    rounds = any(len(latencies_of(row.get(f"{side}_round_latencies_ms"))) >= 2 for side in ("base", "new"))
     base, new = _as_samples(row.get(f"base_{SAMPLES_COLUMN}")), _as_samples(row.get(f"new_{SAMPLES_COLUMN}"))
-    if base is not None and new is not None and min(len(base), len(new)) >= MIN_BOOTSTRAP:
+    if not rounds and base is not None and new is not None and min(len(base), len(new)) >= MIN_BOOTSTRAP:
         medians = [np.median(s[rng.integers(0, len(s), size=(resamples, len(s)))], axis=1) for s in (base, new)]
         ratios = medians[1] / medians[0]
         tail = (1 - confidence) / 2

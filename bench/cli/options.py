@@ -93,7 +93,12 @@ def rounds_of(args) -> int:
             raise UsageError("rounds: each round after the first runs in a fresh worker process, and --no-isolate "
                              "measures in this one; give --rounds 1, or leave out --no-isolate")
         return 1
-    return args.rounds or int(os.environ.get("PHASEBENCH_ROUNDS") or DEFAULT_ROUNDS)
+    if args.rounds is not None:
+        return args.rounds
+    text = os.environ.get("PHASEBENCH_ROUNDS") or str(DEFAULT_ROUNDS)
+    if not text.strip().isdigit() or int(text) < 1:
+        raise UsageError(f"rounds: PHASEBENCH_ROUNDS must be a positive whole number, got {text!r}")
+    return int(text)
 
 
 def isolation_of(args, start: bool = False):

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 CONFIDENCE = 0.95
 SEP = "/"  # round_latencies_ms in a CSV cell: "2.21/2.25/2.19"; a round missing is blank, one measured again "2.3r"
 RETRIED = "r"
-# The least spread of the rounds' log medians taken as their standard deviation: rounds that tie (a timer's resolution,
-# a GPU kernel of microseconds) would otherwise give an interval of no width, and a verdict of full confidence.
+# The least spread of the rounds' log medians taken as their standard deviation: rounds that tie would otherwise give an
+# interval of no width, and a verdict of full confidence. At least 0.1%, and at least the timer's resolution over the
+# figure: CUDA events step by 0.5 us, and the rounds of a kernel of a few microseconds tie on those steps.
 S_FLOOR = 0.001
+RESOLUTION_MS = 0.001
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -82,7 +84,8 @@ def _logs(values: Sequence[float]) -> list[float]:
 
 
 def _sd(logs: Sequence[float]) -> float:
-    return max(statistics.stdev(logs), S_FLOOR)
+    """The spread of log medians (of ms), at least S_FLOOR and RESOLUTION_MS over their geometric mean."""
+    return max(statistics.stdev(logs), S_FLOOR, RESOLUTION_MS / math.exp(statistics.fmean(logs)))
 
 
 def run_figure(round_medians: Sequence[float]) -> float:
@@ -181,6 +184,7 @@ def paired_ratio(new_rounds: Sequence[float], base_rounds: Sequence[float], rati
     if len(new) != len(base) or len(new) < 2 or not (math.isfinite(ratio) and ratio > 0):
         return math.nan, math.nan
     differences = [n - b for n, b in zip(new, base, strict=True)]
-    half = t_quantile(1 - (1 - confidence) / 2, len(differences) - 1) * _sd(differences) / math.sqrt(
-        len(differences))
+    floor = math.hypot(*(RESOLUTION_MS / math.exp(statistics.fmean(side)) for side in (new, base)))
+    spread = max(statistics.stdev(differences), S_FLOOR, floor)
+    half = t_quantile(1 - (1 - confidence) / 2, len(differences) - 1) * spread / math.sqrt(len(differences))
     return ratio * math.exp(-half), ratio * math.exp(half)

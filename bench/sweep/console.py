@@ -49,7 +49,7 @@ def _get(row, name: str):
 
 
 def spread_text(low, high, median) -> str:
-    """An interval around `median` in a few characters: '±1.2%' (its half-width over the median) while that is under
+    """An interval around `median` in a few characters: '±1.2%' (its longer arm over the median) while that is under
     20%; '×/÷1.8' (the square root of high over low: the interval is about median ÷ 1.8 to median × 1.8) past it, as
     a wide interval of a latency is nearer symmetric in log space; '' without one."""
     try:
@@ -58,7 +58,7 @@ def spread_text(low, high, median) -> str:
         return ""
     if not (math.isfinite(low) and math.isfinite(high) and low > 0 and median > 0):
         return ""
-    rel = (high - low) / 2 / median
+    rel = max(high - median, median - low) / median  # the longer arm: a log-symmetric interval's upper one
     return f"±{100 * rel:.1f}%" if rel < 0.2 else f"×/÷{math.sqrt(high / low):.2g}"
 
 

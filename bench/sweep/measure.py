@@ -36,10 +36,10 @@ from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', th
 )
 from ..spec.schema import cell_float
 
-# interpreter timings prove nothing about speed: one sample, after the gate's call, no warm-up (then the checked call)
-INTERPRETER_SAMPLES = 1
+INTERPRETER_SAMPLES = 1  # interpreter timings prove nothing about speed: one sample
 # a later round's fewest samples (its median joins the row's figure, the interval comes from the rounds)
 LATER_ROUND_SAMPLES = 4
+SHARED_BYTES = 4 << 20  # the largest reference a first round hands to its later rounds (Checked.shared)
 
 
 def impl_mode(impl: str) -> str:
@@ -99,11 +99,10 @@ class HarnessSampler:
         return "cuda-graph+events" if self.config.cuda_graph else "cuda-events"
 
     def __call__(self, calls, device, *, range_name, payload, interpreter, evict=None, before_last=None,
-                 guard_last=None):
-        cfg = self.config
-        if interpreter:  # the gate's call warmed it; no interval to aim at
-            cfg = dataclasses.replace(cfg, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES,
-                                      warmup_s=0.0, warmup_calls=0, target=0.0, min_time_s=0.0)
+                 guard_last=None):  # an interpreter's (on a GPU): the gate's call warmed it; no interval to aim at
+        cfg = self.config if not interpreter else dataclasses.replace(
+            self.config, min_samples=INTERPRETER_SAMPLES, max_samples=INTERPRETER_SAMPLES, warmup_s=0.0,
+            warmup_calls=0, target=0.0, min_time_s=0.0)
         return time_call(calls, device, cfg, range_name=range_name, payload=payload, evict=evict,
                          before_last=before_last, guard_last=guard_last)
 
@@ -137,12 +136,17 @@ class Checked:
         return judge(out, self.reference, self.case.dtype, self.baseline_error, self.op.baseline_cap)
 
     def shared(self) -> tuple:
-        """(the reference on the host, the baseline's error): what another process's Checked of the same case takes
-        (`seed`) instead of computing them again: the inputs are seeded, so they are the same."""
-        return self.reference.cpu(), self.baseline_error
+        """(the reference as a numpy array, or None, and the baseline's error): what another process's Checked of the
+        same case takes (`seed`) instead of computing them again (the inputs are seeded, so they are the same). The
+        reference travels only where it is a plain tensor of at most SHARED_BYTES, as bytes through the pipe (a
+        tensor would go through shared memory, which a container may hold to 64 MiB); the error always does."""
+        ref = self.reference
+        small = isinstance(ref, torch.Tensor) and ref.numel() * ref.element_size() <= SHARED_BYTES
+        return (ref.detach().cpu().numpy() if small else None), self.baseline_error
 
-    def seed(self, reference: torch.Tensor, baseline: float | None) -> None:
-        self._reference, self._baseline = reference.to(self.device), (baseline,)
+    def seed(self, reference, baseline: float | None) -> None:
+        self._reference = torch.from_numpy(reference).to(self.device) if reference is not None else self._reference
+        self._baseline = (baseline,)
 
 
 class CaseState:
@@ -299,15 +303,14 @@ def with_state(row: dict, state: str, levels: dict) -> dict:
 def _free_cache() -> str:
     """Free the CUDA cache after an OOM; what went wrong doing so (a lost context), for the row's reason."""
     try:
-        torch.cuda.empty_cache()
+        return torch.cuda.empty_cache() or ""
     except Exception as err:
         return f"; then freeing the cache: {one_line(err)}"
-    return ""
 
 
 def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler: Sampler, probe, key: str,
              again: bool) -> tuple[dict, Timing | None]:
-    """The timed samples of a row whose gate passed, on its cold operands, then its checked call (poisoned) and one
+    """A row's timed samples on its cold operands, then its checked call (poisoned) and, but in a later round, one
     plain call judged: (the row with its cache state, the timing), or (the incorrect row, None)."""
     device = state.device
     with nvtx_range(stage_name(SETUP, key)):
@@ -332,9 +335,9 @@ def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler
         scrub(timing.last, keep=timed.inputs)
         if again:
             row["max_rel_err"] = last.error
-        # and one plain call after it (untimed, not a sample): the kernels the timed loop ran, as it ran them
-        # (a later round's code took the same kernels in the first round: what switches them is the code, not the
-        # process, while what a recycled block holds is the process's: its checked call is judged in every round)
+        # one plain call after it (untimed): the kernels the timed loop ran, as it ran them; not in a later round, whose
+        # code took them in the first (the code switches them, not the process; a recycled block is the process's:
+        # the checked call is judged in every round)
         plain = plain_call(state, timed.calls[0], timed.inputs[0]) if last.ok and not again else last
     del timed
     if not last.ok:
@@ -349,14 +352,11 @@ def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler
 def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None) -> dict:
     """Fill `row` for one (case, impl): a skip, a failure, an incorrect result, or the timed figures. Whatever raises
     on the way (the fit check, the kernel, the timer, freeing the cache after an OOM) costs this row only."""
-    case, device, op = state.case, state.device, state.op
-    levels = row.pop("_levels", None) or {}
-    # "_again" (not a column): a later round of a run; the gate's first and stress calls judged this code in the first
-    # round, and this round's checked and plain calls are judged as every round's are
-    again = row.pop("_again", False)
-    # "_checked" (not a column): the case's reference and baseline error as the first round computed them (`shared`),
-    # for a later round; "_share": a first round that has later ones returns them so
-    known, share = row.pop("_checked", None), row.pop("_share", False)
+    case, device, op, levels = state.case, state.device, state.op, row.pop("_levels", None) or {}
+    # not columns: "_again", a later round of a run (the gate judged this code in the first: its checked call is
+    # judged); "_checked", the case's reference and baseline error from the first round (Checked.shared), for a later
+    # round; "_share", a first round with later ones returns them so
+    again, known, share = row.pop("_again", False), row.pop("_checked", None), row.pop("_share", False)
     try:
         key = op.key(case, impl)
         reason = op.does_not_fit(case, impl, device, resident=state.resident)

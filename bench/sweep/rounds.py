@@ -14,6 +14,7 @@ from ..spec.roof_verdict import judged, judged_at_moments, speed_figures, with_c
 from ..spec.schema import cell_float
 from .results import row_key
 
+SHARED_TOTAL = 256 << 20  # the references a run keeps for its later rounds, in bytes at most
 # a status that any one round has makes the row's (the first such round names it in the reason): a wrong output in
 # one process is a wrong kernel, whatever the others gave
 WORSE = ("incorrect", "failed")
@@ -54,12 +55,29 @@ class RowRounds:
         self.retried.append(retried)
 
     def combined(self, moments: list[dict]) -> dict:
-        """The row of all its rounds (combine), judged at the moments around the rounds it pools."""
+        """The row of all its rounds (combine), judged at the moments around the rounds it pools: each round's 95%
+        interval, or where it has too few samples for one (a later round's four), the extremes of its samples."""
         row, used = combine(self.rows, self.index, self.retried)
-        spans = [(self.bracket[i], cell_float(self.rows[i]["latency_ms"]),
-                  cell_float(self.rows[i].get("latency_ci_low_ms")), cell_float(self.rows[i].get("latency_ci_high_ms")),
-                  self.at[i]) for i in used]
-        return judged_at_moments(row, spans, moments) if moments and spans and row["status"] == "ok" else row
+        spans = [(self.bracket[i], *_round_span(self.rows[i]), self.at[i]) for i in used]
+        if moments and spans and row["status"] == "ok":
+            row = judged_at_moments(row, spans, moments)
+        return with_notes(row)
+
+
+def _round_span(row: dict) -> tuple[float, float, float]:
+    """(median, low, high) of a round: its 95% interval, else its samples' extremes (the extremes of n samples hold
+    the median with 1 - 2^(1 - n): 87.5% at four)."""
+    low, high = cell_float(row.get("latency_ci_low_ms")), cell_float(row.get("latency_ci_high_ms"))
+    samples = row.get("samples_ms") or ()
+    if not (math.isfinite(low) and math.isfinite(high)) and samples:
+        low, high = min(samples), max(samples)
+    return cell_float(row["latency_ms"]), low, high
+
+
+def with_notes(row: dict) -> dict:
+    """The row with the rounds combine left out named in its reason, after whatever judged it said there."""
+    left = row.pop("_left", ())
+    return {**row, "reason": "; ".join(filter(None, [row.get("reason"), *(f"{w}: left out" for w in left)]))}
 
 
 def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
@@ -71,7 +89,8 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
     (bench.spec.between_runs.run_figure), with its 95% interval from the rounds' spread (run_interval) and the
     interval a repeat of the run lands in (latency_between_*); `rounds` and `round_latencies_ms` (each round's
     median in round order); the samples pooled (p20, p80, outliers); noisy where any round was, converged only where
-    every round stopped on its target. One round keeps its own median and interval."""
+    every round stopped on its target; max_rel_err the largest of the rounds'. One round keeps its own median and
+    interval. The rounds left out are in "_left" (not a column: with_notes names them in the reason)."""
     index = list(index) if index is not None else list(range(len(rows)))
     marks = list(retried) + [False] * (len(rows) - len(retried))
     for k, row in sorted(zip(index, rows, strict=True), key=lambda kr: kr[0]):
@@ -88,14 +107,11 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
     slots: list = [None] * (max(index) + 1)
     for i in used:
         slots[index[i]] = float(rows[i]["latency_ms"])
-    found = {"rounds": len(used), "round_latencies_ms": latencies_text(slots, [marks[index.index(k)] if k in index
-                                                                               else False for k in range(len(slots))])}
-
-    def said(row: dict) -> dict:  # the rounds left out, after whatever judged the row said
-        return {**row, "reason": "; ".join(filter(None, [row.get("reason"), *(f"{w}: left out" for w in left)]))}
-
+    found = {"rounds": len(used), "_left": left,
+             "round_latencies_ms": latencies_text(slots, [marks[index.index(k)] if k in index else False
+                                                          for k in range(len(slots))])}
     if len(used) == 1:
-        return said({**base, **found}), used
+        return {**base, **found}, used
     medians = [float(rows[i]["latency_ms"]) for i in used]
     latency = run_figure(medians)
     low, high = run_interval(medians)
@@ -115,7 +131,9 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
     warmups = [cell_float(rows[i].get("warmup_s")) for i in used]
     out.update(_stopping([rows[i] for i in used]), warmup_s=max((w for w in warmups if math.isfinite(w)),
                                                                 default=math.nan))
-    return said(judged(out)), used
+    errors = [cell_float(rows[i].get("max_rel_err")) for i in used]  # the worst of every round's judged calls
+    out["max_rel_err"] = max((e for e in errors if math.isfinite(e)), default=math.nan)
+    return judged(out), used
 
 
 def _stopping(ok: Sequence[dict]) -> dict:
@@ -187,8 +205,9 @@ def rounds_rule(cfg) -> dict:
     return {"combined": True, "processes": cfg.isolation.isolate,
             "rule": ("each round after the first in a fresh worker process (--no-isolate: in this one), after a "
                      "probe of the ceilings, the cases and their impls shuffled (seeded by the run id and the round); "
-                     "a row pools the samples of its rounds, and its latency_between_* is the 95% interval a "
-                     "repeat of the run lands in: Student's t on the log medians of its rounds, times sqrt(2 / R)"),
+                     "a row's latency is the geometric mean of its rounds' medians, its 95% interval Student's t "
+                     "on their logs (t s / sqrt(R)), and latency_between_* the interval a repeat of the run lands "
+                     "in (t s sqrt(2 / R)); its samples pool for the percentiles"),
             "repeated": "ok rows in compiled mode (an interpreter's single sample is not speed)"}
 
 
@@ -204,6 +223,8 @@ class SweepRounds:
         self.index = 0
         self.probe_failures: list[str] = []
         self.checked: dict = {}  # case -> its reference and baseline error from the first round (measure's shared)
+        self.autotune_rounds: list = []  # the autotune winners of each round's worker before the last
+        self.shared_bytes = 0
 
     def _shown(self, row: dict, total: int, k: int | None = None) -> None:
         self.index += 1
@@ -246,6 +267,7 @@ class SweepRounds:
             if k:
                 if not again:
                     break
+                self.autotune_rounds.append(self.executor.autotune())  # each process tunes its own
                 self.executor.restart()
                 self._probe(f"round {k + 1}")
                 total = self.index + len(again) * (cfg.rounds - k)
@@ -260,7 +282,7 @@ class SweepRounds:
                         **base, "_share": cfg.rounds > 1 and case not in self.checked}
                     row = self.measure_one(case, impl, asked)
                     if "_checked" in row:  # the first ok impl's: every later round of the case judges against them
-                        self.checked.setdefault(case, row.pop("_checked"))
+                        self._keep_checked(case, row.pop("_checked"))
                     if row.get("refused") and k:
                         continue
                     if k == 0 and row["status"] == "ok" and row["mode"] == "compiled":
@@ -278,6 +300,16 @@ class SweepRounds:
             self.rounds_run = k + 1
         self.store.reorder(order)  # the rows in the plan's order, as its first round wrote them
         return fresh
+
+    def _keep_checked(self, case, checked: tuple) -> None:
+        """A case's reference (an array, or None) and baseline error for its later rounds, the references held here at
+        most SHARED_TOTAL bytes in all (past it a later round computes its own)."""
+        reference, baseline = checked
+        size = 0 if reference is None else reference.nbytes
+        if self.shared_bytes + size > SHARED_TOTAL:
+            reference, size = None, 0
+        self.shared_bytes += size
+        self.checked.setdefault(case, (reference, baseline))
 
     def _probe(self, name: str) -> None:
         """A moment of the run measured now (none where the host's kept ceilings judge every run); a probe that

@@ -355,6 +355,8 @@ def _sweep(cfg: RunConfig, store: ResultsStore, timer: TimerConfig, options: dic
             meta["state_after"] = _snapshot(device)
             if not meta["interrupted"]:  # the config each tuned Triton kernel chose, per tuning key
                 meta["autotune"] = executor.autotune()
+                if cfg.combine_rounds and sweep_rounds.autotune_rounds:  # each round's process tuned its own
+                    meta["autotune_rounds"] = [*sweep_rounds.autotune_rounds, meta["autotune"]]
             meta["isolation"] = executor.describe()
             if unwritten is not None and not failing:
                 meta["write_error"] = str(unwritten)

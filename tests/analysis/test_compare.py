@@ -319,6 +319,7 @@ def test_two_impls_of_one_run_pair_their_rounds_and_a_real_change_is_found(rng, 
     alike (here 10% per round), so flash 25% faster is found on every case."""
     rows = helpers.make_rows(rng, impls=("naive",), prefill_lens=(128,), decode_kv_lens=(256, 1024),
                              decode_batches=(3,), not_ok=False)
+    rows = rows.assign(latency_ms=rows["latency_ms"] * 1e3)  # milliseconds: far past a timer's step
     moments = rng.normal(0, 0.10, 3)
     naive = with_rounds(rows, rng, between=0.005, moments=moments)
     flash = with_rounds(rows.assign(impl="flash"), rng, between=0.005, moments=moments,
@@ -326,3 +327,21 @@ def test_two_impls_of_one_run_pair_their_rounds_and_a_real_change_is_found(rng, 
     frame = compare(conform(pd.concat([naive, flash])), by="impl", base_impl="naive", new_impl="flash")
     found = frame[frame["pairing"] == "pair"]
     assert (found["method"] == "rounds (paired)").all() and (found["verdict"] == "faster").all()
+
+
+def test_a_row_of_rounds_beside_a_row_of_one_is_judged_on_what_each_publishes(rng, helpers):
+    """A row of three rounds publishes their geometric mean (7 ms here), its samples pooling at a median near 4.7 ms
+    (the allocator's two regimes); beside a one-round row at 4.7 ms the ratio is of the published figures, and its
+    interval, from the two rows' own intervals, holds it: never a bootstrap of the pooled samples' median."""
+    rows = helpers.make_rows(rng, impls=("naive",), prefill_lens=(), decode_kv_lens=(256,), decode_batches=(3,),
+                             not_ok=False)
+    rounds = rows.assign(latency_ms=7.0, latency_ci_low_ms=2.0, latency_ci_high_ms=24.0, rounds=3,
+                         round_latencies_ms="4.7/4.8/24.5",
+                         samples_ms=pd.Series([[4.7] * 20 + [24.5] * 10], index=rows.index, dtype=object))
+    single = rows.assign(run_id="run-b", latency_ms=4.7, latency_ci_low_ms=4.6, latency_ci_high_ms=4.8, rounds=1,
+                         round_latencies_ms="4.7",
+                         samples_ms=pd.Series([[4.7] * 30], index=rows.index, dtype=object))
+    frame = compare(conform(rounds), conform(single))
+    pair = frame[frame["pairing"] == "pair"].iloc[0]
+    assert pair["ratio"] == pytest.approx(4.7 / 7.0) and pair["method"] == "row intervals"
+    assert pair["ratio_lo"] <= pair["ratio"] <= pair["ratio_hi"] and pair["verdict"] == "unresolved"

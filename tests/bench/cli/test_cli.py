@@ -275,3 +275,15 @@ def test_rounds_default_to_three_or_the_environment_and_to_one_in_this_process(m
     assert rounds_of(Namespace(rounds=1, no_isolate=True)) == 1
     monkeypatch.setenv("PHASEBENCH_ROUNDS", "2")
     assert rounds_of(Namespace(rounds=None, no_isolate=False)) == 2
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_a_bad_rounds_setting_in_the_environment_is_one_line(monkeypatch, value):
+    from argparse import Namespace
+
+    from phasebench.bench.cli.options import rounds_of
+    from phasebench.bench.sweep.selection import UsageError
+
+    monkeypatch.setenv("PHASEBENCH_ROUNDS", value)
+    with pytest.raises(UsageError, match="rounds: PHASEBENCH_ROUNDS must be a positive whole number"):
+        rounds_of(Namespace(rounds=None, no_isolate=False))

@@ -117,3 +117,12 @@ def test_rounds_pair_only_where_both_ran_in_their_turn():
     assert br.paired_rounds(new, base) == ([1.0, 1.3], [2.0, 2.3])
     assert br.latencies_of(base) == [2.0, 2.1, 2.2, 2.3]
     assert br.run_figure([1.0, 4.0]) == pytest.approx(2.0) and math.isnan(br.run_figure([]))
+
+
+def test_rounds_of_a_kernel_of_microseconds_keep_the_timers_step_as_their_spread():
+    """A 4 us GPU kernel whose rounds tie on CUDA events' steps: its interval is at least a microsecond's worth (25%),
+    so a one-step move between runs is never a verdict; a kernel of milliseconds keeps the 0.1% floor."""
+    low, high, _ = br.ratio_between_runs([4.5e-3] * 3, [4.0e-3] * 3, 4.5 / 4.0)
+    assert low < 1.0 < high
+    low, high = br.repeat_interval([2.0] * 3, 2.0)
+    assert high / low < 1.05

@@ -84,6 +84,7 @@ def test_an_interval_reads_as_a_percentage_while_narrow_and_as_a_factor_when_wid
     from phasebench.bench.sweep.console import spread_text
 
     assert spread_text(0.99, 1.01, 1.0) == "±1.0%" and spread_text(0.9, 1.1, 1.0) == "±10.0%"
+    assert spread_text(1 / 1.18, 1.18, 1.0) == "±18.0%"  # the longer arm of a log-symmetric interval
     assert spread_text(1.352, 138.4, 13.68) == "×/÷10"  # the allocator's two regimes: 4.7 and 24 ms rounds
     assert spread_text(2.136, 3.700, 2.811) == "×/÷1.3"
     assert spread_text(float("nan"), 1.0, 1.0) == "" and spread_text(None, None, 1.0) == ""

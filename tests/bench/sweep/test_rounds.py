@@ -25,8 +25,8 @@ CASE = AttentionCase(1, 4, 2, 1, 97, 16, True, "float32")
 CEIL = Ceilings("host", "cpu", 20.0, {"float32": 0.2}, read_gbps=30.0, write_gbps=15.0)
 
 
-def round_row(samples, **extra) -> dict:
-    row = {k: v for k, v in base_row(CASE, "naive", "r", "s", CEIL, "clock").items() if k != "_levels"}
+def round_row(samples, case=CASE, **extra) -> dict:
+    row = {k: v for k, v in base_row(case, "naive", "r", "s", CEIL, "clock").items() if k != "_levels"}
     ordered = sorted(samples)
     return {**row, "status": "ok", "latency_ms": (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2,
             "samples_ms": list(samples), "converged": True, "time": "2026-12-07T09:00:00+00:00", **extra}
@@ -68,7 +68,7 @@ def test_rounds_that_ran_otherwise_are_not_pooled_and_a_retried_round_is_marked(
             round_row([1.1] * 6, backend="sdpa-flash")]
     out, used = rounds_mod.combine(rows, [0, 1, 2], [False, False, True])
     assert used == [0, 2] and out["rounds"] == 2 and out["round_latencies_ms"] == "1//1.1r"
-    assert out["reason"].endswith("round 2 ran as sdpa-math: left out")
+    assert rounds_mod.with_notes(out)["reason"].endswith("round 2 ran as sdpa-math: left out")
     assert out["latency_ms"] == pytest.approx((1.0 * 1.1) ** 0.5)
 
 
@@ -88,14 +88,15 @@ def test_the_published_pct_of_roof_lies_inside_what_the_verdict_reads():
     row's % of roof at its moment lies between pct_roof_low and pct_roof_high, and the flag and the verdict agree."""
     rng = random.Random(52)
     base = Ceilings("host", "cpu", 20.0, {"float32": 0.2}, read_gbps=61.0, write_gbps=30.0)
-    roof_ms = 1e3 * float(roof_of_row(round_row([1.0] * 6))[1])  # at 61 and 30 GB/s
+    big = AttentionCase(4, 32, 8, 1, 8192, 128, True, "float32")  # a decode of milliseconds, past any timer's step
+    roof_ms = 1e3 * float(roof_of_row(round_row([1.0] * 6, big))[1])  # at 61 and 30 GB/s
     verdicts = set()
     for _ in range(200):
         found, speed = rounds_mod.RowRounds(), rng.uniform(0.3, 2.5)
         for k in range(3):
             latency = speed * rng.uniform(0.9, 1.1) * roof_ms
             count = rng.choice([6, 30, 300])
-            found.add(round_row([latency * rng.uniform(0.99, 1.01) for _ in range(count)]), 10.0 * k + 5, k, k)
+            found.add(round_row([latency * rng.uniform(0.99, 1.01) for _ in range(count)], big), 10.0 * k + 5, k, k)
         moments = [moment(replace(base, read_gbps=rng.uniform(30, 70), write_gbps=rng.uniform(15, 35)), f"m{i}",
                           10.0 * i) for i in range(4)]
         row = found.combined(moments)
@@ -179,3 +180,18 @@ def test_each_later_round_is_probed_and_its_rows_judged_at_the_measurements_arou
     assert row.read_gbps in (15.0, 60.0) and row.rounds == 3
     assert row.pct_roof_low < row.pct_roofline < row.pct_roof_high  # over 15 to 60 GB/s
     assert row.ceiling_drift_pct > 0
+
+
+def test_a_round_too_small_for_an_interval_spans_its_samples_and_notes_survive_the_judging():
+    """A later round of four samples has no 95% interval: the roof range takes its extremes; a round that ran with
+    another backend is named in the reason after the row is judged at its moments; the worst round's error is kept."""
+    found = rounds_mod.RowRounds()
+    found.add(round_row([1.0, 1.01, 0.99, 1.02, 1.0, 1.03], max_rel_err=1e-7), 5.0, 0, 0)
+    found.add(round_row([1.2, 1.1, 1.3, 1.25], max_rel_err=3e-6), 15.0, 1, 1)
+    found.add(round_row([1.0] * 6, backend="other"), 25.0, 2, 2)
+    assert rounds_mod._round_span(found.rows[1]) == (pytest.approx(1.225), 1.1, 1.3)
+    moments = [moment(CEIL, f"m{i}", 10.0 * i) for i in range(4)]
+    row = found.combined(moments)
+    assert row["rounds"] == 2 and row["reason"].endswith("round 3 ran as other: left out") and "_left" not in row
+    assert row["max_rel_err"] == 3e-6
+    assert math.isfinite(row["pct_roof_low"]) and row["pct_roof_low"] <= row["pct_roofline"] <= row["pct_roof_high"]
