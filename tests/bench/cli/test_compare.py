@@ -35,9 +35,11 @@ def phasebench_run(out, *args: str):
 
 @pytest.fixture(scope="module")
 def host_runs(tmp_path_factory):
-    """Two runs of the same cases and commit, one after the other."""
+    """Two runs of the same cases and commit, one after the other, each in the rounds a user's run takes (the tests'
+    PHASEBENCH_ROUNDS=1 is for the runs that do not compare)."""
     root = tmp_path_factory.mktemp("same-commit")
-    return [phasebench_run(root / name, "--impl", "naive", "flash", *shape_args()) for name in ("base", "new")]
+    return [phasebench_run(root / name, "--rounds", "3", "--impl", "naive", "flash", *shape_args())
+            for name in ("base", "new")]
 
 
 def verdict_of(low: float, high: float, threshold: float) -> str:
