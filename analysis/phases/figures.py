@@ -10,19 +10,20 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ..figures.kit import SERIES_GID, column_bars, column_ends, floats, new_figure, no_data, save_png
-from .check import check_sentence, normalised, over_goal_notes, verdict_notes
+from .check import COLUMNS as CHECK_COLUMNS
+from .check import check_sentence, verdict_counts, verdict_notes
 from .coverage import coverage_lines, kv_lines
 from .folder import as_bool
 from .hybrid_check import hybrid_lines
-from .model import SATURATION_MARGIN, USER_TARGETS
+from .model import ONCE, SATURATION_MARGIN, USER_TARGETS
 from .remedies import remedy_lines
 
 PART_LABELS = {"weights": "weights (linear)", "experts": "routed experts (moe)", "attention": "KV reads (attention)",
-               "elementwise": "elementwise", "sequence": "ops in sequence (beyond alone)",
-               "head": "head (lm_head + pick)"}
+               "elementwise": "elementwise", "head": "head (lm_head + pick)",
+               "iteration": "per-iteration cost (zero-layer pass less the head)"}
 GAP_LABEL = "launch gaps and the rest"
 PART_COLORS = {"weights": "#1f77b4", "experts": "#17becf", "attention": "#d62728", "elementwise": "#2ca02c",
-               "sequence": "#ff7f0e", "head": "#9467bd", "gap": "#bbbbbb"}
+               "iteration": "#ff7f0e", "head": "#9467bd", "gap": "#bbbbbb"}
 
 
 # ---------------------------------------------------------------- figures
@@ -185,7 +186,7 @@ def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
         return []
     items = tables["decode_parts"]
     per_part = {part: float(items.loc[items["part"] == part, "ms"].sum()) for part in PART_LABELS}
-    in_layers = items[items["part"] != "head"]
+    in_layers = items[~items["part"].isin(ONCE)]
     # the model's layers (a table from before the column: the ops run once per layer or twice, all layers alike)
     layers = int(items["layers"].iloc[0]) if "layers" in items and len(items) else \
         int(floats(in_layers["count"]).min()) if len(in_layers) else 0
@@ -198,7 +199,7 @@ def breakdown_bars(tables: dict) -> list[tuple[str, dict[str, float]]]:
     if layers and len(decode):
         row = decode.iloc[0]
         scale = float(row["layers"]) / layers
-        scaled = {part: ms * (1.0 if part == "head" else scale) for part, ms in per_part.items()}
+        scaled = {part: ms * (1.0 if part in ONCE else scale) for part, ms in per_part.items()}
         gap = float(row["gap_ms"])  # against the published composition, whose parts the bar scales
         if np.isfinite(gap) and gap > 0:
             scaled["gap"] = gap
@@ -228,7 +229,8 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
             patch.set_gid(part)
             labelled.add(name)
             bottom += ms
-        # the total of every part: a sequence faster than its ops alone (a negative term) is not drawn but counts
+        # the total of every part: a negative per-iteration cost (the head composed slower than the zero-layer pass
+        # runs) is not drawn but counts
         ax.annotate(f"{sum(parts.values()):.3g} ms", (position, bottom), xytext=(0, 3), textcoords="offset points",
                     ha="center", fontsize="small")
     ax.set_xticks(range(len(bars)), [label for label, _ in bars])
@@ -246,36 +248,14 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
 # ---------------------------------------------------------------- tables and text
 
 
-ROUND_COLUMNS = ("round_error_min_pct", "round_error_max_pct")
-CHECK_COLUMNS = ["reference", "phase", "layers", "batch", "tokens", "reference_ms", "reference_low_ms",
-                 "reference_high_ms", "published_composed_ms", "published_composed_low_ms",
-                 "published_composed_high_ms", "gap_ms",
-                 "published_error_pct", "published_error_low_pct", "published_error_high_pct", "published_verdict",
-                 "interleaved_error_pct", "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
-                 "per_layer_verdict", "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", "goal_pct",
-                 "verdict", "over_goal", "noisy", "left_out"]
-
-
 def reference_table(tables: dict) -> pd.DataFrame:
-    """The composition against real forward passes: per reference implementation, phase and batch the reference
-    and the published composition's ms, the gap, the error of the published figure (published_error_pct, from the
-    ops/ rows), of the check's interleaved rounds (interleaved_error_pct) and per layer (per_layer_error_pct, from
-    references of L and 2L layers), the head's share, the goal and whether an error is beyond it, whether the
-    reference was timed on a busy machine, and what the composition leaves out; with the range of the rounds' own
-    errors where the check ran in rounds. Errors are negative where the composition is faster."""
+    """The composition against real forward passes (reference.csv: analysis.phases.check.COLUMNS), with the gap
+    between the reference and the published composition. Errors are negative where the composition is faster."""
     reference = tables.get("reference")
     if reference is None or not len(reference):
-        return pd.DataFrame(columns=CHECK_COLUMNS)
-    meta = tables.get("meta") or {}
-    table = normalised(reference, meta.get("device"))
-    composed = table["published_composed_ms"].fillna(table["interleaved_composed_ms"])
-    table = table.assign(gap_ms=floats(table["reference_ms"]) - floats(composed))
-    defaults = {"reference": "phasebench", "noisy": False}  # tables written before there was a choice
-    for column, value in defaults.items():
-        table[column] = table[column].fillna(value) if column in table else value
-    table["left_out"] = table["left_out"].fillna("").astype(str)
-    rounds = [c for c in ROUND_COLUMNS if c in table]  # tables written before the interleaved rounds lack them
-    return table[CHECK_COLUMNS + rounds].reset_index(drop=True)
+        return pd.DataFrame(columns=[*CHECK_COLUMNS, "gap_ms"])
+    table = reference.reindex(columns=list(CHECK_COLUMNS))
+    return table.assign(gap_ms=floats(table["reference_ms"]) - floats(table["composed_ms"])).reset_index(drop=True)
 
 
 def _number(value) -> str:
@@ -366,18 +346,21 @@ def phases_summary(tables: dict) -> str:
         out += ["", f"Interactive limits (TTFT within {_number(limits['ttft_target_s'].iloc[0])} s; the largest "
                     "batch giving each user the rate):", _text(wide, wide.columns)]
     if len(reference):
-        out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; published: the "
-                    "figures above, from ops/ with the sequence term; interleaved: the check's rounds; per layer: "
-                    "references of L and 2L layers, the head removed; ops alone: without the sequence term):",
-                _text(with_ends(reference, "reference_ms", "published_composed_ms", "published_error_pct",
-                                "per_layer_error_pct"),
-                      ("reference", "phase", "layers", "batch", "reference_ms", "published_composed_ms",
-                       "published_error_pct", "interleaved_error_pct", "per_layer_error_pct",
-                       "per_layer_ops_alone_error_pct", "head_share_pct", "sequence_pct", *ROUND_COLUMNS, "verdict",
-                       "noisy"))]
-        out += [f"OVER GOAL: {note}" for note in over_goal_notes(reference)]
+        counts = verdict_counts(reference)
+        out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; error: the "
+                    "figures above, from ops/, with the zero-layer pass; per layer: one layer's ops against "
+                    "(t(2L) - t(0)) / 2L of the passes around each round; [95% interval]):",
+                _text(with_ends(reference, "reference_ms", "error_pct", "per_layer_error_pct"),
+                      ("reference", "phase", "layers", "batch", "reference_ms", "composed_ms", "iteration_ms",
+                       "error_pct", "per_layer_error_pct", "head_share_pct", "rounds", "verdict")),
+                f"verdicts: {counts['within']} within, {counts['over']} over, {counts['unresolved']} unresolved"
+                + (" (most unresolved: the check could not resolve the goal on this host)"
+                   if counts["unresolved_share"] > 0.5 else "")]
+        out += [f"OVER GOAL: {note}" for note in verdict_notes(reference, "over")]
         out += [f"unresolved: {note}" for note in verdict_notes(reference, "unresolved")]
-        left_out = "; ".join(dict.fromkeys(part for s in reference["left_out"] for part in s.split("; ") if part))
+        details = tables.get("reference_details")
+        said = details["left_out"] if details is not None and "left_out" in details else []
+        left_out = "; ".join(dict.fromkeys(part for s in said if isinstance(s, str) for part in s.split("; ") if part))
         if left_out:
             out.append(f"left out of the composition: {left_out}")
     return "\n".join(out)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..loading.results import DataFileError, load
-from .check import normalised, recomposed
+from ..loading.results import DataFileError
+from .check import COLUMNS as CHECK_COLUMNS
 
 # What `phasebench phases` writes (bench/phases/run_phases.py run_phases) and the columns each figure and table reads.
 TABLES = {
@@ -19,12 +19,12 @@ TABLES = {
                 "decode_only_ms", "itl_increase_pct", "unchunked_ttft_ms", "chunking_cost_pct", "missing"),
     "interactive": ("prompt", "ttft_ms", "ttft_target_s", "user_tokens_per_s_target", "largest_batch"),
     "decode_parts": ("op", "label", "part", "count", "latency_ms", "ms"),
-    # composed_ms / error_pct before the published and per-layer errors (phases.check.normalised renames them)
-    "reference": ("phase", "layers", "batch", "tokens", "reference_ms", "left_out"),
+    "reference": CHECK_COLUMNS,
+    # the check's other figures per row (analysis/phases/check.py check_row): bracket counts, the interleaved step
+    # error, each round's errors, the drift, what the composition leaves out
+    "reference_details": ("reference", "phase", "batch", "tokens", "zero_layer_ms", "left_out"),
     "colocated": ("option", "prompt", "decode_batch", "context", "itl_ms", "tokens_per_s_per_user", "ttft_ms",
                   "source"),
-    # the ops of each layer and head in sequence against alone (bench/phases/op_sequence.py): the sequence term
-    "sequences": ("key", "sequence", "sequence_ms", "alone_ms", "term_ms", "status"),
     # --speculate only (analysis/phases/speculative.py): the composition and its check against a real loop
     "speculative": ("batch", "gamma", "alpha", "expected_tokens_per_pass", "tpot_ms", "draft_step_ms", "verify_ms",
                     "iteration_ms", "tokens_per_s_per_user", "tokens_per_s", "speedup", "best_gamma",
@@ -37,7 +37,7 @@ TABLES = {
                      "ttft_error_pct", "checked", "over_goal", "missing", "noisy_left_out"),
 }
 # folders without them lack them
-OPTIONAL = ("colocated", "sequences", "speculative", "speculative_check", "hybrid_check")
+OPTIONAL = ("colocated", "speculative", "speculative_check", "hybrid_check")
 META = "phases.json"
 
 
@@ -58,23 +58,8 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
     if "monotone_note" in tables["decode"]:  # "" where TPOT is in order: a CSV reads it back empty
         tables["decode"]["monotone_note"] = [v if isinstance(v, str) else "" for v in tables["decode"]["monotone_note"]]
-    tables["reference"] = _checked(tables["reference"], tables["meta"], folder / "ops")
+    tables["reference"]["error"] = tables["reference"]["error"].fillna("").astype(str)
     return tables
-
-
-def _checked(reference: pd.DataFrame, meta: dict, ops: Path) -> pd.DataFrame:
-    """The reference table in today's columns; a folder written before the published error gets it recomposed
-    from its ops/ rows (what it published) against the same reference times."""
-    if not {"composed_ms", "error_pct"} <= set(reference) and "published_error_pct" not in reference:
-        raise DataFileError(f"{ops.parent / 'reference.csv'}: missing column(s) published_error_pct (or composed_ms "
-                            "and error_pct)")
-    table = normalised(reference, meta.get("device"))
-    if table["published_error_pct"].isna().any() and ops.is_dir():
-        try:
-            table = recomposed(table, load(ops), meta)
-        except (KeyError, TypeError, ValueError):  # a phases.json too old to say what was checked, or rows unlike
-            pass
-    return table
 
 
 def _read_meta(path: Path) -> dict:

@@ -14,7 +14,7 @@ from ...bench.spec import steps as step_defs
 from ...bench.spec.interval import worst_verdict
 from ...bench.spec.models import DecoderConfig
 from .check import VERDICT_WORDS, error_columns, goal_pct, pct_interval
-from .model import Measured, composed_interval, sequence_items, step_time
+from .model import Measured, composed_interval, step_time
 
 NOT_CHECKED = "no quiet hybrid row of this shape"  # none measured at it, or only noisy or failed ones
 FIGURES = ("ttft", "slowest")  # the arrival's sum of iterations; its slowest iteration position (not the same sum)
@@ -83,8 +83,7 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
     of the same iterations, and its slowest iteration position against the slowest composed iteration (a figure of
     its own: not the sum read again), each error (composed / measured - 1, < 0: the composition is faster) with its
     interval and within / over / unresolved on the goal of the row's device kind; `verdict` the worse of the two.
-    `checked` only where every op of every iteration was measured and no sequence term was left out as noisy (that
-    makes the sum too low); an unchecked row is unresolved."""
+    `checked` only where every op of every iteration was measured; an unchecked row is unresolved."""
     out = []
     for _, row in rows.iterrows():
         goal = goal_pct(row.get("device_kind", "cpu"))
@@ -95,9 +94,7 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
                     "slowest": max((t.interval for t in times), key=lambda t: t[0]) if not missing
                     else (np.nan,) * 3}
         found = {"ttft": _measured(row, "ttft"), "slowest": _measured(row, "itl_position_max")}
-        # a noisy op row beside a quiet one costs nothing; a sequence term left out makes the sum too low
-        dropped = sum(sequence_items(measured, step_defs.with_weights(s, measured.weights))[1] for s in steps)
-        checked = not missing and not dropped and np.isfinite(composed["ttft"][0])
+        checked = not missing and np.isfinite(composed["ttft"][0])
         line = {"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
                 "chunk": chunk_label(row["chunk"]), "layers": int(row["layers"]), "iterations": len(times),
                 "arrivals": row.get("arrivals", np.nan), "goal_pct": goal, "checked": checked, "missing": missing,

@@ -1,12 +1,12 @@
 """The phase model: TTFT, TPOT and tokens/s of a whole model composed from measured op rows (no torch).
 
-A step (bench.spec.steps) lists the cases it runs and how often; its time is the sum of count x the
-median latency of the measured row with the same fields, for the impl chosen per operator, plus, where measured,
-the sequence term: what one layer's ops (and the head's) cost called back to back beyond their sum alone, measured
-in the same run (bench.phases.op_sequence; x layers, and once for the head). `page_size` composes decode and chunked
-steps whose attention reads a paged KV cache (rows with that page_size; 0: contiguous).
+A step (bench.spec.steps) lists the cases it runs and how often; its time is the sum of count x the median latency
+of the measured row with the same fields, for the impl chosen per operator. Rows measured in rounds (each in a worker
+process of its own, at another moment of the run) compose once per round too: the spread of a step's per-round
+totals, which a drift of the machine moves alike on every row, gives the interval a repeat of the run lands in.
+`page_size` composes decode and chunked steps whose attention reads a paged KV cache (rows with that page_size; 0:
+contiguous).
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
+from ...bench.spec.between_runs import repeat_interval, round_slots, run_figure, run_interval
 from ...bench.spec.interval import median_interval, ratio_interval, scale_interval, sum_interval
 from ...bench.spec.models import DTYPE_BYTES, DecoderConfig
 from ...bench.spec.routing import expected_touched, touched_experts
-from .sequence import ALONE_AGREEMENT, sequence_key, sequence_parts  # noqa: F401 (names of the phase model)
-from .sequence import terms as sequence_terms
 
 DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch", "qlinear": "torch", "moe": "torch",
                  "mla": "torch"}
-PARTS = (*step_defs.PARTS, "sequence")  # the ops' parts, and what they cost in sequence beyond alone
+PARTS = (*step_defs.PARTS, "iteration")  # the ops' parts, and what a step costs beyond them (a zero-layer pass)
+ONCE = ("head", "iteration")  # the parts a step runs once, whatever its layer count
 UNSET = {"window_left": -1, "sinks": False}  # attention fields a use names only where set, as rows of any age do
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
@@ -54,12 +54,12 @@ class StepTime:
         interval: the rows of the layers added (a model whose layers differ adds other kinds than its first)."""
         if self.missing or shallow.missing:
             return float("nan"), float("nan"), float("nan")
-        body = [s.items[s.items["part"] != "head"] for s in (self, shallow)]
+        body = [s.items[~s.items["part"].isin(ONCE)] for s in (self, shallow)]
         return scale_interval(composed_interval(body[0], body[1].assign(count=-body[1]["count"])), 1.0 / layers)
 
     def layer_interval(self, layers: int) -> tuple[float, float, float]:
         """One layer's share (every part but the head, over `layers`) with its interval: what a layer more adds."""
-        body = self.items[self.items["part"] != "head"]
+        body = self.items[~self.items["part"].isin(ONCE)]
         if self.missing:
             return float("nan"), float("nan"), float("nan")
         return scale_interval(composed_interval(body), 1.0 / layers)
@@ -92,9 +92,11 @@ class Measured:
     of that scheme: measured, never scaled from the unquantized rows."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
-                 sequences: pd.DataFrame | None = None, weights: str = ""):
+                 weights: str = "", iterations: dict | None = None):
         self.model, self.dtype, self.weights = model, dtype, weights
-        self.sequences = sequence_terms(sequences)
+        # (phase, batch, tokens) -> (ms, low, high): the per-iteration cost measured for a published step
+        # (analysis.phases.check.iteration_costs), added once to that step
+        self.iterations = dict(iterations or {})
         self.impls = {**DEFAULT_IMPLS, **(impls or {})}
         rows = df[(df["status"] == "ok") & (df["dtype"] == dtype) & (df["model"] == model)]
         chosen = [self.impls.get(op) == impl for op, impl in zip(rows["op"], rows["impl"], strict=True)]
@@ -109,20 +111,28 @@ class Measured:
         paged = rows["page_size"] if "page_size" in rows.columns else pd.Series(0, index=rows.index)
         rows = rows.assign(page_size=pd.to_numeric(paged, errors="coerce").fillna(0).astype(int))
         low, high = row_intervals(rows)
-        rows = rows.assign(_ci_low=low, _ci_high=high)
+        rows = rows.assign(_ci_low=low, _ci_high=high, _rounds=[in_turn(cell) for cell in rows.get(
+            "round_latencies_ms", pd.Series([""] * len(rows), index=rows.index))])
         self.rows, self.left_out = rows[~unfit], rows[unfit]
+        self._found: dict = {}
 
-    @staticmethod
-    def _matching(rows: pd.DataFrame, use: step_defs.OpUse) -> pd.DataFrame | None:
-        rows = rows[rows["op"] == use.op]
+    def _matching(self, rows: pd.DataFrame, use: step_defs.OpUse) -> pd.DataFrame | None:
+        """The rows (self.rows or self.left_out) measuring `use`'s case: one boolean mask, kept per case (a step is
+        composed many times, and a wide frame is slow to filter)."""
+        key = (rows is self.rows, use.op, use.fields)
+        if key in self._found:
+            return self._found[key]
+        mask = (rows["op"] == use.op).to_numpy(bool, copy=True)
         for name, value in use.fields:
             if name not in rows:
+                self._found[key] = None
                 return None
-            rows = rows[rows[name] == value]
+            mask &= (rows[name] == value).to_numpy(bool)
         for name, unset in UNSET.items():  # a use without a window (or sinks) is a row without one
             if name in rows and name not in use.field_dict:
-                rows = rows[rows[name].isna() | (rows[name] == unset)]
-        return rows
+                mask &= (rows[name].isna() | (rows[name] == unset)).to_numpy(bool)
+        self._found[key] = rows[mask]
+        return self._found[key]
 
     def latency_ms(self, use: step_defs.OpUse) -> float | None:
         """The median latency of the quiet row measuring `use` (the median over repeats), None when none was."""
@@ -140,57 +150,89 @@ class Measured:
         return (float(np.median(rows["latency_ms"].to_numpy(float))), float(low.min()) if known else np.nan,
                 float(high.max()) if known else np.nan)
 
+    def rounds(self, use: step_defs.OpUse) -> tuple | None:
+        """The per-round medians of the one quiet row measuring `use` (None for a round it lacks or took again at
+        the end of its run), None where it has no rounds or several rows measure it."""
+        rows = self._matching(self.rows, use)
+        if rows is None or len(rows) != 1:
+            return None
+        return rows["_rounds"].iloc[0]
+
     def left_out_rows(self, use: step_defs.OpUse) -> int:
         """How many noisy or profiled rows measured `use` and were left out."""
         rows = self._matching(self.left_out, use)
         return 0 if rows is None else len(rows)
 
 
-def sequence_items(measured: Measured, uses: list[step_defs.OpUse]) -> tuple[list[dict], int]:
-    """The sequence term's items of a step (one for its layers, one for its head) where applied (analysis.phases.
-    sequence decides), and how many were left out as noisy (as are difference terms whose ops alone disagree with
-    the sweep's rows); none where no sequence was measured (a folder from before the term, a time budget)."""
-    items, noisy = [], 0
-    for kind, count, part in sequence_parts(uses) if measured.sequences else ():
-        key = sequence_key(part)
-        term = measured.sequences.get(key)
-        if term is None:
-            continue
-        latencies = [measured.latency(u) for u in part]
-        swept = sum(u.count * t[0] for u, t in zip(part, latencies, strict=True)) if all(latencies) else np.nan
-        if term.noisy or (np.isfinite(swept) and not term.agrees(swept)):
-            noisy += 1
-            continue
-        value, low, high = term.ms(swept)
-        if not term.applied or not np.isfinite(value):
-            continue  # within its noise (or an op is missing: step_time names it)
-        # the head's term stays in the head's part: what runs once per step, whatever the layer count
-        items.append({"op": "sequence", "label": f"{kind} ops in sequence", "part": "head" if kind == "head"
-                      else "sequence", "count": count, "latency_ms": value, "ms": count * value,
-                      "key": f"sequence {key}", "latency_low_ms": low, "latency_high_ms": high})
-    return items, noisy
+def in_turn(cell) -> tuple | None:
+    """A row's per-round medians from its round_latencies_ms (bench.spec.between_runs), each measured in its round's
+    turn: None for a round it lacks or measured again at the end; None for a row of one round."""
+    slots = round_slots(cell)
+    return tuple(None if s is None or s[1] else s[0] for s in slots) if len(slots) > 1 else None
 
 
-ITEM_COLUMNS = ["op", "label", "part", "count", "latency_ms", "ms", "key", "latency_low_ms", "latency_high_ms"]
+ITEM_COLUMNS = ["op", "label", "part", "count", "latency_ms", "ms", "key", "latency_low_ms", "latency_high_ms",
+                "rounds"]
 
 
-def composed_interval(*items: pd.DataFrame) -> tuple[float, float, float]:
-    """The sum of count x latency over the items of one or several steps, with its interval (bench.spec.interval.
-    sum_interval): a row read by several steps, or several times in one, counts once with its counts added."""
+def round_totals(table: pd.DataFrame) -> list[float]:
+    """Σ count x the round's median per round, over the rounds in which every row of `table` was measured in its
+    turn ([] where a row has no rounds, or the rows' round counts differ)."""
+    if not len(table) or any(r is None for r in table["rounds"]):
+        return []
+    counts = {len(r) for r in table["rounds"]}
+    if len(counts) != 1:
+        return []
+    totals = []
+    for k in range(counts.pop()):
+        values = [r[k] for r in table["rounds"]]
+        if all(v is not None for v in values):
+            totals.append(float(sum(c * v for c, v in zip(table["count"], values, strict=True))))
+    return totals
+
+
+def grouped_items(*items: pd.DataFrame) -> pd.DataFrame:
+    """The items of one or several steps by row: a row read by several steps, or several times in one, once with
+    its counts added."""
     table = pd.concat([t for t in items if len(t)], ignore_index=True) if any(len(t) for t in items) else None
     if table is None:
+        return pd.DataFrame(columns=["count", "latency_ms", "low", "high", "rounds"])
+    return table.groupby("key", sort=False).agg(count=("count", "sum"), latency_ms=("latency_ms", "first"),
+                                                low=("latency_low_ms", "first"), high=("latency_high_ms", "first"),
+                                                rounds=("rounds", "first"))
+
+
+def _quadrature(rows: pd.DataFrame) -> tuple[float, float, float]:
+    return sum_interval((c, (m, lo, hi)) for c, m, lo, hi in zip(rows["count"], rows["latency_ms"], rows["low"],
+                                                                 rows["high"], strict=True))
+
+
+def composed_interval(*items: pd.DataFrame, repeat: bool = True) -> tuple[float, float, float]:
+    """The sum of count x latency over the items of one or several steps (grouped_items), with its interval. The rows
+    measured in rounds move together (a drift moves every row of a round alike): their part takes the interval of the
+    spread of its per-round totals, where a repeat of the run lands (`repeat`), or this run's figure (not `repeat`:
+    bench.spec.between_runs); the other rows (one round, a measured per-iteration cost) add their arms in
+    quadrature (bench.spec.interval.sum_interval)."""
+    grouped = grouped_items(*items)
+    if not len(grouped):
         return 0.0, 0.0, 0.0
-    grouped = table.groupby("key", sort=False).agg(count=("count", "sum"), latency_ms=("latency_ms", "first"),
-                                                   low=("latency_low_ms", "first"), high=("latency_high_ms", "first"))
-    return sum_interval((c, (m, lo, hi)) for c, m, lo, hi in zip(grouped["count"], grouped["latency_ms"],
-                                                                  grouped["low"], grouped["high"], strict=True))
+    rounded = grouped["rounds"].map(lambda r: r is not None).to_numpy(bool)
+    together = _quadrature(grouped[rounded])
+    totals = round_totals(grouped[rounded])
+    if len(totals) >= 2 and together[0] > 0:
+        if repeat:
+            low, high = repeat_interval(totals, together[0])
+        else:  # this run's interval of the mean, centred on the figure
+            low, high = (together[0] * end / run_figure(totals) for end in run_interval(totals))
+        together = (together[0], low, high)
+    return sum_interval(((1, together), (1, _quadrature(grouped[~rounded]))))
 
 
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
-    """Sum count x latency over a step's ops (the projections packed as measured.weights says), and the sequence
-    term where measured; ops with no measured row are named in `missing`."""
+    """Sum count x latency over a step's ops (the projections packed as measured.weights says); ops with no measured
+    row are named in `missing`."""
     items, missing, noisy = [], [], 0
-    uses = step_defs.with_weights(uses, measured.weights)  # the sequence term is keyed by the packed ops too
+    uses = step_defs.with_weights(uses, measured.weights)
     for use in uses:
         noisy += measured.left_out_rows(use)
         found = measured.latency(use)
@@ -200,9 +242,7 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
         latency, low, high = found
         items.append({"op": use.op, "label": use.label, "part": use.part, "count": use.count,
                       "latency_ms": latency, "ms": use.count * latency, "key": f"{use.op} {use.fields!r}",
-                      "latency_low_ms": low, "latency_high_ms": high})
-    sequence, left_out = sequence_items(measured, uses)
-    items, noisy = items + sequence, noisy + left_out
+                      "latency_low_ms": low, "latency_high_ms": high, "rounds": measured.rounds(use)})
     table = pd.DataFrame(items, columns=ITEM_COLUMNS)
     parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in PARTS}
     if missing:
@@ -212,13 +252,31 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
 
 
 def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
-    """Time to first token of one prompt: layers x the layer at M = prompt tokens, then the head."""
-    return step_time(measured, step_defs.prefill_step(config, prompt))
+    """Time to first token of one prompt: layers x the layer at M = prompt tokens, then the head, and the
+    per-iteration cost where measured."""
+    return with_iteration(measured, step_time(measured, step_defs.prefill_step(config, prompt)),
+                          ("prefill", 1, prompt))
 
 
 def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int, page_size: int = 0) -> StepTime:
-    """Time per output token of a decode batch: layers x the layer at M = batch, then the head."""
-    return step_time(measured, step_defs.decode_step(config, batch, context, page_size))
+    """Time per output token of a decode batch: layers x the layer at M = batch, then the head, and the
+    per-iteration cost where measured."""
+    return with_iteration(measured, step_time(measured, step_defs.decode_step(config, batch, context, page_size)),
+                          ("decode", batch, context))
+
+
+def with_iteration(measured: Measured, step: StepTime, key: tuple[str, int, int]) -> StepTime:
+    """The step with the per-iteration cost measured for it (measured.iterations) as an item of its own."""
+    if key not in measured.iterations or step.missing:
+        return step
+    ms, low, high = measured.iterations[key]
+    item = {"op": "iteration", "label": "per-iteration cost (zero-layer pass less the head)", "part": "iteration",
+            "count": 1, "latency_ms": ms, "ms": ms, "key": f"iteration {key}", "latency_low_ms": low,
+            "latency_high_ms": high, "rounds": None}
+    table = pd.concat([step.items, pd.DataFrame([item], columns=ITEM_COLUMNS)], ignore_index=True)
+    parts = {**step.parts, "iteration": ms}
+    _, low, high = composed_interval(table)
+    return StepTime(float(table["ms"].sum()), parts, table, step.missing, step.noisy, low, high)
 
 
 def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.DataFrame:

@@ -187,10 +187,9 @@ def phases_headline(tables: dict) -> dict:
     found["left_out"] = sum(int((pd.to_numeric(table["missing"], errors="coerce") > 0).sum()) for table in points)
     found["interactive"] = _interactive(tables.get("interactive"))
     reference = reference_table(tables)
-    found["composition"] = reference[["reference", "phase", "layers", "batch", "published_error_pct",
-                                      "published_error_low_pct", "published_error_high_pct", "interleaved_error_pct",
-                                      "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
-                                      "goal_pct", "verdict", "over_goal", "noisy"]] if len(reference) else None
+    found["composition"] = reference[["reference", "phase", "layers", "batch", "error_pct", "error_low_pct",
+                                      "error_high_pct", "per_layer_error_pct", "per_layer_error_low_pct",
+                                      "per_layer_error_high_pct", "goal_pct", "verdict"]] if len(reference) else None
     return found
 
 

@@ -118,10 +118,6 @@ def figures_section(ctx: Context) -> Section | None:
     return Section("figures", "Figures", [f'<p class="note">{html.escape(LEFT_OUT)}</p>', figure_grid(parts)])
 
 
-SEQUENCE_COLUMNS = ("sequence", "phase", "m", "ops", "sequence_ms", "alone_ms", "term_ms", "term_pct", "copies",
-                    "noisy", "status", "reason")
-
-
 def phases_section(ctx: Context) -> Section | None:
     """Each phases folder's tables: what the composition of the measured ops gives for a whole model."""
     found = ctx.of("phases")
@@ -130,10 +126,11 @@ def phases_section(ctx: Context) -> Section | None:
     body = ['<p class="note">Each step is the sum of count x median latency of the measured cases it runs '
             "(<code>phasebench phases</code>); the last table checks the sum against a real forward pass "
             "(error = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
-            "leaves out): published_error_pct is the error of the figures shown (composed from ops/), "
-            "interleaved_error_pct that of the check's rounds of the same ops timed between the real passes, "
-            "per_layer_error_pct that of one layer (references of L and 2L layers: the difference removes the "
-            "head), head_share_pct the head's share of the checked composition. Each error carries its 95% interval "
+            "leaves out): error_pct is the error of the figures shown (composed from ops/, with the per-iteration "
+            "cost a zero-layer pass measured: iteration_ms), per_layer_error_pct that of one layer (per round of "
+            "the same ops timed between the real passes, against (t(2L) - t(0)) / 2L: whatever runs once per "
+            "pass cancels), head_share_pct the head's share of the checked composition. Each error carries its "
+            "95% interval "
             "(_low_pct, _high_pct) and a verdict against the goal (goal_pct): within, OVER GOAL (the whole "
             "interval beyond it) or unresolved (the interval straddles it). The chunked table's check_verdict is "
             "that of the measured hybrid iterations of its own shapes (the hybrid check, through the layers each "
@@ -166,16 +163,11 @@ def phases_section(ctx: Context) -> Section | None:
         if hybrid is not None and len(hybrid):  # with --interference hybrid rows of this model only
             body.append(folded("The hybrid iterations against phasebench interference's, through each row's layers",
                                hybrid))
-        sequences = tables.get("sequences")
-        if sequences is not None and len(sequences):  # folders written before the sequence term lack it
-            shown = [c for c in SEQUENCE_COLUMNS if c in sequences]
-            body.append(folded("The ops in sequence against alone (the sequence term, once per layer and head)",
-                               sequences[shown]))
         body += speculative_tables(tables)
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
 
 
-ENDED = ("reference_ms", "published_composed_ms", "published_error_pct", "per_layer_error_pct")
+ENDED = ("error_pct", "per_layer_error_pct")
 
 
 def merged_ends(table):
@@ -193,8 +185,7 @@ def shown_with_ends(checked):
 
 
 # reference.csv keeps them; the page shows the errors and their verdicts
-CSV_ONLY = ("round_error_min_pct", "round_error_max_pct", "per_layer_ops_alone_error_pct", "goal_pct", "gap_ms",
-            "head_share_pct", "sequence_pct", "tokens")
+CSV_ONLY = ("goal_pct", "gap_ms", "head_share_pct", "tokens")
 
 
 SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per batch and acceptance rate α the draft "

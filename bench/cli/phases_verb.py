@@ -10,6 +10,7 @@ from pathlib import Path
 from ..sweep.selection import UsageError, load_plugins, resolve_device
 from . import STARTED
 from .options import (
+    DEFAULT_ROUNDS,
     WARM_HELP,
     add_isolation_arguments,
     add_sampling_arguments,
@@ -18,6 +19,7 @@ from .options import (
     check_writable,
     ci_target_of,
     isolation_of,
+    rounds_of,
 )
 
 
@@ -93,6 +95,7 @@ def cmd_phases(args) -> int:
     check_counts(args, "prompt", "batch", "context", "chunk", "chunk_batch", "reference_layers", "reference_batch",
                  "reference_rounds")
     check_counts(args, "retry_noisy", minimum=0)
+    args.rounds = rounds_of(args)
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
@@ -145,6 +148,7 @@ def cmd_phases(args) -> int:
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
     cfg.weights, cfg.speculate = weights, speculate
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
+    cfg.rounds = args.rounds
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm, ci_target=ci_target)
     reuse = None
     try:
@@ -224,6 +228,11 @@ def add_phases_verb(verbs) -> None:
                         help="wall seconds for the whole command: the ops that would overrun are recorded skipped "
                              "(the scenarios that need them left blank), time kept for the reference and tables")
     add_isolation_arguments(phases)
+    phases.add_argument("--rounds", type=int, metavar="N",
+                        help="measure the ops N times, each round after the first in a fresh worker process: every "
+                             "composed figure's interval is where a repeat of the command lands, from the spread of "
+                             f"its per-round totals (default {DEFAULT_ROUNDS}, env PHASEBENCH_ROUNDS; 1, and with "
+                             "--no-isolate: the rows' within-run intervals only)")
     phases.add_argument("--retry-noisy", type=int, default=2, metavar="N",
                         help="measure the ops timed on a busy machine again at the end, up to N times each (default "
                              "2): the composition takes quiet rows only")

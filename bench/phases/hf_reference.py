@@ -166,8 +166,8 @@ class HFReference:
         if depth is None or depth == count:
             yield
             return
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= count:
-            raise ValueError(f"depth: must be an int in 1..{count} (the layers built), got {depth!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= count:
+            raise ValueError(f"depth: must be an int in 0..{count} (the layers built), got {depth!r}")
         layers = inner.layers
         inner.layers, self.config.num_hidden_layers = layers[:depth], depth
         try:

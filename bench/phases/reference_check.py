@@ -29,7 +29,7 @@ START_S = 300.0  # a worker's imports, and a decoder's weights drawn on the host
 def _decoder(kind: str, plan: ReferencePlan):
     from ..instruments.roofline import TORCH_DTYPES
 
-    deep = max(plan.depths)  # built once at 2L layers; the L-layer pass runs the first L of them
+    deep = max(plan.depths)  # built once at 2L layers; the shallower passes run the first layers of them
     if kind == "transformers":
         from .hf_reference import HFReference
 
@@ -37,7 +37,8 @@ def _decoder(kind: str, plan: ReferencePlan):
     from .reference_decoder import ReferenceDecoder
 
     return ReferenceDecoder(plan.cut(deep), deep, torch.device(plan.device), TORCH_DTYPES[plan.dtype],
-                            max_tokens=max(plan.prompt, plan.context + 1), max_batch=max(plan.batches),
+                            max_tokens=max(t + (p == "decode") for p, _, t in (*plan.scenarios, *plan.zero_layer_only)),
+                            max_batch=max(b for _, b, _ in (*plan.scenarios, *plan.zero_layer_only)),
                             weights=plan.weights, weights_impl=plan.weights_impl, moe_impl=plan.moe_impl,
                             impls={"attention": plan.attention_impl, "mla": plan.mla_impl})
 
@@ -57,7 +58,9 @@ def _built(kind: str, plan: ReferencePlan):
 
 def time_bracket(plan: ReferencePlan, bracket: int, last: bool) -> list[dict]:
     """Each implementation's forward passes timed here, watched by the contention probe: one row per (kind,
-    scenario, depth) of this bracket, at L and 2L layers of one decoder (the per-layer check); an implementation
+    scenario, depth) of this bracket, at 0, L and 2L layers of one decoder (the per-layer check), and phasebench's
+    decoder at 0 layers for each published scenario the check does not time (their per-iteration cost); an
+    implementation
     that cannot be built gives rows that say why. The decoders are built at the first bracket and freed after the
     last; the ops' last case is freed first (its inputs would crowd the reference's memory), and the
     implementations, and the depths, take turns at going first (the first after the ops is timed in other
@@ -86,6 +89,13 @@ def time_bracket(plan: ReferencePlan, bracket: int, last: bool) -> list[dict]:
                                  "batch": batch, "tokens": tokens, "layers": depth, "ms": timing.median_ms,
                                  "samples_ms": list(timing.samples_ms), "noisy": seen.noisy,
                                  "noise_reason": seen.reason})
+            if kind == "phasebench":  # the published steps' per-iteration cost: their zero-layer passes
+                for phase, batch, tokens in plan.zero_layer_only:
+                    step = decoder.prefill if phase == "prefill" else decoder.decode_step
+                    timing = time_call(functools.partial(step, batch, tokens, depth=0), device, timer)
+                    rows.append({"reference": kind, "implementation": name, "bracket": bracket, "phase": phase,
+                                 "batch": batch, "tokens": tokens, "layers": 0, "ms": timing.median_ms,
+                                 "samples_ms": list(timing.samples_ms)})
     finally:
         if last:
             _BUILT.clear()
@@ -107,7 +117,7 @@ def run_check(plan: ReferencePlan, cases, impls: dict, out_dir: Path, *, timer: 
         if k == 0 and first is not None:
             first(executor)
         try:
-            passes = len(plan.kinds) * len(plan.scenarios) * len(plan.depths)
+            passes = len(plan.kinds) * len(plan.scenarios) * len(plan.depths) + len(plan.zero_layer_only)
             brackets.extend(executor.call(time_bracket, plan, k, k == rounds, timeout=None if isolation.case_timeout
                                           == 0 else START_S + 60 * passes, doing="timing the reference forward passes"))
         except WorkerError as err:

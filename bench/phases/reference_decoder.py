@@ -201,8 +201,8 @@ class ReferenceDecoder(nn.Module):
 
     def _run(self, x: torch.Tensor, start: int, return_hidden: bool, depth: int | None, every_position=False):
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
-                                  or not 1 <= depth <= len(self.layers)):
-            raise ValueError(f"depth: must be an int in 1..{len(self.layers)} (the layers built), got {depth!r}")
+                                  or not 0 <= depth <= len(self.layers)):
+            raise ValueError(f"depth: must be an int in 0..{len(self.layers)} (the layers built), got {depth!r}")
         self._fill_cache()
         h = x
         for layer in self.layers[:depth]:

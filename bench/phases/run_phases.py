@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,19 +15,17 @@ from ...analysis.phases import check as phase_check
 from ...analysis.phases import hybrid_check, remedies
 from ...analysis.phases import model as pm
 from ...analysis.phases import speculative as sp
-from ...analysis.phases.sequence import decisions as sequence_decisions
 from ..instruments.roofline import device_name
 from ..instruments.timing import CI_TARGETS, TimerConfig
 from ..spec import steps as step_defs
 from ..spec.models import DecoderConfig
 from ..spec.store.files import write_file, write_table
 from ..spec.store.folder_lock import holding
-from ..sweep.executor import Executor
 from ..sweep.runner import CUDA_TIMER, RunConfig, run
-from ..sweep.worker import IN_PROCESS, Isolation, WorkerError
-from . import op_sequence, speculative_loop
+from ..sweep.worker import IN_PROCESS, Isolation
 from . import reference_check as check
-from .op_sequence import case_of
+from . import speculative_loop
+from .op_cases import case_of
 
 # The host sizes keep `phasebench phases` to minutes on 2 cores (2 for a 1B model, 8 for llama-3-8b); a GPU takes
 # the real ones.
@@ -96,6 +92,7 @@ class PhasesConfig:
     isolation: Isolation = IN_PROCESS  # where the ops are measured (the reference decoder runs here)
     time_budget_s: float | None = None  # wall seconds for the whole verb, from `started` (time.monotonic())
     retry_noisy: int = 0  # rounds that measure the noisy ops again (the composition takes quiet rows only)
+    rounds: int = 1  # rounds of the ops, each in a fresh worker: the interval a repeat lands in (bench.sweep.rounds)
     started: float | None = None
     interference: pd.DataFrame | None = None  # `phasebench interference` rows: measured co-located stretches
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
@@ -171,18 +168,21 @@ def reference_reserve_s(budget_s: float) -> float:
 
 
 TABLES_S = 1.0  # of the reserve, what the check leaves for the composition and the tables
+# what a composed figure's interval is, by whether the ops ran in rounds (phases.json "intervals")
+INTERVALS = {True: "where a repeat of the command lands (the spread of the figure's per-round totals)",
+             False: "the rows' within-run intervals in quadrature (one round: no repeat interval)"}
 
 
-def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
-    """The phase tables from measured rows and the sequence term's rows (analysis does the arithmetic; no
-    measurement here)."""
-    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences,
-                           weights=cfg.weights)
+def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None) -> dict[str, pd.DataFrame]:
+    """The phase tables from measured rows and the per-iteration costs the check measured (analysis does the
+    arithmetic; no measurement here)."""
+    measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights,
+                           iterations=iterations)
     page = cfg.page_size
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
     hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
     if cfg.weights:
-        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
+        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page))
     return {
@@ -199,7 +199,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, sequences: pd.DataFrame | None 
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
-        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context, page).items.assign(
+        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context, page).items.drop(
+            columns="rounds").assign(
             batch=max(cfg.reference_batches), context=cfg.context, layers=cfg.model.layers),
     }
 
@@ -209,51 +210,33 @@ def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
     return phase_check.ReferencePlan(cfg.model, cfg.reference_layers, str(cfg.device), cfg.dtype, cfg.chunk_prompt,
                                      tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
                                      cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]),
-                                     *(cfg.impls.get(op, pm.DEFAULT_IMPLS[op]) for op in ("moe", "attention", "mla")))
+                                     *(cfg.impls.get(op, pm.DEFAULT_IMPLS[op]) for op in ("moe", "attention", "mla")),
+                                     iteration_scenarios=published_scenarios(cfg))
 
 
-def sequences_of(cfg: PhasesConfig, timer: TimerConfig, out: list) -> Callable[[Executor], None]:
-    """What the check's worker runs first: every layer and head of the composed steps in sequence against its ops
-    alone (bench.phases.op_sequence), its rows appended to `out` and written to DIR/sequences.csv at once (a check
-    that dies later keeps them); with a time budget, the first half of what the ops left is theirs."""
-    items = op_sequence.distinct_sequences(scenario_steps(cfg) + draft_steps(cfg))
-    end = None if cfg.time_budget_s is None else (cfg.started or time.monotonic()) + cfg.time_budget_s - \
-        reference_reserve_s(cfg.time_budget_s) / 2
-
-    def measure(executor: Executor) -> None:
-        try:
-            out.extend(executor.call(op_sequence.time_sequences, items, cfg.dtype, cfg.model.name, dict(cfg.impls),
-                                     str(cfg.device), timer, end, doing="timing the ops in sequence",
-                                     timeout=None if cfg.isolation.case_timeout == 0 else
-                                     check.START_S + 60 * len(items)))
-        except WorkerError as err:
-            out.extend(op_sequence.failed(kind, uses, str(err)) for kind, uses in items)
-        write_table(cfg.out_dir / "sequences.csv", pd.DataFrame(out, columns=list(op_sequence.COLUMNS)))
-
-    return measure
+def published_scenarios(cfg: PhasesConfig) -> tuple[tuple[str, int, int], ...]:
+    """(phase, batch, tokens) of the prefill and decode tables' steps, whose per-iteration cost the check measures
+    (a zero-layer pass of phasebench's decoder, contiguous and in the activation dtype, as the check's passes)."""
+    return (*(("prefill", 1, p) for p in cfg.prompts), *(("decode", b, cfg.context) for b in cfg.batches))
 
 
-def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict,
-                    published: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict, published: pd.DataFrame) -> dict:
     """The real forward passes timed in brackets around rounds of the ops they compose to (DIR/check), so that a
-    machine that drifts moves both sides alike, after the ops in sequence on the same worker; the reference table
-    (the error of the composition published from the `published` rows with the sequence term, of the rounds', and
-    of the ops alone per layer), the brackets and the sequences."""
+    machine that drifts moves both sides alike: the reference table and its details (the error of the composition
+    published from the `published` rows, and one layer's error per round), the brackets, and the per-iteration cost
+    of each published step."""
     plan = reference_plan(cfg)
     cases = [case_of(u, cfg.dtype, cfg.model.name) for u in plan.uses()]
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - TABLES_S
-    found: list[dict] = []
     brackets, rows = check.run_check(plan, cases, impls, cfg.out_dir / "check", timer=timer, isolation=cfg.isolation,
                                      rounds=cfg.reference_rounds, time_budget_s=budget, started=cfg.started,
-                                     on_row=cfg.on_row, first=sequences_of(cfg, timer, found))
-    sequences = pd.DataFrame(found, columns=list(op_sequence.COLUMNS))
+                                     on_row=cfg.on_row)
     frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
-                              sequences=sequences, weights=cfg.weights)
+                              weights=cfg.weights)
     per_round = [frame(part) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
-    alone = pm.Measured(published, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
-    table = phase_check.check_table(brackets, plan, published=frame(published), interleaved=frame(rows),
-                                    per_round=per_round, ops_alone=alone)
-    return table, check.brackets_table(brackets), sequences
+    table, details = phase_check.check_table(brackets, plan, published=frame(published), per_round=per_round)
+    return {"reference": table, "reference_details": details, "reference_brackets": check.brackets_table(brackets),
+            "iterations": phase_check.iteration_costs(brackets, plan, frame(published))}
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
@@ -269,14 +252,16 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
     timer = cfg.timer or ops_timer(cfg.device)
     budget = None if cfg.time_budget_s is None else cfg.time_budget_s - reference_reserve_s(cfg.time_budget_s)
     rows = run(RunConfig(cases, impls, cfg.device, cfg.out_dir / "ops", suite="phases", timer=timer,
-                         on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget,
-                         started=cfg.started, retry_noisy=cfg.retry_noisy)) if cases else pd.DataFrame()
+                         on_row=cfg.on_row, isolation=cfg.isolation, time_budget_s=budget, started=cfg.started,
+                         retry_noisy=cfg.retry_noisy, rounds=cfg.rounds, combine_rounds=cfg.rounds > 1)) \
+        if cases else pd.DataFrame()
     df = pd.concat([x for x in (reuse, rows) if x is not None and len(x)], ignore_index=True)
-    reference, brackets, sequences = reference_check(cfg, timer, impls, df)
-    tables = compose(df, cfg, sequences)
-    tables.update(reference=reference, reference_brackets=brackets, sequences=sequence_decisions(sequences))
+    checked = reference_check(cfg, timer, impls, df)
+    iterations = checked.pop("iterations")
+    tables = compose(df, cfg, iterations)
+    tables.update(checked)
     if cfg.speculate:
-        tables.update(speculative_tables(cfg, df, sequences, timer, impls))
+        tables.update(speculative_tables(cfg, df, timer, impls))
     for name, table in tables.items():
         write_table(cfg.out_dir / f"{name}.csv", table)
     write_file(cfg.out_dir / "phases.json", json.dumps({
@@ -286,10 +271,12 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "weights": cfg.weights,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
+        "rounds": cfg.rounds, "intervals": INTERVALS[cfg.rounds > 1],
         "check_goal_pct": phase_check.goal_pct(cfg.device),
-        "over_goal": phase_check.over_goal_notes(tables["reference"]),
+        "check_verdicts": phase_check.verdict_counts(tables["reference"]),
+        "over_goal": phase_check.verdict_notes(tables["reference"], "over"),
         "unresolved": phase_check.verdict_notes(tables["reference"], "unresolved"),
-        "sequence_terms_applied": int(tables["sequences"]["applied"].sum()) if len(tables["sequences"]) else 0,
+        "iteration_ms": {f"{p} {b} {t}": round(v[0], 6) for (p, b, t), v in iterations.items()},
         "hybrid_checked": int(tables["hybrid_check"]["checked"].sum()),
         "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
@@ -302,12 +289,12 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
     return tables
 
 
-def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, sequences: pd.DataFrame, timer: TimerConfig,
+def speculative_tables(cfg: PhasesConfig, df: pd.DataFrame, timer: TimerConfig,
                        impls: dict) -> dict[str, pd.DataFrame]:
     """speculative.csv (per batch, γ and α, composed from the published rows) and speculative_check.csv (the
     composition of the loop's cut models against the real loop, timed around rounds of the ops it composes to)."""
     spec, page = cfg.speculate, cfg.page_size
-    frame = functools.partial(pm.Measured, dtype=cfg.dtype, impls=cfg.impls, sequences=sequences)
+    frame = functools.partial(pm.Measured, dtype=cfg.dtype, impls=cfg.impls)
 
     def steps(rows, target, draft, plain=()):
         return sp.composed_steps(target, draft, frame(rows, model=target.name), frame(rows, model=draft.name),

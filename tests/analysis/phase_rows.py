@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 from phasebench.analysis.phases import model as pm
-from phasebench.analysis.phases import remedies
+from phasebench.analysis.phases import check, remedies
 from phasebench.bench.spec import steps as step_defs
 from phasebench.bench.spec.models import DecoderConfig
 
@@ -49,19 +49,20 @@ def compose(df: pd.DataFrame, config=TINY, *, prompts=(16, 64), batches=(1, 2, 4
         "chunked": pm.chunk_table(measured, config, chunk_prompt, chunks, chunk_batch, context),
         "colocated": remedies.colocated_table(measured, config, chunk_prompt, chunk_batch, context, interference),
         "interactive": pm.interactive_limits(measured, config, prompts, batches),
-        "decode_parts": pm.tpot(measured, config, chunk_batch, context).items,
+        "decode_parts": pm.tpot(measured, config, chunk_batch, context).items.drop(columns="rounds"),
     }
-    small = dataclasses.replace(config, layers=reference_layers)
-    rows = []
-    for phase, composed in (("prefill", pm.ttft(measured, small, chunk_prompt)),
-                            ("decode", pm.tpot(measured, small, chunk_batch, context))):
-        real = (reference_ms or {}).get(phase, 1.2 * composed.total_ms)
-        rows.append({"phase": phase, "layers": reference_layers, "batch": 1 if phase == "prefill" else chunk_batch,
-                     "tokens": chunk_prompt if phase == "prefill" else context, "reference_ms": real,
-                     "reference_p20_ms": 0.97 * real, "reference_p80_ms": 1.04 * real, "samples": 7,
-                     "composed_ms": composed.total_ms, "error_pct": pm.model_error(composed.total_ms, real),
-                     "left_out": "embedding lookup; host gaps between ops; sampling beyond the greedy pick"})
-    tables["reference"] = pd.DataFrame(rows)
+    plan = check.ReferencePlan(config, reference_layers, device, dtype, chunk_prompt, (chunk_batch,), context)
+    brackets = []
+    for phase, batch, tokens in plan.scenarios:
+        step = plan.composed(measured, phase, batch, tokens)
+        real = (reference_ms or {}).get(phase, 1.2 * step.total_ms)
+        head = step.parts["head"]
+        for k in range(3):  # the real pass: its head, and its layers at the pace that gives `real` at L layers
+            brackets += [{"reference": "phasebench", "bracket": k, "phase": phase, "batch": batch, "tokens": tokens,
+                          "layers": d, "ms": head + (real - head) * d / reference_layers,
+                          "samples_ms": [1.0]} for d in plan.depths]
+    tables["reference"], tables["reference_details"] = check.check_table(brackets, plan, published=measured,
+                                                                         per_round=[measured] * 2)
     tables["meta"] = {"model": dataclasses.asdict(config), "device": device, "dtype": dtype, "impls": dict(IMPLS),
                       "prompts": list(prompts), "batches": list(batches), "context": context, "chunks": list(chunks),
                       "chunk_batch": chunk_batch, "chunk_prompt": chunk_prompt, "reference_layers": reference_layers,

@@ -114,21 +114,6 @@ def test_the_published_chunked_table_takes_the_verdict_of_its_own_shapes():
     assert [hc.chunk_label(v) for v in (7, 7.0, "7", "whole", np.nan)] == ["7", "7", "7", "whole", "nan"]
 
 
-def test_a_sequence_term_left_out_as_noisy_leaves_the_row_unchecked():
-    rows = pd.DataFrame([hybrid(2, 10, "4", 1.0, 3.0)])
-    steps = hc.hybrid_steps(TINY, rows)
-    ops = op_rows(step_defs.distinct_uses(steps), latency)
-    parts = {pm.sequence_key(part): part for s in steps for _, _, part in pm.sequence_parts(s)}
-    alone = {k: sum(u.count * latency(u) for u in part) for k, part in parts.items()}  # as the sweep's rows say
-    sequences = pd.DataFrame([{"key": k, "sequence": "layer", "sequence_ms": a + 1.0, "alone_ms": a, "term_ms": 1.0,
-                               "status": "ok", "noisy": True} for k, a in alone.items()])
-    table = hc.hybrid_check(pm.Measured(ops, model="tiny", dtype="float32", sequences=sequences), TINY, rows)
-    assert table.loc[0, "missing"] == 0 and not table.loc[0, "checked"] and table.loc[0, "verdict"] == "unresolved"
-    quiet = sequences.assign(noisy=False)
-    table = hc.hybrid_check(pm.Measured(ops, model="tiny", dtype="float32", sequences=quiet), TINY, rows)
-    assert table.loc[0, "checked"]
-
-
 def test_noisy_rows_are_not_compared_a_row_given_twice_counts_once_and_each_run_is_checked():
     rows = pd.DataFrame([hybrid(3, 23, "7", 1.0, 4.0, noisy=True), hybrid(3, 23, "whole", 1.0, 4.0, noisy=False),
                          hybrid(3, 23, "whole", 1.0, 4.0, noisy=False),  # the same folder given twice

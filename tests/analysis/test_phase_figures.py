@@ -24,7 +24,6 @@ from phasebench.analysis import (
 )
 from phasebench.analysis.figures.kit import SERIES_GID
 from phasebench.analysis.phases import model as pm
-from phasebench.analysis.phases.check import normalised
 from phasebench.bench.cli.main import main
 from phasebench.bench.spec import steps as step_defs
 
@@ -133,22 +132,17 @@ def test_breakdown_leaves_out_a_negative_gap():
     assert not with_gid(fig, "gap") and len(fig.axes[0].get_xticklabels()) == 2
 
 
-def test_reference_table_gives_the_error_and_what_is_left_out():
+def test_reference_table_gives_the_error_the_gap_and_the_summary_what_is_left_out():
     composed = tables_for()["reference"].set_index("phase")["composed_ms"]
-    table = reference_table(tables_for(reference_ms={"decode": 1.25 * composed["decode"],
-                                                     "prefill": 0.5 * composed["prefill"]})).set_index("phase")
-    # a table written before the rounds: its error is the ops/ rows', the published figures'
-    assert table.loc["decode", "published_error_pct"] == pytest.approx(-20.0)
-    assert table.loc["prefill", "published_error_pct"] == pytest.approx(100.0)
-    # +100% by its point, but a table from before the intervals carries no noise band: no verdict
-    assert table.loc["prefill", "verdict"] == "unresolved" and table["interleaved_error_pct"].isna().all()
+    tables = tables_for(reference_ms={"decode": 1.25 * composed["decode"], "prefill": 0.5 * composed["prefill"]})
+    table = reference_table(tables).set_index("phase")
+    assert table.loc["decode", "error_pct"] == pytest.approx(-20.0)
+    assert table.loc["prefill", "error_pct"] == pytest.approx(100.0)
     assert table.loc["decode", "gap_ms"] == pytest.approx(0.25 * composed["decode"])
-    assert "host gaps" in table.loc["decode", "left_out"] and table.loc["decode", "layers"] == 2
-    assert "round_error_min_pct" not in table  # a table written before the rounds
-    rounds = tables_for()
-    rounds["reference"] = rounds["reference"].assign(round_error_min_pct=[-4.5, 2.0], round_error_max_pct=[3.5, 9.0])
-    assert reference_table(rounds)["round_error_max_pct"].tolist() == [3.5, 9.0]
-    assert "round_error_min_pct" in phases_summary(rounds)
+    assert table.loc["decode", "layers"] == 2 and table.loc["decode", "iteration_ms"] == pytest.approx(0.0, abs=1e-9)
+    summary = phases_summary(tables)
+    assert "left out of the composition: embedding lookup" in summary
+    assert "verdicts: " in summary and "phasebench prefill: error +100.0%" in summary
 
 
 def test_summary_names_every_table(tables):
@@ -166,10 +160,11 @@ def test_summary_names_every_table(tables):
     assert steps == {8: 8, 16: 4, 32: 2}
     header = next(line.split() for line in lines if line.split()[:2] == ["reference", "phase"])
     reference = [dict(zip(header, line.split(), strict=True)) for line in lines if line.split()[:1] == ["phasebench"]]
-    # the measured pass is 1.2 x the composition (the published one: a table written before the rounds)
-    assert [(r["published_error_pct"], r["noisy"]) for r in reference] == [("-16.67", "False")] * 2
+    # the measured pass is 1.2 x the composition; rows without intervals: no verdict on the published error
+    assert [r["error_pct"] for r in reference] == ["-16.67"] * 2 and all(r["verdict"] == "unresolved"
+                                                                           for r in reference)
     checked = [line for line in lines if line.startswith("Checked against real passes (goal 15%")]
-    assert len(checked) == 2 and all("published -16.7%" in line and "unresolved" in line for line in checked)
+    assert len(checked) == 2 and all("-16.7%" in line and "unresolved" in line for line in checked)
 
 
 def test_summary_says_which_remedy_keeps_the_users_above_the_targets(tables):
@@ -189,8 +184,7 @@ def test_load_phases_reads_back_what_was_written(tables, tmp_path):
     assert "colocated" not in load_phases(tmp_path / "ph") and "colocated" in back
     for name in ("prefill", "decode", "chunked", "interactive", "decode_parts", "colocated"):
         pd.testing.assert_frame_equal(back[name], tables[name].reset_index(drop=True), check_dtype=False)
-    # the reference table comes back in today's columns (phases.check.normalised)
-    pd.testing.assert_frame_equal(back["reference"], normalised(tables["reference"], "cpu"), check_dtype=False)
+    pd.testing.assert_frame_equal(back["reference"], tables["reference"].fillna({"error": ""}), check_dtype=False)
     assert back["decode"]["saturated"].dtype == bool
     assert load_phases(tmp_path / "ph" / "phases.json")["meta"]["chunk_batch"] == 4
 

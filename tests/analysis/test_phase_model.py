@@ -53,7 +53,7 @@ def test_ttft_and_tpot_are_the_hand_sums():
         t = pm.ttft(m, TINY, prompt)
         assert t.complete and t.total_ms == hand_ttft(prompt)
         assert t.parts == {"weights": 3 * 960 * prompt, "attention": 3 * 0.5 * prompt ** 2, "experts": 0.0,
-                           "elementwise": 3 * 48 * prompt, "head": 1057, "sequence": 0.0}  # none measured
+                           "elementwise": 3 * 48 * prompt, "head": 1057, "iteration": 0.0}  # none measured
     for batch, context in cases:
         t = pm.tpot(m, TINY, batch, context)
         assert t.complete and t.total_ms == hand_tpot(batch, context)
@@ -299,61 +299,6 @@ def test_rows_without_a_page_size_column_read_as_contiguous():
     rows = op_rows(step_defs.distinct_uses([step_defs.decode_step(TINY, 2, 40)]), power_latency)
     old = pm.Measured(rows.drop(columns="page_size"), model="tiny", dtype="float32")
     assert pm.tpot(old, TINY, 2, 40).total_ms == hand_tpot(2, 40)
-
-
-def _sequences(step, terms: dict, noisy=(), alone_scale: float = 1.0) -> pd.DataFrame:
-    """Sequence rows as bench.phases.op_sequence writes them: per (kind) the term in sequence beyond alone, the ops
-    alone timed as the sweep's rows say (x alone_scale)."""
-    rows = []
-    for kind, _, uses in pm.sequence_parts(step):
-        alone = alone_scale * sum(u.count * power_latency(u) for u in uses)
-        rows.append({"key": pm.sequence_key(uses), "sequence": kind, "sequence_ms": alone + terms[kind],
-                     "alone_ms": alone, "term_ms": terms[kind], "status": "ok", "noisy": kind in noisy})
-    return pd.DataFrame(rows)
-
-
-def test_the_sequence_term_adds_once_per_layer_and_once_for_the_head():
-    batch, context = 5, 19
-    step = step_defs.decode_step(TINY, batch, context)
-    rows = op_rows(step_defs.distinct_uses([step]), power_latency)
-    terms = {"layer": 0.375, "head": -0.25}  # exact in binary; a sequence may also run faster than alone
-    m = pm.Measured(rows, model="tiny", dtype="float32", sequences=_sequences(step, terms))
-    t = pm.tpot(m, TINY, batch, context)
-    assert t.total_ms == hand_tpot(batch, context) + TINY.layers * 0.375 - 0.25
-    assert t.parts["sequence"] == TINY.layers * 0.375 and t.parts["head"] == 1057 * batch - 0.25
-    layer = t.items[t.items["label"] == "layer ops in sequence"].iloc[0]
-    assert layer["count"] == TINY.layers and layer["latency_ms"] == 0.375
-    # a layer of another shape has no sequence row: composed from its ops alone, as a folder from before the term
-    assert pm.tpot(m, TINY, 4, context).parts["sequence"] == 0.0
-    noisy = pm.Measured(rows, model="tiny", dtype="float32", sequences=_sequences(step, terms, noisy=("layer",)))
-    left = pm.tpot(noisy, TINY, batch, context)
-    assert left.total_ms == hand_tpot(batch, context) - 0.25 and left.noisy == 1
-
-
-@pytest.mark.parametrize("scale", [1.3, 0.7, 1.6, 0.6])
-def test_a_sequence_whose_ops_alone_disagree_with_the_sweep_is_left_out(scale):
-    # the row's ops alone 1.6x (or 0.6x) the sweep's: one of the two runs was disturbed, the difference is no term
-    batch, context = 3, 23
-    step = step_defs.decode_step(TINY, batch, context)
-    rows = op_rows(step_defs.distinct_uses([step]), power_latency)
-    terms = {"layer": 0.5, "head": 0.25}
-    t = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", sequences=_sequences(step, terms, alone_scale=scale)),
-                TINY, batch, context)
-    agrees = 1 / pm.ALONE_AGREEMENT <= scale <= pm.ALONE_AGREEMENT
-    assert t.noisy == (0 if agrees else 2)
-    assert t.total_ms == hand_tpot(batch, context) + (TINY.layers * 0.5 + 0.25 if agrees else 0)
-
-
-def test_sequence_parts_give_one_layer_with_per_layer_counts_and_the_head():
-    step = step_defs.prefill_step(TINY, 13)
-    (layer_kind, layers, layer), (head_kind, once, head) = pm.sequence_parts(step)
-    assert (layer_kind, layers, head_kind, once) == ("layer", TINY.layers, "head", 1)
-    counts = {u.label: u.count for u in layer}
-    assert counts["rmsnorm"] == counts["residual_add"] == 2 and counts["qkv"] == counts["attention"] == 1
-    assert [u.label for u in head] == ["final_norm", "lm_head", "greedy_pick"]
-    other = step_defs.prefill_step(TINY, 14)
-    assert pm.sequence_key(layer) != pm.sequence_key(pm.sequence_parts(other)[0][2])
-    assert pm.sequence_key(layer) == pm.sequence_key(pm.sequence_parts(step_defs.prefill_step(TINY, 13))[0][2])
 
 
 def test_quantized_weights_compose_from_their_own_rows_never_scaled():

@@ -1,6 +1,6 @@
 """The phase model over the attention kinds, on synthetic rows of known latency: an MLA mixture (absorbed decode,
 decompressed prompts, a first dense layer) and a gpt-oss-like model (window and full layers with sinks) against
-hand-computed sums, the KV bytes a token costs, and the sequence term of each kind of layer."""
+hand-computed sums and the KV bytes a token costs."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def latency(use) -> float:
     return W["rmsnorm" if use.label == "final_norm" else use.label] * f["m"]
 
 
-def measured(config, steps, sequences=None) -> pm.Measured:
+def measured(config, steps) -> pm.Measured:
     rows = op_rows(step_defs.distinct_uses(steps), latency, config=config, impls=IMPLS)
-    return pm.Measured(rows, model="tiny", dtype="float32", impls=IMPLS, sequences=sequences)
+    return pm.Measured(rows, model="tiny", dtype="float32", impls=IMPLS)
 
 
 def mla_layer(rows: int, mlp: str, absorbed: bool) -> float:
@@ -95,21 +95,6 @@ def test_the_decode_table_gives_the_kv_bytes_a_token_costs_by_kind():
         (line,) = kv_lines(table)
         assert line.startswith(f"KV cache ({config.attention.upper()}: ") and "at 41 tokens" in line
         assert line.endswith("MiB for batch 6.")
-
-
-def test_each_kind_of_layer_has_its_own_sequence_term():
-    batch, context = 2, 19
-    step = step_defs.decode_step(MLA, batch, context)
-    parts = pm.sequence_parts(step)
-    assert [(kind, count) for kind, count, _ in parts] == [("layer", 1), ("layer", 2), ("head", 1)]
-    terms = iter((0.375, 0.125, -0.25))  # the dense layer's, the mixture layers', the head's
-    rows = [{"key": pm.sequence_key(uses), "sequence": kind, "status": "ok", "noisy": False,
-             "alone_ms": (alone := sum(u.count * latency(u) for u in uses)), "sequence_ms": alone + next(terms)}
-            for kind, _, uses in parts]
-    with_terms = pm.tpot(measured(MLA, [step], pd.DataFrame(rows)), MLA, batch, context)
-    without = pm.tpot(measured(MLA, [step]), MLA, batch, context)
-    assert with_terms.total_ms - without.total_ms == 0.375 + 2 * 0.125 - 0.25
-    assert with_terms.parts["sequence"] == 0.375 + 2 * 0.125
 
 
 def test_the_breakdown_names_the_models_layers_not_its_fewest_runs():

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import statistics
 
 import pandas as pd
 import pytest
 import torch
-from phasebench.analysis.phases.check import ReferencePlan
+from phasebench.analysis.phases.check import COLUMNS, ReferencePlan
 from phasebench.bench.phases.run_phases import PhasesConfig
 from phasebench.bench.spec.models import model_config
 
@@ -24,8 +23,8 @@ SMALL = "name=tiny-phases,hidden=128,intermediate=352,layers=3,q_heads=4,kv_head
 def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp_path):
     references = ["transformers"] if importlib.util.find_spec("transformers") else []
     out = tmp_path / "phases"
-    # --warm: cold, every op and sequence of this tiny model waits for 2 x LLC written before each call (minutes on
-    # a 2-core host); the cold paths have their own tests (test_op_sequence, the runner's)
+    # --warm: cold, every op of this tiny model waits for 2 x LLC written before each call (minutes on a 2-core host);
+    # the cold paths have their own tests (the runner's)
     proc = run_cli("phases", "--model", SMALL, "--prompt", "16", "48", "--batch", "1", "2", "--context", "31",
                    "--chunk", "16", "--chunk-batch", "2", "--reference-batch", "1", "2", "--sample-time", "0.02",
                    "--reference-rounds", "2", "--warm", *(["--reference", *references] if references else []),
@@ -37,34 +36,27 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     assert meta["reference_batches"] == [1, 2] and meta["references"] == ["phasebench", *references]
     reference = pd.read_csv(out / "reference.csv")
     assert set(reference["reference"]) == {"phasebench", *references}
-    for _, rows in reference.groupby("reference"):
+    details = pd.read_csv(out / "reference_details.csv")
+    for (_, rows), (_, more) in zip(reference.groupby("reference"), details.groupby("reference"), strict=True):
         assert sorted(zip(rows["phase"], rows["batch"], strict=True)) == [("decode", 1), ("decode", 2), ("prefill", 1)]
-        assert (rows["brackets"] == 3).all() and (rows["rounds"] == 2).all() and (rows["reference_ms"] > 0).all()
-        assert (rows["layers"] == 2).all() and (rows["deep_layers"] == 4).all()
-        assert (rows["deep_reference_ms"] > 0).all()
-    for column in ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "head_share_pct",
-                   "goal_pct", "over_goal"):
-        assert column in reference, column
+        assert (more["brackets"] == 3).all() and (rows["rounds"] == 2).all() and (rows["reference_ms"] > 0).all()
+        assert (rows["layers"] == 2).all() and (more["deep_layers"] == 4).all()
+        assert (more["deep_reference_ms"] > 0).all() and (more["zero_layer_ms"] > 0).all()
+    assert list(reference.columns) == list(COLUMNS) and reference["per_layer_error_pct"].notna().all()
     brackets = pd.read_csv(out / "reference_brackets.csv")
     assert sorted(set(brackets["bracket"])) == [0, 1, 2] and (brackets["samples"] >= 3).all()
-    assert sorted(set(brackets["layers"])) == [2, 4]
+    assert sorted(set(brackets["layers"])) == [0, 2, 4]
     assert meta["check_goal_pct"] == 15.0 and isinstance(meta["over_goal"], list)
-    # each layer and head the tables compose, in sequence against alone: 2 prompts, 2 batches x 3 contexts, 3 chunk
-    # steps beside the decode batch and 3 alone; the heads of 1, 2 and 3 rows
-    sequences = pd.read_csv(out / "sequences.csv")
-    assert sorted(sequences["sequence"].value_counts().items()) == [("head", 3), ("layer", 14)]
-    assert set(sequences["status"]) == {"ok"} and (sequences["sequence_ms"] > 0).all()
-    # the term is the median turn's effect (ABBA turns; a ratio on the host) applied to the median alone time
-    effects = sequences["turn_effects"].astype(str).str.split(";").map(lambda e: statistics.median(map(float, e)))
-    assert set(sequences["form"]) == {"ratio"} and (sequences["turns"] == 6).all()
-    off = (sequences["term_ms"] - (effects - 1) * sequences["alone_ms"]).abs()
-    assert (off <= 1e-6 * sequences["alone_ms"]).all()  # the effects are written with 9 digits
-    assert "sequence_ms" in pd.read_csv(out / "decode.csv")
+    assert sum(meta["check_verdicts"][v] for v in ("within", "over", "unresolved")) == len(reference)
+    # each published step's per-iteration cost: phasebench's zero-layer pass less the composed head, a part of its own
+    decode = pd.read_csv(out / "decode.csv")
+    assert set(meta["iteration_ms"]) == {"prefill 1 16", "prefill 1 48", "decode 1 31", "decode 2 31"}
+    assert decode["iteration_ms"].tolist() == pytest.approx([meta["iteration_ms"][f"decode {b} 31"]
+                                                             for b in decode["batch"]], rel=1e-5)
     check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
     assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
     assert json.loads((out / "check" / "run.json").read_text())["rounds"] == 2
     # a composition is a number exactly where none of its ops was left out as noisy
-    decode = pd.read_csv(out / "decode.csv")
     assert (decode["tpot_ms"].notna() | (decode["noisy_left_out"] > 0)).all()
     assert "Composition against a real forward pass" in proc.stdout
     run = json.loads((out / "ops" / "run.json").read_text())
@@ -83,9 +75,8 @@ def test_a_time_budget_bounds_the_ops_and_keeps_time_for_the_reference(tmp_path)
     assert ops["reason"].str.startswith("time budget").all()
     reference = pd.read_csv(out / "reference.csv")
     assert len(reference) == 2 and (reference["reference_ms"] > 0).all()
-    assert reference["published_composed_ms"].isna().all() and reference["interleaved_composed_ms"].isna().all()
-    sequences = pd.read_csv(out / "sequences.csv")
-    assert len(sequences) and (sequences["status"] == "skipped").all() and (sequences["reason"] == "time budget").all()
+    assert reference["composed_ms"].isna().all() and reference["per_layer_error_pct"].isna().all()
+    assert (reference["verdict"] == "unresolved").all()
 
 
 def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_going_first(monkeypatch):
@@ -114,13 +105,13 @@ def test_a_bracket_frees_the_ops_last_case_and_the_references_take_turns_at_goin
         second = rc.time_bracket(plan, 1, last=True)
     finally:
         worker._STATE.clear()
-    assert [r["reference"] for r in first][::6] == ["phasebench", "transformers"]
-    assert [r["reference"] for r in second][::6] == ["transformers", "phasebench"]
-    # every scenario at L and 2L layers of one decoder, the depths taking turns at going first
-    assert [r["layers"] for r in first][:2] == [2, 4] and [r["layers"] for r in second][:2] == [4, 2]
+    assert [r["reference"] for r in first][::9] == ["phasebench", "transformers"]
+    assert [r["reference"] for r in second][::9] == ["transformers", "phasebench"]
+    # every scenario at 0, L and 2L layers of one decoder, the depths taking turns at going first
+    assert [r["layers"] for r in first][:3] == [0, 2, 4] and [r["layers"] for r in second][:3] == [4, 2, 0]
     assert {(c[0], c[1], c[2], c[3]) for c in calls} == {(k, p, b, d) for k in ("phasebench", "transformers")
                                                          for p, b in (("prefill", 1), ("decode", 1), ("decode", 3))
-                                                         for d in (2, 4)}
+                                                         for d in (0, 2, 4)}
     assert all(r["samples_ms"] and r["ms"] > 0 and r["bracket"] in (0, 1) for r in first + second)
     assert not rc._BUILT  # freed after the last
 
@@ -144,9 +135,10 @@ def test_phases_on_a_tiny_mixture_of_experts_composes_its_experts_and_checks_the
     assert set(moe["m"]) >= {1, 4, 16, 2 + 16} and (moe["routing"] == "uniform").all()
     reference = pd.read_csv(out / "reference.csv")
     assert set(reference["reference"]) == {"phasebench", *references} and (reference["reference_ms"] > 0).all()
-    assert reference["left_out"].str.contains("router's softmax and top-k").all()
+    details = pd.read_csv(out / "reference_details.csv")
+    assert details["left_out"].str.contains("router's softmax and top-k").all()
     if references:
-        assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
+        assert details.loc[details["reference"] == "transformers", "implementation"].str.contains(
             "MixtralForCausalLM").all()
 
 
@@ -188,13 +180,12 @@ def test_phases_of_an_attention_kind_compose_its_layers_and_check_them_against_t
         assert set(attention["window_left"]) == {-1, 4} and attention["sinks"].all()
     reference = pd.read_csv(out / "reference.csv")
     assert set(reference["reference"]) == {"phasebench", *references} and (reference["reference_ms"] > 0).all()
-    assert (reference["layers"] == 2).all() and (reference["deep_layers"] == 4).all()
-    assert (reference["deep_reference_ms"] > 0).all() and reference["left_out"].str.contains(note).all()
-    for column in ("published_error_pct", "interleaved_error_pct", "per_layer_error_pct", "over_goal", "noisy"):
-        assert column in reference, column
+    details = pd.read_csv(out / "reference_details.csv")
+    assert (reference["layers"] == 2).all() and (details["deep_layers"] == 4).all()
+    assert (details["deep_reference_ms"] > 0).all() and details["left_out"].str.contains(note).all()
+    assert list(reference.columns) == list(COLUMNS)
     if references:
-        assert reference.loc[reference["reference"] == "transformers", "implementation"].str.contains(
-            hf_class).all()
+        assert details.loc[details["reference"] == "transformers", "implementation"].str.contains(hf_class).all()
 
 
 def test_the_default_reference_depth_passes_a_mixtures_dense_layers(tmp_path):
