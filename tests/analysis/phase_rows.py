@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from phasebench.analysis.phases import model as pm
 from phasebench.analysis.phases import check, remedies
+from phasebench.analysis.phases import model as pm
 from phasebench.bench.spec import steps as step_defs
 from phasebench.bench.spec.models import DecoderConfig
 

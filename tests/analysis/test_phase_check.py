@@ -108,8 +108,9 @@ def test_a_drift_that_moves_both_sides_alike_cancels_round_by_round():
 
 
 def test_a_composition_20_percent_wrong_per_layer_is_called_over_at_realistic_widths():
-    """Passes with 2% lognormal noise each (a 2-core host's bracket medians of 5 samples or more) and ops rounds with 2%: the per-layer
-    error's interval stays inside ±10% of its point and the verdict is over; the right composition is within."""
+    """Passes with 2% lognormal noise each (a 2-core host's bracket medians of 5 samples or more) and ops rounds with
+    2%: the per-layer error's interval stays inside ±10% of its point and the verdict is over; the right composition
+    is within."""
     latency = _latencies(11)
     rng = np.random.default_rng(12)
     per_round = [_measured(latency, float(np.exp(0.02 * rng.standard_normal()))) for _ in range(5)]

@@ -4,7 +4,6 @@ hand-computed sums and the KV bytes a token costs."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 from phasebench.analysis.phases import model as pm
 from phasebench.analysis.phases.figures import breakdown_bars, kv_lines
