@@ -224,22 +224,22 @@ MODELS: dict[str, DecoderConfig] = {
     "tinyllama-1.1b": DecoderConfig(2048, 5632, 22, 32, 4, 64, 32000, "tinyllama-1.1b"),
     "gemma-2-2b": DecoderConfig(2304, 9216, 26, 8, 4, 256, 256000, "gemma-2-2b"),
     # mixtures of experts (intermediate: each routed expert's; num_local_experts or num_experts or n_routed_experts,
-    # num_experts_per_tok, moe_intermediate_size, n_shared_experts x moe_intermediate_size). The router, where it
-    # is not the default (a softmax's top k renormalized: Qwen3-MoE's norm_topk_prob true; Mixtral's and gpt-oss's
-    # reference code, a softmax over the top k logits, which is the same), from DeepSeek's scoring_func,
-    # norm_topk_prob and routed_scaling_factor
+    # num_experts_per_tok, moe_intermediate_size, n_shared_experts x moe_intermediate_size). The router_* fields
+    # default to a softmax's top k renormalized: Qwen3-MoE's norm_topk_prob true, and Mixtral's and gpt-oss's
+    # reference code (a softmax over the top k logits, the same); DeepSeek's come from its config.json below
     "mixtral-8x7b": DecoderConfig(4096, 14336, 32, 32, 8, 128, 32000, "mixtral-8x7b", experts=8, top_k=2),
     "qwen3-30b-a3b": DecoderConfig(2048, 768, 48, 32, 4, 128, 151936, "qwen3-30b-a3b", experts=128, top_k=8),
     # MLA (deepseek-ai/DeepSeek-V2-Lite and DeepSeek-V3 config.json): head_dim is v_head_dim; num_key_value_heads
     # (= num_attention_heads) is unused; dense_layers / dense_intermediate are first_k_dense_replace and
-    # intermediate_size, intermediate is moe_intermediate_size, shared_intermediate n_shared_experts x that
-    # (softmax, greedy top k, norm_topk_prob false, routed_scaling_factor 1.0)
+    # intermediate_size, intermediate is moe_intermediate_size, shared_intermediate n_shared_experts x that.
+    # V2-Lite's router: scoring_func softmax, topk_method greedy, norm_topk_prob false, routed_scaling_factor 1.0
     "deepseek-v2-lite": DecoderConfig(2048, 1408, 27, 16, 16, 128, 102400, "deepseek-v2-lite", experts=64, top_k=6,
                                       shared_intermediate=2 * 1408, dense_layers=1, dense_intermediate=10944,
                                       kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
                                       router_renormalize=False, router_scale=1.0),
-    # (sigmoid, norm_topk_prob true, routed_scaling_factor 2.5; its noaux_tc selection, the top 4 of 8 groups and a
-    # correction bias, is left out: the top 8 of all 256 experts)
+    # DeepSeek-V3's router: scoring_func sigmoid, norm_topk_prob true, routed_scaling_factor 2.5; its topk_method
+    # noaux_tc (the experts of the best topk_group 4 of n_group 8 groups, a correction bias on the scores) is left
+    # out: the top 8 of all 256 experts
     "deepseek-v3": DecoderConfig(7168, 2048, 61, 128, 128, 128, 129280, "deepseek-v3", experts=256, top_k=8,
                                  shared_intermediate=2048, dense_layers=3, dense_intermediate=18432, kv_lora_rank=512,
                                  qk_rope_head_dim=64, qk_nope_head_dim=128, q_lora_rank=1536,
