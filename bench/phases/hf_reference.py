@@ -1,5 +1,5 @@
 """A real model implementation as the phase model's second check: Hugging Face transformers' class of a model's kind
-(Llama; Mixtral for a mixture of experts; DeepseekV2 for MLA; GptOss for sliding windows with sinks) at its dims,
+(Llama; Mixtral for a mixture of experts; DeepseekV2 or V3 for MLA; GptOss for sliding windows with sinks) at its dims,
 random weights (nothing downloaded), a static (preallocated) KV cache as a server keeps it."""
 
 from __future__ import annotations
@@ -59,11 +59,21 @@ def available() -> bool:
 
 def architecture(tf, config: DecoderConfig) -> tuple[type, type, dict]:
     """(config class, model class, the fields beyond Llama's) of the transformers model with `config`'s layer: Llama
-    for a dense GQA model, Mixtral (softmax top-k renormalized, no router noise) for a mixture of experts, DeepseekV2
-    for MLA (greedy softmax top-k, shared experts, the first dense layers), GptOss for sliding windows with sinks
-    (every layer a mixture); ValueError, with one line, for what none of them has."""
+    for a dense GQA model, Mixtral for a mixture of experts, DeepseekV2 (a softmax's top k as it is) or DeepseekV3 (a
+    sigmoid's) for MLA, GptOss for sliding windows with sinks (every layer a mixture); ValueError, with one line, for
+    what none of them has, a router's included (Mixtral's and GptOss's renormalize a softmax's top k, unscaled)."""
     if config.attention == "mla":
+        if config.is_moe and config.router_scoring == "sigmoid":
+            return tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, deepseek_fields(config)
+        if config.is_moe and config.router_renormalize:
+            raise ValueError(f"reference: {config.name} renormalizes its router's softmax top k, which transformers' "
+                             "DeepseekV2 never does (router_renormalize=0 is DeepSeek-V2's router, "
+                             "router_scoring=sigmoid DeepSeek-V3's)")
         return tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM, deepseek_fields(config)
+    router = (config.router_scoring, config.router_renormalize, config.router_scale)
+    if config.is_moe and router != ("softmax", True, 1.0):
+        raise ValueError(f"reference: {config.name}'s router is not a softmax's top k renormalized and unscaled, which "
+                         "transformers' Mixtral and GptOss route with")
     if config.attention == "window" or config.sinks:
         if not config.sinks or config.attention != "window" or not config.is_moe or config.shared_intermediate \
                 or config.dense_layers:
@@ -83,9 +93,9 @@ def architecture(tf, config: DecoderConfig) -> tuple[type, type, dict]:
 
 
 def deepseek_fields(config: DecoderConfig) -> dict:
-    """DeepseekV2Config's fields beyond Llama's for an MLA model: its latent and head dims, and its mixture (greedy
-    top-k of a softmax, not renormalized, as DeepSeek-V2's config has it) after its first dense layers, or dense
-    layers throughout."""
+    """DeepseekV2Config's or V3's fields beyond Llama's for an MLA model: its latent and head dims, and its mixture
+    after its first dense layers (the router's renormalizing, read by V3 only, and routed_scaling_factor; one group,
+    so that the top k is taken over every expert, as phasebench's router does), or dense layers throughout."""
     shared, width = divmod(config.shared_intermediate, config.intermediate)
     if width:
         raise ValueError(f"reference: {config.name}'s shared experts ({config.shared_intermediate}) are not a whole "
@@ -93,10 +103,13 @@ def deepseek_fields(config: DecoderConfig) -> dict:
     mixture = dict(n_routed_experts=config.experts, num_experts_per_tok=config.top_k, n_shared_experts=shared,
                    moe_intermediate_size=config.intermediate, first_k_dense_replace=config.dense_layers,
                    intermediate_size=config.dense_intermediate or config.intermediate, topk_method="greedy",
-                   n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False) if config.is_moe \
+                   n_group=1, topk_group=1, routed_scaling_factor=float(config.router_scale),
+                   norm_topk_prob=config.router_renormalize) if config.is_moe \
         else dict(first_k_dense_replace=config.layers)
+    # head_dim: the rotary dims, as both configs set it (Llama's field would give the value heads')
     return dict(kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank or None,
-                qk_rope_head_dim=config.qk_rope_head_dim, qk_nope_head_dim=config.qk_nope_head_dim,
+                head_dim=config.qk_rope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
+                qk_nope_head_dim=config.qk_nope_head_dim,
                 v_head_dim=config.head_dim, num_key_value_heads=config.q_heads, **mixture)
 
 

@@ -1,6 +1,5 @@
-"""The mixture-of-experts MLP of phasebench's reference decoder: a router (hidden -> experts), the top-k of its
-softmax renormalized (Mixtral's and Qwen3-MoE's), the routed experts through kernels.moe (the composition's moe impl)
-and, where the model has them, shared experts every token runs (a SwiGLU MLP beside the routed ones)."""
+"""The mixture-of-experts MLP of phasebench's reference decoder: a router (hidden -> experts) routing as the model's
+config says, the routed experts through kernels.moe (the composition's moe impl), shared experts where it has them."""
 
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ class MoeBlock(nn.Module):
         super().__init__()
         c = config
         self.top_k, self.impl = c.top_k, impl
+        self.routing = dict(scoring=c.router_scoring, renormalize=c.router_renormalize, scale=c.router_scale)
         self.router = bare_linear(c.hidden, c.experts, device, dtype)
         self.w_gate_up = nn.Parameter(torch.empty(c.experts, 2 * c.intermediate, c.hidden, device=device,
                                                   dtype=dtype), requires_grad=False)
@@ -39,7 +39,7 @@ class MoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        weights, ids = route(self.router(flat), self.top_k, renormalize=True)
+        weights, ids = route(self.router(flat), self.top_k, **self.routing)
         out = self.experts(flat, self.w_gate_up, self.w_down, weights, ids)
         if self.shared:
             gate, up = self.gate_up(flat).chunk(2, dim=-1)

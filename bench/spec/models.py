@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 ATTENTION_KINDS = ("gqa", "mla", "window")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # an activation dtype's element, for the KV cache's bytes
 WINDOW_EVERY = 2  # a sliding-window model's layer i slides when i % 2 == 0 (gpt-oss's layer_types: sliding, full, ...)
+ROUTER_SCORINGS = ("softmax", "sigmoid")  # kernels.moe's route takes these
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,14 @@ class DecoderConfig:
     A mixture of experts (`experts` > 0) replaces the dense MLP with `experts` routed experts of `intermediate` each,
     `top_k` per token, a router (hidden -> experts) and, with `shared_intermediate`, shared experts: a dense MLP of
     that width every token runs beside its routed ones; its first `dense_layers` layers keep a dense MLP of
-    `dense_intermediate` (DeepSeek's first_k_dense_replace and intermediate_size).
+    `dense_intermediate` (DeepSeek's first_k_dense_replace and intermediate_size). The router scores every expert
+    (`router_scoring`: a softmax over them, or a sigmoid of each logit), keeps the top_k, divides their weights by
+    their sum with `router_renormalize`, then multiplies them by `router_scale` (kernels.moe's `route`). Group-limited
+    selection (DeepSeek-V3's noaux_tc: the best groups of experts first, a correction bias on the scores) is not
+    modelled: the top_k of every expert. Both scorings rank the experts as the logits do, so they choose the same
+    experts; the weights change what a step computes, not what it reads. The phase model draws the experts a step
+    touches apart from any router (uniformly, as a random router's top k falls): it assumes a real router's choices
+    over a batch are about as spread, which a group limit (each token within 4 of DeepSeek-V3's 8 groups) need not be.
 
     The attention is GQA over a full cache, or one of two other kinds:
     - MLA (`kv_lora_rank` > 0, DeepSeek): each token caches one latent of kv_lora_rank + qk_rope_head_dim dims shared
@@ -46,18 +54,28 @@ class DecoderConfig:
     q_lora_rank: int = 0
     sliding_window: int = 0
     sinks: bool = False
+    router_scoring: str = "softmax"
+    router_renormalize: bool = True
+    router_scale: float = 1.0
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "sinks"):
+            if f.name in NON_INT_KEYS:
                 continue
             low = 0 if f.name in OPTIONAL_KEYS else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{f.name}: must be {'a non-negative' if low == 0 else 'a positive'} int, "
                                  f"got {value!r}")
-        if not isinstance(self.sinks, bool):
-            raise ValueError(f"sinks: must be a bool, got {self.sinks!r}")
+        for name in ("sinks", "router_renormalize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be a bool, got {getattr(self, name)!r}")
+        if self.router_scoring not in ROUTER_SCORINGS:
+            raise ValueError(f"router_scoring: must be one of {', '.join(ROUTER_SCORINGS)}, got "
+                             f"{self.router_scoring!r}")
+        scale = self.router_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+            raise ValueError(f"router_scale: must be a positive finite number, got {scale!r}")
         if self.q_heads % self.kv_heads:
             raise ValueError(f"q_heads: must be a multiple of kv_heads, got {self.q_heads} and {self.kv_heads}")
         if (self.experts > 0) != (self.top_k > 0) or self.top_k > self.experts:
@@ -189,6 +207,7 @@ class DecoderConfig:
 
 OPTIONAL_KEYS = ("experts", "top_k", "shared_intermediate", "dense_layers", "dense_intermediate", "kv_lora_rank",
                  "qk_rope_head_dim", "qk_nope_head_dim", "q_lora_rank", "sliding_window")  # 0 where unused
+NON_INT_KEYS = ("name", "sinks", "router_scoring", "router_renormalize", "router_scale")
 
 
 # From the models' public config.json files (hidden_size, intermediate_size, num_hidden_layers,
@@ -205,18 +224,26 @@ MODELS: dict[str, DecoderConfig] = {
     "tinyllama-1.1b": DecoderConfig(2048, 5632, 22, 32, 4, 64, 32000, "tinyllama-1.1b"),
     "gemma-2-2b": DecoderConfig(2304, 9216, 26, 8, 4, 256, 256000, "gemma-2-2b"),
     # mixtures of experts (intermediate: each routed expert's; num_local_experts or num_experts or n_routed_experts,
-    # num_experts_per_tok, moe_intermediate_size, n_shared_experts x moe_intermediate_size)
+    # num_experts_per_tok, moe_intermediate_size, n_shared_experts x moe_intermediate_size). The router_* fields
+    # default to a softmax's top k renormalized: Qwen3-MoE's norm_topk_prob true, and Mixtral's and gpt-oss's
+    # reference code (a softmax over the top k logits, the same); DeepSeek's come from its config.json below
     "mixtral-8x7b": DecoderConfig(4096, 14336, 32, 32, 8, 128, 32000, "mixtral-8x7b", experts=8, top_k=2),
     "qwen3-30b-a3b": DecoderConfig(2048, 768, 48, 32, 4, 128, 151936, "qwen3-30b-a3b", experts=128, top_k=8),
     # MLA (deepseek-ai/DeepSeek-V2-Lite and DeepSeek-V3 config.json): head_dim is v_head_dim; num_key_value_heads
     # (= num_attention_heads) is unused; dense_layers / dense_intermediate are first_k_dense_replace and
-    # intermediate_size, intermediate is moe_intermediate_size, shared_intermediate n_shared_experts x that
+    # intermediate_size, intermediate is moe_intermediate_size, shared_intermediate n_shared_experts x that.
+    # V2-Lite's router: scoring_func softmax, topk_method greedy, norm_topk_prob false, routed_scaling_factor 1.0
     "deepseek-v2-lite": DecoderConfig(2048, 1408, 27, 16, 16, 128, 102400, "deepseek-v2-lite", experts=64, top_k=6,
                                       shared_intermediate=2 * 1408, dense_layers=1, dense_intermediate=10944,
-                                      kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128),
+                                      kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                      router_renormalize=False, router_scale=1.0),
+    # DeepSeek-V3's router: scoring_func sigmoid, norm_topk_prob true, routed_scaling_factor 2.5; its topk_method
+    # noaux_tc (the experts of the best topk_group 4 of n_group 8 groups, a correction bias on the scores) is left
+    # out: the top 8 of all 256 experts
     "deepseek-v3": DecoderConfig(7168, 2048, 61, 128, 128, 128, 129280, "deepseek-v3", experts=256, top_k=8,
                                  shared_intermediate=2048, dense_layers=3, dense_intermediate=18432, kv_lora_rank=512,
-                                 qk_rope_head_dim=64, qk_nope_head_dim=128, q_lora_rank=1536),
+                                 qk_rope_head_dim=64, qk_nope_head_dim=128, q_lora_rank=1536,
+                                 router_scoring="sigmoid", router_scale=2.5),
     # sliding windows with sinks (openai/gpt-oss-20b and -120b config.json: sliding_window, layer_types alternating
     # sliding_attention and full_attention, num_local_experts, num_experts_per_tok; the experts' biases and clamped
     # SwiGLU are left to the moe rows' plain SwiGLU, which costs the same reads)
@@ -268,27 +295,31 @@ def key_values(text: str, keys, what: str) -> dict[str, str]:
 def parse_model(text: str) -> DecoderConfig:
     """A custom model from `name=tiny,hidden=512,intermediate=1536,layers=4,q_heads=8,kv_heads=2,head_dim=64,
     vocab=32000` (every key but name and the optional ones required); a mixture of experts adds `experts=E,top_k=K`
-    (intermediate is then each expert's), for shared experts `shared_intermediate=S`, for first dense layers
-    `dense_layers=D,dense_intermediate=I`; MLA `kv_lora_rank=R,qk_rope_head_dim=P,qk_nope_head_dim=N[,q_lora_rank=Q]`
-    (head_dim is the value heads'); sliding windows `sliding_window=W` and sinks `sinks=1`."""
-    values: dict = {}
-    for key, value in key_values(text, CONFIG_KEYS, "model").items():
-        if key == "name":
-            values[key] = value
-            continue
-        if key == "sinks":
-            if value.lower() not in ("1", "0", "true", "false"):
-                raise ValueError(f"model: sinks must be 0/1/true/false, got {value!r}")
-            values[key] = value.lower() in ("1", "true")
-            continue
-        try:
-            values[key] = int(value)
-        except ValueError:
-            raise ValueError(f"model: {key} must be an integer, got {value!r}") from None
+    (intermediate is then each expert's) and its router where it is not a softmax's top k renormalized
+    (`router_scoring=sigmoid`, `router_renormalize=0`, `router_scale=2.5`), for shared experts
+    `shared_intermediate=S`, for first dense layers `dense_layers=D,dense_intermediate=I`; MLA
+    `kv_lora_rank=R,qk_rope_head_dim=P,qk_nope_head_dim=N[,q_lora_rank=Q]` (head_dim is the value heads'); sliding
+    windows `sliding_window=W` and sinks `sinks=1`."""
+    values = {key: _spec_value(key, value) for key, value in key_values(text, CONFIG_KEYS, "model").items()}
     missing = [k for k in REQUIRED_KEYS if k != "name" and k not in values]
     if missing:
         raise ValueError(f"model: {text!r} lacks {', '.join(missing)}")
     return DecoderConfig(**values)
+
+
+def _spec_value(key: str, value: str):
+    """One value of a model spec, typed as its field (DecoderConfig checks its range)."""
+    if key in ("name", "router_scoring"):
+        return value
+    if key in ("sinks", "router_renormalize"):
+        if value.lower() not in ("1", "0", "true", "false"):
+            raise ValueError(f"model: {key} must be 0/1/true/false, got {value!r}")
+        return value.lower() in ("1", "true")
+    try:
+        return float(value) if key == "router_scale" else int(value)
+    except ValueError:
+        raise ValueError(f"model: {key} must be {'a number' if key == 'router_scale' else 'an integer'}, "
+                         f"got {value!r}") from None
 
 
 def model_config(spec) -> DecoderConfig:

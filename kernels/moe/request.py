@@ -10,6 +10,7 @@ import torch
 from ..registry import add_operator
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROUTER_SCORINGS = ("softmax", "sigmoid")  # bench/spec/models.py's too (the spec is torch-free)
 REQUEST_DTYPES = (*MOE_DTYPES, torch.float64)  # float64: the naive impl's, for references
 
 
@@ -113,23 +114,34 @@ def validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids) -> MoeRequest:
     return MoeRequest(x, w_gate_up, w_down, topk_weights, topk_ids)
 
 
-def validate_route(router_logits, top_k) -> None:
+def validate_route(router_logits, top_k, scoring="softmax", scale=1.0) -> None:
     """Check the arguments of `route`, or raise a one-line ValueError."""
     _tensor("router_logits", router_logits, 2, "[M, E] matrix")
     if not router_logits.is_floating_point():
         raise ValueError(f"router_logits: must be a floating dtype, got {router_logits.dtype}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k: must be an int in 1..{router_logits.shape[1]} (the experts), got {top_k!r}")
+    if scoring not in ROUTER_SCORINGS:
+        raise ValueError(f"scoring: must be one of {', '.join(ROUTER_SCORINGS)}, got {scoring!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        raise ValueError(f"scale: must be a positive finite number, got {scale!r}")
 
 
-def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's choice per token: softmax over the experts in fp32, then the top k: (topk_weights float32 [M, k],
-    topk_ids int32 [M, k]); with `renormalize` the k weights of a token sum to 1 (Mixtral, Qwen3-MoE)."""
-    validate_route(router_logits, top_k)
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+def route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = False, scoring: str = "softmax",
+          scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's choice per token, in fp32: each expert's score (`scoring`: a softmax over the experts, or a
+    sigmoid of each logit, DeepSeek-V3's), the k best (topk_ids int32 [M, k]) and their scores (topk_weights float32
+    [M, k]); with `renormalize` a token's k weights are divided by their sum (Mixtral, Qwen3-MoE, gpt-oss,
+    DeepSeek-V3), then multiplied by `scale` (DeepSeek's routed_scaling_factor). The defaults are a plain softmax's
+    top k."""
+    validate_route(router_logits, top_k, scoring, scale)
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    weights, ids = torch.topk(scores, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scale != 1:
+        weights = weights * scale
     return weights.contiguous(), ids.to(torch.int32).contiguous()
 
 

@@ -3,6 +3,7 @@ weights (float64), repeatable steps on its static cache, and a one-line error wh
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -119,13 +120,15 @@ def test_transformers_imports_from_a_clone_root_despite_the_kernels_folder():
     assert proc.stdout.strip() == "True", proc.stderr[-2000:]
 
 
+# the top 3 of 7 experts: a softmax's top 3 sum well below 1, so that a router which did not renormalize fails
 TINY_MOE = DecoderConfig(hidden=64, intermediate=40, layers=2, q_heads=4, kv_heads=2, head_dim=16, vocab=89,
-                         name="tiny-moe-hf", experts=6, top_k=2)
+                         name="tiny-moe-hf", experts=7, top_k=3)
 
 
 def test_a_mixture_is_transformers_mixtral_and_matches_phasebench_decoder_in_float64():
     """The same weights in phasebench's MoE layer (router, kernels.moe's naive experts) and Mixtral's: the same hidden
-    states (the routing weights are fp32 softmaxes in both) and the same tokens, prefill and decode."""
+    states (the routing weights are fp32 softmaxes in both, renormalized, which leaving out would break) and the same
+    tokens, prefill and decode."""
     ours = ReferenceDecoder(TINY_MOE, 1, "cpu", torch.float64, max_tokens=40, max_batch=3, seed=3, moe_impl="naive")
     theirs = HFReference(TINY_MOE, 1, "cpu", torch.float64, experts="eager")  # torch._grouped_mm takes no float64
     assert type(theirs.model).__name__ == "MixtralForCausalLM" and "experts eager" in theirs.name
@@ -152,6 +155,10 @@ def test_a_mixture_is_transformers_mixtral_and_matches_phasebench_decoder_in_flo
     torch.testing.assert_close(out.last_hidden_state, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
     theirs._inputs = {(3, 13): x}
     assert torch.equal(theirs.prefill(3, 13), ours.prefill(3, 13, x=x))
+    for layer in ours.layers:
+        layer.mixture.routing["renormalize"] = False
+    _, hidden = ours.prefill(3, 13, x=x, return_hidden=True)
+    assert (out.last_hidden_state - ours.final_norm(hidden)).abs().max() > 1e-3  # 100 times the tolerance
 
 
 def test_shared_experts_have_no_transformers_reference():
@@ -189,23 +196,28 @@ def _rope_pairs_to_halves(weight: torch.Tensor, heads: int, head: int, rope: int
     return weight[index]
 
 
-# an MLA mixture at awkward dims, every expert routed (top_k = experts: the softmax needs no renormalizing, which
-# DeepSeek-V2 skips and phasebench's router does), a first dense layer, shared experts and a q_lora projection
+# an MLA mixture at awkward dims, the top 3 of 7 experts, a first dense layer, shared experts and a q_lora
+# projection, routed as DeepSeek-V2 does (a softmax's top k as it is, scaled by 1.0 in V2-Lite) and as DeepSeek-V3
+# does (a sigmoid's top k renormalized, times 2.5; its group limit left out on both sides)
 TINY_MLA = DecoderConfig(hidden=96, intermediate=24, layers=3, q_heads=3, kv_heads=3, head_dim=10, vocab=67,
-                         name="tiny-mla-hf", experts=2, top_k=2, shared_intermediate=48, dense_layers=1,
+                         name="tiny-mla-hf", experts=7, top_k=3, shared_intermediate=48, dense_layers=1,
                          dense_intermediate=40, kv_lora_rank=14, qk_rope_head_dim=6, qk_nope_head_dim=12,
-                         q_lora_rank=22)
+                         q_lora_rank=22, router_renormalize=False)
+TINY_MLA_V3 = dataclasses.replace(TINY_MLA, name="tiny-mla-v3-hf", router_scoring="sigmoid", router_renormalize=True,
+                                  router_scale=2.5)
 
 
-def test_mla_matches_transformers_deepseek_v2_in_float64_prefill_decompressed_and_decode_absorbed():
-    """The same weights in phasebench's MLA decoder and DeepseekV2: the prompt's hidden states (decompressed K/V per
-    head), then a decode step's, which phasebench absorbs into the latent (kernels.mla_decode) where DeepseekV2
-    decompresses the whole cache: the same math, two ways."""
-    c, h = TINY_MLA, TINY_MLA.q_heads
+@pytest.mark.parametrize("c, model", [(TINY_MLA, "DeepseekV2ForCausalLM"), (TINY_MLA_V3, "DeepseekV3ForCausalLM")])
+def test_mla_matches_transformers_deepseek_in_float64_prefill_decompressed_and_decode_absorbed(c, model):
+    """The same weights in phasebench's MLA decoder and DeepseekV2 (or V3): the prompt's hidden states (decompressed
+    K/V per head), then a decode step's, which phasebench absorbs into the latent (kernels.mla_decode) where
+    transformers decompresses the whole cache: the same math, two ways; the router's too, which the other
+    renormalizing would break."""
+    h = c.q_heads
     ours = ReferenceDecoder(c, 3, "cpu", torch.float64, max_tokens=40, max_batch=2, seed=4, moe_impl="naive",
                             impls={"mla": "naive"})
     theirs = HFReference(c, 3, "cpu", torch.float64, experts="eager")
-    assert type(theirs.model).__name__ == "DeepseekV2ForCausalLM"
+    assert type(theirs.model).__name__ == model
     with torch.no_grad():
         for mine, layer in zip(ours.layers, theirs.model.model.layers, strict=True):
             attn, block = layer.self_attn, mine.mla
@@ -225,6 +237,7 @@ def test_mla_matches_transformers_deepseek_v2_in_float64_prefill_decompressed_an
                 mine.dense_down.weight.copy_(mlp.down_proj.weight)
                 continue
             shared, moe = mlp.shared_experts, mine.mixture
+            assert not getattr(mlp.gate, "e_score_correction_bias", torch.zeros(1)).any()
             for target, source in ((moe.router.weight, mlp.gate.weight), (moe.w_gate_up, mlp.experts.gate_up_proj),
                                    (moe.w_down, mlp.experts.down_proj), (moe.down.weight, shared.down_proj.weight),
                                    (moe.gate_up.weight, torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))):
@@ -235,10 +248,14 @@ def test_mla_matches_transformers_deepseek_v2_in_float64_prefill_decompressed_an
     step = torch.randn(2, 1, c.hidden, generator=gen, dtype=torch.float64)
     prompt, decoded = _hidden_after_prefill_and_decode(theirs, x, step)
     _, hidden = ours.prefill(2, 17, x=x, return_hidden=True)
-    # DeepseekV2 routes in float32 and draws its rotary angles in float32: about 1e-7 apart
+    # transformers routes in float32 and draws its rotary angles in float32: about 1e-7 apart
     torch.testing.assert_close(prompt, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
     _, hidden = ours.decode_step(2, 17, x=step, return_hidden=True)
     torch.testing.assert_close(decoded, ours.final_norm(hidden), rtol=1e-5, atol=1e-5)
+    for layer in ours.layers[c.dense_layers:]:
+        layer.mixture.routing["renormalize"] = not c.router_renormalize
+    _, hidden = ours.prefill(2, 17, x=x, return_hidden=True)
+    assert (prompt - ours.final_norm(hidden)).abs().max() > 1e-3  # 100 times the tolerance
 
 
 # a gpt-oss-like model: window layers (window 5) alternating with full ones, sinks, 6 query heads on 2 kv heads
@@ -289,8 +306,12 @@ def test_kinds_transformers_has_no_class_for_are_one_line():
 
     dense_window = DecoderConfig(**{**TINY_OSS.__dict__, "experts": 0, "top_k": 0, "name": "dense-window"})
     odd_shared = DecoderConfig(**{**TINY_MLA.__dict__, "shared_intermediate": 30, "name": "odd-shared"})
+    renormalized = dataclasses.replace(TINY_MLA, name="mla-renormalized", router_renormalize=True)
+    scaled = dataclasses.replace(TINY_MOE, name="moe-scaled", router_scale=2.5)
     for config, message in ((dense_window, "reference: dense-window is not a gpt-oss layer"),
-                            (odd_shared, "reference: odd-shared's shared experts (30) are not a whole number")):
+                            (odd_shared, "reference: odd-shared's shared experts (30) are not a whole number"),
+                            (renormalized, "reference: mla-renormalized renormalizes its router's softmax top k"),
+                            (scaled, "reference: moe-scaled's router is not a softmax's top k renormalized")):
         with pytest.raises(ValueError, match=re.escape(message)) as err:
             architecture(transformers_module(), config)
         assert "\n" not in str(err.value)

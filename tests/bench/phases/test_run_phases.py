@@ -142,10 +142,11 @@ def test_phases_on_a_tiny_mixture_of_experts_composes_its_experts_and_checks_the
             "MixtralForCausalLM").all()
 
 
-KINDS = {  # a tiny MLA mixture (a first dense layer, shared experts) and a tiny gpt-oss (window 5 with sinks)
+KINDS = {  # a tiny MLA mixture (a first dense layer, shared experts, DeepSeek-V2's router), a tiny gpt-oss (window 5)
     "mla": ("name=tiny-mla-phases,hidden=128,intermediate=64,layers=3,q_heads=4,kv_heads=4,head_dim=32,vocab=211,"
             "experts=4,top_k=2,shared_intermediate=64,dense_layers=1,dense_intermediate=160,kv_lora_rank=64,"
-            "qk_rope_head_dim=16,qk_nope_head_dim=32", "DeepseekV2ForCausalLM", "MLA's absorptions"),
+            "qk_rope_head_dim=16,qk_nope_head_dim=32,router_renormalize=0", "DeepseekV2ForCausalLM",
+            "MLA's absorptions"),
     "window": ("name=tiny-oss-phases,hidden=128,intermediate=64,layers=3,q_heads=4,kv_heads=2,head_dim=32,vocab=211,"
                "experts=4,top_k=2,sliding_window=5,sinks=1", "GptOssForCausalLM", "gpt-oss's attention and expert"),
 }

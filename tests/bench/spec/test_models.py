@@ -1,12 +1,16 @@
 """The model presets against their published config.json, what their attention kind implies (MLA's latent, gpt-oss's
-window layers, the KV bytes a token costs), the weights they add up to, and one-line errors for bad input."""
+window layers, the KV bytes a token costs), the weights they add up to, their routers, and one-line errors for bad
+input."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from phasebench.bench.spec.models import (
     MODELS,
     DecoderConfig,
+    config_from_dict,
     kind_config,
     model_weight_count,
     models_of_kind,
@@ -31,6 +35,13 @@ PUBLISHED = {
                          num_key_value_heads=8, head_dim=64, vocab_size=201088, num_local_experts=128,
                          num_experts_per_tok=4, sliding_window=128),
 }
+# each mixture's router as its config.json or reference code has it (scoring_func, norm_topk_prob,
+# routed_scaling_factor): DeepSeek's config.json files (V2-Lite: softmax, greedy top k, false, 1.0; V3: sigmoid,
+# noaux_tc, true, 2.5), Qwen3-30B-A3B's (norm_topk_prob true), Mixtral's and gpt-oss's reference code (a softmax over
+# the top k logits: the top k of a softmax, renormalized)
+ROUTERS = {"deepseek-v2-lite": ("softmax", False, 1.0), "deepseek-v3": ("sigmoid", True, 2.5),
+           "qwen3-30b-a3b": ("softmax", True, 1.0), "mixtral-8x7b": ("softmax", True, 1.0),
+           "gpt-oss-20b": ("softmax", True, 1.0), "gpt-oss-120b": ("softmax", True, 1.0)}
 # the models' published totals, in billions (model cards: 15.7B, 671B without the MTP module, 21B and 117B)
 TOTALS = {"deepseek-v2-lite": 15.7, "deepseek-v3": 671, "gpt-oss-20b": 20.9, "gpt-oss-120b": 116.8}
 
@@ -56,6 +67,35 @@ def test_each_preset_holds_its_published_config(name):
     # the embedding (vocab x hidden, not in model_weight_count) brings each to its published total
     total = (model_weight_count(m) + m.vocab * m.hidden) / 1e9
     assert total == pytest.approx(TOTALS[name], rel=0.01)
+
+
+def test_each_mixture_routes_as_its_config_says():
+    assert {name for name, m in MODELS.items() if m.is_moe} == set(ROUTERS)
+    for name, router in ROUTERS.items():
+        m = MODELS[name]
+        assert (m.router_scoring, m.router_renormalize, m.router_scale) == router, name
+
+
+def test_a_custom_spec_carries_its_router_and_a_bad_one_is_one_line():
+    spec = ("name=tiny-router-spec,hidden=64,intermediate=24,layers=3,q_heads=6,kv_heads=2,head_dim=8,vocab=67,"
+            "experts=7,top_k=3")
+    plain = parse_model(spec)
+    assert (plain.router_scoring, plain.router_renormalize, plain.router_scale) == ("softmax", True, 1.0)
+    custom = parse_model(spec + ",router_scoring=sigmoid,router_renormalize=false,router_scale=2.5")
+    assert (custom.router_scoring, custom.router_renormalize, custom.router_scale) == ("sigmoid", False, 2.5)
+    assert config_from_dict(dataclasses.asdict(custom)) == custom
+    old = {k: v for k, v in dataclasses.asdict(plain).items() if not k.startswith("router_")}  # an older phases.json
+    assert config_from_dict(old) == plain
+    for extra, message in ((",router_scoring=relu", "^router_scoring: must be one of softmax, sigmoid, got 'relu'"),
+                           (",router_renormalize=2", "^model: router_renormalize must be 0/1/true/false, got '2'"),
+                           (",router_scale=fast", "^model: router_scale must be a number, got 'fast'"),
+                           (",router_scale=0", "^router_scale: must be a positive finite number, got 0.0"),
+                           (",router_scale=inf", "^router_scale: must be a positive finite number, got inf")):
+        with pytest.raises(ValueError, match=message) as err:
+            parse_model(spec + extra)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="^router_renormalize: must be a bool, got 1"):
+        DecoderConfig(**BASE, experts=7, top_k=3, router_renormalize=1)
 
 
 def test_mla_presets_cache_one_576_wide_latent_and_keep_the_query_heads_scale():

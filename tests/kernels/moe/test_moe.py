@@ -1,13 +1,15 @@
 """moe's impls (naive, torch, triton) against a float64 mixture of experts written here, token by token, at awkward
 sizes: M no multiple of the block, E no power of two, a block holding one expert's single slot, an expert with no
-token; and the router's top-k."""
+token; and the router (softmax or sigmoid scores, top k, renormalized, scaled) against a float64 one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from phasebench.bench.spec import models
 from phasebench.kernels import Unsupported, available_impls, moe, prepare_moe, route, triton_mode
+from phasebench.kernels.moe.request import ROUTER_SCORINGS
 from phasebench.kernels.moe.triton_moe import choose_block_m, triton_moe
 
 from ...markers import TRITON_DEVICE, on_triton_device
@@ -85,16 +87,45 @@ def test_torch_unsupported_where_the_grouped_gemm_cannot_take_the_strides():
     assert prepare_moe(*draw(3, 72, 24, 4, 2, F32), impl="torch").backend == "torch._grouped_mm:mm-per-group"
 
 
-@pytest.mark.parametrize("renormalize", [False, True])
-def test_route_is_softmax_then_top_k(renormalize):
-    logits = torch.randn(9, 7, dtype=torch.float64).to(BF16)
-    weights, ids = route(logits, 3, renormalize=renormalize)
-    probs = torch.softmax(logits.double(), -1)
+def route_reference(logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, scale: float):
+    """A router in float64: every expert's score, the top k, their weights summed to 1 where asked, then scaled."""
+    scores = torch.softmax(logits.double(), -1) if scoring == "softmax" else torch.sigmoid(logits.double())
+    weights, ids = scores.topk(top_k)
+    weights = weights / weights.sum(-1, keepdim=True) if renormalize else weights
+    return weights * scale, ids
+
+
+@pytest.mark.parametrize("scoring, renormalize, scale", [
+    ("softmax", False, 1.0),  # route's default; DeepSeek-V2-Lite
+    ("softmax", True, 1.0),  # Mixtral, Qwen3-MoE, gpt-oss
+    ("softmax", False, 16.0),  # DeepSeek-V2's routed_scaling_factor
+    ("sigmoid", True, 2.5),  # DeepSeek-V3 (its group limit aside)
+    ("sigmoid", False, 1.0),
+])
+def test_route_scores_takes_the_top_k_renormalizes_and_scales(scoring, renormalize, scale):
+    logits = torch.randn(9, 7, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(BF16)
+    weights, ids = route(logits, 3, renormalize=renormalize, scoring=scoring, scale=scale)
+    expected, expected_ids = route_reference(logits, 3, scoring, renormalize, scale)
     assert weights.dtype == F32 and ids.dtype == torch.int32 and weights.shape == ids.shape == (9, 3)
-    assert torch.equal(ids.long(), probs.topk(3).indices)
-    expected = probs.topk(3).values
-    expected = expected / expected.sum(-1, keepdim=True) if renormalize else expected
-    assert torch.allclose(weights.double(), expected, atol=1e-6)
+    assert torch.equal(ids.long(), expected_ids)
+    torch.testing.assert_close(weights.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gpt_oss_softmax_over_the_top_k_logits_is_the_top_k_of_a_softmax_renormalized():
+    logits = torch.randn(11, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    top = logits.topk(2)
+    weights, ids = route(logits, 2, renormalize=True)
+    assert torch.equal(ids.long(), top.indices)
+    torch.testing.assert_close(weights.double(), torch.softmax(top.values, -1), rtol=1e-6, atol=1e-6)
+
+
+def test_route_defaults_to_a_plain_softmax_top_k_and_the_spec_names_its_scorings():
+    logits = torch.randn(6, 13, generator=torch.Generator().manual_seed(5))
+    weights, ids = route(logits, 4)
+    expected, expected_ids = route_reference(logits, 4, "softmax", False, 1.0)
+    assert torch.equal(ids.long(), expected_ids)
+    torch.testing.assert_close(weights.double(), expected, rtol=1e-6, atol=1e-6)
+    assert ROUTER_SCORINGS == models.ROUTER_SCORINGS
 
 
 def test_naive_serves_float64_and_the_others_say_they_do_not():
@@ -127,7 +158,13 @@ def test_bad_input_is_one_line(make, message):
     assert "\n" not in str(err.value)
 
 
-def test_route_bad_input_is_one_line():
-    with pytest.raises(ValueError, match=r"top_k: must be an int in 1..4 \(the experts\), got 5") as err:
-        route(torch.randn(3, 4), 5)
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(top_k=5), r"top_k: must be an int in 1..4 \(the experts\), got 5"),
+    (dict(top_k=2, scoring="relu"), r"scoring: must be one of softmax, sigmoid, got 'relu'"),
+    (dict(top_k=2, scale=0.0), r"scale: must be a positive finite number, got 0.0"),
+    (dict(top_k=2, scale=float("nan")), r"scale: must be a positive finite number, got nan"),
+])
+def test_route_bad_input_is_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        route(torch.randn(3, 4), **kwargs)
     assert "\n" not in str(err.value)
