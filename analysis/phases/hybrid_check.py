@@ -25,7 +25,7 @@ COLUMNS = ("batch", "prompt", "context", "chunk", "layers", "iterations", "arriv
            "verdict", "goal_pct", "checked", "over_goal", "missing", "noisy_left_out", "measured_run")
 
 
-def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str,
+def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str, quiet: bool = True,
                 layers: int) -> pd.DataFrame:
     """The ok, quiet hybrid rows of this model and dtype, measured on `device` (as result rows name it) through any
     number of its `layers` (each is checked against the model cut to the layers it timed, so that a GPU row of a
@@ -38,7 +38,7 @@ def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, de
     keep = ((interference["status"] == "ok") & (interference["mode"] == "hybrid")
             & (interference["model"] == model) & (interference["dtype"] == dtype) & (names == device)
             & (counts >= 1) & (counts <= layers) & interference["chunk_tokens"].notna())
-    if "noisy" in interference:
+    if quiet and "noisy" in interference:  # with quiet=False: the noisy ones too (to count what was left out)
         keep &= ~interference["noisy"].fillna(False).astype(bool)
     rows = interference[keep]
     run = rows["run_id"].fillna("").astype(str) if "run_id" in rows else pd.Series("", index=rows.index)

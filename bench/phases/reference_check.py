@@ -19,8 +19,9 @@ from ..sweep.runner import RunConfig, impls_for, run
 from ..sweep.worker import IN_PROCESS, Isolation, WorkerError, release_case
 
 REFERENCES = ("phasebench", "transformers")
-# one bracket's sampling; every bracket's samples are pooled, so a bracket needs few
-TIMERS = {"cpu": TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=3, max_samples=20, flush_l2=False),
+# one bracket's sampling: each round is judged against the medians of its two brackets, so a bracket takes at
+# least 5 samples (a median within about 2% on the host)
+TIMERS = {"cpu": TimerConfig(warmup_s=0.1, budget_s=0.5, min_samples=5, max_samples=20, flush_l2=False),
           "cuda": TimerConfig(warmup_s=0.1, budget_s=0.25, min_samples=5, max_samples=50)}
 ROUNDS = 5  # rounds of the ops, bracketed by ROUNDS + 1 timings of the reference
 START_S = 300.0  # a worker's imports, and a decoder's weights drawn on the host

@@ -132,14 +132,14 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     return steps
 
 
-def measured_hybrid(cfg: PhasesConfig) -> pd.DataFrame:
+def measured_hybrid(cfg: PhasesConfig, quiet: bool = True) -> pd.DataFrame:
     """The hybrid iterations `phasebench interference` timed for this model, dtype and device, through any number
     of its layers (each checked against the model cut to them; unquantized and contiguous: the interference
     decoder's weights and cache are)."""
     if cfg.weights or cfg.page_size:
         return pd.DataFrame()
     return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
-                                    device=device_name(cfg.device), layers=cfg.model.layers)
+                                    device=device_name(cfg.device), layers=cfg.model.layers, quiet=quiet)
 
 
 def draft_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
@@ -281,6 +281,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "hybrid_unchecked": int((~tables["hybrid_check"]["checked"].astype(bool)).sum()),
         "hybrid_over_goal": int(tables["hybrid_check"]["over_goal"].sum()),
         "hybrid_unresolved": int((tables["hybrid_check"]["verdict"] == "unresolved").sum()),
+        "hybrid_noisy_left_out": len(measured_hybrid(cfg, quiet=False)) - len(measured_hybrid(cfg)),
         "speculate": None if not cfg.speculate else {
             **dataclasses.asdict(cfg.speculate), "batches": cfg.reference_batches,
             "loop_over_goal": int(tables["speculative_check"]["over_goal"].sum()),
