@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
-from ...bench.spec.between_runs import run_figure, run_interval
+from ...bench.spec.between_runs import S_FLOOR, run_figure, run_interval, t_quantile
 from ...bench.spec.interval import error_interval, sum_interval, verdict, worst_verdict
 from ...bench.spec.models import DecoderConfig, config_from_dict
 from . import model as pm
@@ -85,10 +85,11 @@ class ReferencePlan:
         return pm.tpot(measured, self.cut(layers), batch, tokens, self.page_size)
 
     def uses(self) -> list[step_defs.OpUse]:
-        """Every op the scenarios' compositions sum, once (the same cases at any layer count)."""
-        small = self.cut()
-        steps = [step_defs.prefill_step(small, self.prompt),
-                 *(step_defs.decode_step(small, b, self.context, self.page_size) for b in self.batches)]
+        """Every op the scenarios' compositions sum at L and 2L layers, once (a mixture's first dense layers may hold
+        all of the L-layer cut)."""
+        steps = [step for layers in (self.layers, 2 * self.layers) for step in (
+            step_defs.prefill_step(self.cut(layers), self.prompt),
+            *(step_defs.decode_step(self.cut(layers), b, self.context, self.page_size) for b in self.batches))]
         return step_defs.distinct_uses(step_defs.with_weights(step, self.weights) for step in steps)
 
 
@@ -102,11 +103,27 @@ def error_columns(prefix: str, composed: tuple, measured: tuple, goal: float) ->
             f"{prefix}_verdict": verdict(low, high, goal)}
 
 
+def paired_interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The interval of the geometric mean of per-round ratios whose neighbours share a bracket (round k is set
+    against brackets k and k + 1): Student's t with R - 1 degrees of freedom on a variance of the mean that adds the
+    lag-1 autocovariance (Newey-West, Bartlett weight 1/2; never below the rounds taken as independent), the spread at
+    least S_FLOOR. (NaN, NaN) under two rounds or with a ratio that is not positive."""
+    if len(ratios) < 2 or not all(np.isfinite(r) and r > 0 for r in ratios):
+        return math.nan, math.nan
+    logs = np.log(np.asarray(ratios, dtype=float))
+    d = logs - logs.mean()
+    gamma0 = float(d @ d) / (len(d) - 1)
+    gamma1 = float(d[1:] @ d[:-1]) / (len(d) - 1)
+    var = max(gamma0 + max(gamma1, 0.0), S_FLOOR ** 2) / len(d)
+    half = t_quantile(1 - (1 - confidence) / 2, len(d) - 1) * math.sqrt(var)
+    return math.exp(logs.mean() - half), math.exp(logs.mean() + half)
+
+
 def _ratio_columns(prefix: str, ratios: list[float], goal: float) -> dict:
-    """An error from per-round ratios composed / measured: their geometric mean with Student's t interval over the
-    rounds (bench.spec.between_runs.run_interval), within / over / unresolved."""
+    """An error from per-round ratios composed / measured: their geometric mean with paired_interval over the
+    rounds, within / over / unresolved."""
     center = run_figure(ratios)
-    low, high = run_interval(ratios)
+    low, high = paired_interval(ratios)
     ends = (100 * (low - 1), 100 * (high - 1))
     return {f"{prefix}_error_pct": 100 * (center - 1), f"{prefix}_error_low_pct": ends[0],
             f"{prefix}_error_high_pct": ends[1], f"{prefix}_verdict": verdict(*ends, goal)}
@@ -136,9 +153,9 @@ def _body(step: pm.StepTime) -> pm.StepTime:
 
 
 def _ci(step: pm.StepTime) -> tuple[float, float, float]:
-    """A composed step's interval of this run's figure: over its per-round totals where its rows have rounds (a
-    check compares with this run's passes, not a repeat's), else its rows' within-run arms."""
-    return pm.composed_interval(step.items, repeat=False)
+    """The published rows' composed step with the interval where a repeat lands: they were measured at another moment
+    than the passes they are set against, and the drift between the two moments is in no interval of this run."""
+    return pm.composed_interval(step.items)
 
 
 def check_row(mine: list[dict], plan: ReferencePlan, published: pm.Measured | None,
@@ -157,9 +174,10 @@ def check_row(mine: list[dict], plan: ReferencePlan, published: pm.Measured | No
     for k, rows in enumerate(per_round):
         step = plan.composed(rows, phase, batch, tokens)
         real = {d: _around(ms, k, d) for d in plan.depths}
-        if step.missing or not all(np.isfinite(v) for v in real.values()):
+        deep_step = plan.composed(rows, phase, batch, tokens, deep)
+        if step.missing or deep_step.missing or not all(np.isfinite(v) for v in real.values()):
             continue
-        layer = _body(plan.composed(rows, phase, batch, tokens, deep)).total_ms / deep
+        layer = _body(deep_step).total_ms / deep
         step_ratios.append((_body(step).total_ms + real[zero]) / real[shallow])
         if real[deep] > real[zero]:
             layer_ratios.append(layer / ((real[deep] - real[zero]) / deep))
@@ -172,12 +190,13 @@ def check_row(mine: list[dict], plan: ReferencePlan, published: pm.Measured | No
     body = _ci(_body(step)) if done else (math.nan,) * 3
     composed = sum_interval(((1, body), (1, zero_pass))) if done else (math.nan,) * 3
     shown = error_columns("published", composed, reference, goal)
-    layer_published = _ci(_body(plan.composed(published, phase, batch, tokens, deep))) if done else (math.nan,) * 3
+    deep_published = plan.composed(published, phase, batch, tokens, deep) if done else None
+    layer_published = _ci(_body(deep_published)) if done and deep_published.complete else (math.nan,) * 3
     layer_shown = error_columns("published_per_layer", tuple(v / deep for v in layer_published), layer_reference,
                                 goal)
-    judged = worst_verdict(v for v, e in ((shown["published_verdict"], shown["published_error_pct"]),
-                                          (per_layer["per_layer_verdict"], per_layer["per_layer_error_pct"]))
-                           if np.isfinite(e))
+    # every error judged, a missing one unresolved: a row without its per-layer rounds is never within
+    judged = worst_verdict((shown["published_verdict"], per_layer["per_layer_verdict"],
+                            layer_shown["published_per_layer_verdict"]))
     busy = [b for b in mine if b.get("ms") and b.get("noisy")]
     row = {"reference": kind, "phase": phase, "batch": batch, "tokens": tokens, "layers": shallow,
            "rounds": len(layer_ratios), "reference_ms": reference[0], "iteration_ms": zero_pass[0] - head,

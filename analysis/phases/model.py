@@ -192,17 +192,13 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
 
 
 def ttft(measured: Measured, config: DecoderConfig, prompt: int) -> StepTime:
-    """Time to first token of one prompt: layers x the layer at M = prompt tokens, then the head, and the
-    per-iteration cost where measured."""
-    return with_iteration(measured, step_time(measured, step_defs.prefill_step(config, prompt)),
-                          ("prefill", 1, prompt))
+    """Time to first token of one prompt: layers x the layer at M = prompt tokens, then the head."""
+    return step_time(measured, step_defs.prefill_step(config, prompt))
 
 
 def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int, page_size: int = 0) -> StepTime:
-    """Time per output token of a decode batch: layers x the layer at M = batch, then the head, and the
-    per-iteration cost where measured."""
-    return with_iteration(measured, step_time(measured, step_defs.decode_step(config, batch, context, page_size)),
-                          ("decode", batch, context))
+    """Time per output token of a decode batch: layers x the layer at M = batch, then the head."""
+    return step_time(measured, step_defs.decode_step(config, batch, context, page_size))
 
 
 def with_iteration(measured: Measured, step: StepTime, key: tuple[str, int, int]) -> StepTime:
@@ -223,7 +219,7 @@ def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.Data
     """Per prompt length: TTFT and prompt tokens/s, with the split by part."""
     rows = []
     for prompt in prompts:
-        t = ttft(measured, config, prompt)
+        t = with_iteration(measured, ttft(measured, config, prompt), ("prefill", 1, prompt))
         rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "ttft_low_ms": t.low_ms, "ttft_high_ms": t.high_ms,
                      "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
                      **rate_ends("prompt_tokens_per_s", 1e3 * prompt, t),
@@ -257,7 +253,7 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
     rows, steps = [], {}
     per_token = config.kv_bytes_per_token(DTYPE_BYTES[measured.dtype], context + 1)
     for batch in batches:
-        t = tpot(measured, config, batch, context, page_size)
+        t = with_iteration(measured, tpot(measured, config, batch, context, page_size), ("decode", batch, context))
         mixture = {"experts": config.experts, "top_k": config.top_k,
                    "touched_experts": touched_experts(batch, config.experts, config.top_k, step_defs.MOE_ROUTING),
                    "expected_touched": float(expected_touched(config.experts, config.top_k, batch))} \

@@ -199,7 +199,9 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
         "interactive": pm.interactive_limits(measured, cfg.model, cfg.prompts, cfg.batches, page_size=page),
         # where a decode step's time goes, at the largest batch the real forward pass checks (the figure sets
         # the two side by side)
-        "decode_parts": pm.tpot(measured, cfg.model, max(cfg.reference_batches), cfg.context, page).items.drop(
+        "decode_parts": pm.with_iteration(measured, pm.tpot(measured, cfg.model, max(cfg.reference_batches),
+                                                             cfg.context, page),
+                                          ("decode", max(cfg.reference_batches), cfg.context)).items.drop(
             columns="rounds").assign(
             batch=max(cfg.reference_batches), context=cfg.context, layers=cfg.model.layers),
     }

@@ -123,6 +123,12 @@ def test_a_composition_20_percent_wrong_per_layer_is_called_over_at_realistic_wi
     assert (right["per_layer_error_low_pct"] > -15).all() and (right["per_layer_error_high_pct"] < 15).all()
 
 
+def test_a_row_without_its_per_layer_rounds_is_never_within():
+    latency = _latencies(8)
+    table, _ = check_table(_brackets(latency, fixed=20.0), PLAN, published=_measured(latency), per_round=[])
+    assert (table["rounds"] == 0).all() and (table["verdict"] == "unresolved").all()
+
+
 def test_an_unbuilt_reference_says_why_and_judges_nothing():
     latency = _latencies(7)
     unbuilt = [{"reference": "transformers", "bracket": k, "phase": "prefill", "batch": 1, "tokens": 64,
@@ -150,13 +156,16 @@ def test_each_published_steps_iteration_cost_is_its_zero_layer_pass_less_its_com
     ms, low, high = costs[("decode", 3, 48)]
     geometric = float(np.exp(np.mean(np.log([head3 + 0.25 + 0.01 * k for k in range(4)]))))
     assert ms == pytest.approx(geometric - head3, rel=1e-9) and low < ms < high
-    # the published steps take it as a part of its own, once, whatever the layer count
+    # the prefill and decode tables take it as a part of its own, once, whatever the layer count; the other tables
+    # (chunked, co-located, speculative) compose ops only, on both sides of their ratios
     priced = pm.Measured(rows, model=TINY.name, dtype="float32", iterations=costs)
     for layers in (2, 3):
-        step = pm.tpot(priced, plan.cut(layers), 3, 48)
-        assert step.parts["iteration"] == ms and step.total_ms == pytest.approx(
-            pm.tpot(measured, plan.cut(layers), 3, 48).total_ms + ms)
-    assert pm.tpot(priced, plan.cut(), 8, 48).parts["iteration"] == 0.0  # a step without its zero-layer pass
+        sweep = pm.batch_sweep(priced, plan.cut(layers), (3, 8), 48).set_index("batch")
+        plain = pm.batch_sweep(measured, plan.cut(layers), (3, 8), 48).set_index("batch")
+        assert sweep.loc[3, "iteration_ms"] == ms and sweep.loc[3, "tpot_ms"] == pytest.approx(plain.loc[3, "tpot_ms"]
+                                                                                               + ms)
+        assert sweep.loc[8, "tpot_ms"] == plain.loc[8, "tpot_ms"]  # no zero-layer pass of its own: none added
+    assert pm.tpot(priced, plan.cut(), 3, 48).total_ms == pm.tpot(measured, plan.cut(), 3, 48).total_ms
 
 
 def test_the_goal_is_the_hosts_on_the_host_and_the_gpus_on_any_accelerator():
