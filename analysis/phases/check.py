@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...bench.spec import steps as step_defs
-from ...bench.spec.between_runs import S_FLOOR, run_figure, run_interval, t_quantile
+from ...bench.spec.between_runs import S_FLOOR, repeat_interval, run_figure, run_interval, t_quantile
 from ...bench.spec.interval import error_interval, sum_interval, verdict, worst_verdict
 from ...bench.spec.models import DecoderConfig, config_from_dict
 from . import model as pm
@@ -218,6 +218,8 @@ def check_row(mine: list[dict], plan: ReferencePlan, published: pm.Measured | No
                "drift_pct": pm.model_error(by_depth[shallow][-1], by_depth[shallow][0])
                if len(by_depth[shallow]) > 1 else math.nan,
                "brackets": len(by_depth[shallow]), "busy_brackets": len(busy),
+               "rounds_dropped": len(per_round) - len(layer_ratios),  # an op or a pass missing, or t(2L) <= t(0)
+               "slopes_dropped": len(slopes) - len([s for s in slopes if s > 0]),
                "samples": sum(len(b.get("samples_ms", ())) for b in mine if b.get("layers") == shallow),
                "left_out": left_out(plan.model, kind)}
     return row, details
@@ -264,8 +266,10 @@ def iteration_costs(brackets: list[dict], plan: ReferencePlan, published: pm.Mea
         step = plan.composed(published, phase, batch, tokens)
         if not timed or step.missing:
             continue
-        head = pm.composed_interval(step.items[step.items["part"] == "head"], repeat=False)
-        out[(phase, batch, tokens)] = sum_interval(((1, _figure(timed)), (-1, head)))
+        # the head cancels in head + iteration (= the zero-layer pass): the interval is the pass's, where a repeat lands
+        zero, head = run_figure(timed), step.parts["head"]
+        low, high = repeat_interval(timed, zero)
+        out[(phase, batch, tokens)] = (zero - head, low - head, high - head)
     return out
 
 
@@ -275,8 +279,12 @@ def plan_of(meta: dict) -> ReferencePlan:
     return ReferencePlan(model, int(meta["reference_layers"]), str(meta.get("device", "cpu")),
                          str(meta["dtype"]), int(meta["chunk_prompt"]), tuple(meta["reference_batches"]),
                          int(meta["context"]), tuple(meta.get("references") or ("phasebench",)),
-                         int(meta.get("page_size") or 0), moe_impl=impls.get("moe", "torch"),
-                         attention_impl=impls.get("attention", "flash"), mla_impl=impls.get("mla", "torch"))
+                         int(meta.get("page_size") or 0), str(meta.get("weights") or ""),
+                         impls.get("qlinear", "torch"), moe_impl=impls.get("moe", "torch"),
+                         attention_impl=impls.get("attention", "flash"), mla_impl=impls.get("mla", "torch"),
+                         iteration_scenarios=(*(("prefill", 1, int(p)) for p in meta.get("prompts", ())),
+                                              *(("decode", int(b), int(meta["context"]))
+                                                for b in meta.get("batches", ()))))
 
 
 def where(row) -> str:

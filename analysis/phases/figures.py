@@ -11,7 +11,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ..figures.kit import SERIES_GID, column_bars, column_ends, floats, new_figure, no_data, save_png
 from .check import COLUMNS as CHECK_COLUMNS
-from .check import check_sentence, verdict_counts, verdict_notes
+from .check import check_sentence, verdict_counts, verdict_notes, where
 from .coverage import coverage_lines, kv_lines
 from .folder import as_bool
 from .hybrid_check import hybrid_lines
@@ -238,9 +238,9 @@ def decode_breakdown_figure(tables: dict, *, figsize=(6.5, 5.0)) -> Figure:
     ax.set_ylabel("ms per decode step")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
-    meta = tables.get("meta") or {}
-    setting = f"\nbatch {meta['chunk_batch']} at context {meta['context']}" if {"chunk_batch", "context"} <= set(
-        meta) else ""
+    parts = tables.get("decode_parts")
+    setting = f"\nbatch {int(parts['batch'].iloc[0])} at context {int(parts['context'].iloc[0])}" \
+        if parts is not None and len(parts) and {"batch", "context"} <= set(parts) else ""
     fig.suptitle(title + setting)
     return fig
 
@@ -334,7 +334,9 @@ def phases_summary(tables: dict) -> str:
                     f"{_number(first['decode_only_ms'])} ms):",
                 _text(with_ends(chunked, "ttft_ms", "itl_ms", "itl_increase_pct", "chunking_cost_pct"),
                       ("chunk", "steps", "ttft_ms", "itl_ms", "itl_max_ms", "itl_increase_pct", "chunking_cost_pct",
-                       "check_verdict"))]
+                       "check_verdict")),
+                "Not checked: itl_increase_pct and chunking_cost_pct (the hybrid check judges the prompt's TTFT and "
+                "the slowest iteration, check_verdict)."]
     out += hybrid_lines(tables.get("hybrid_check")) + remedy_lines(tables)
     if not _empty(tables, "interactive"):
         limits = tables["interactive"]
@@ -356,6 +358,9 @@ def phases_summary(tables: dict) -> str:
                 f"verdicts: {counts['within']} within, {counts['over']} over, {counts['unresolved']} unresolved"
                 + (" (most unresolved: the check could not resolve the goal on this host)"
                    if counts["unresolved_share"] > 0.5 else "")]
+        out += [f"{where(r)}: the per-iteration cost reads {r['iteration_ms']:.3g} ms: the composed head is slower "
+                "than the zero-layer pass runs (cold against warm weights, or another impl than the decoder's)"
+                for r in reference.to_dict("records") if r["iteration_ms"] < 0]
         out += [f"OVER GOAL: {note}" for note in verdict_notes(reference, "over")]
         out += [f"unresolved: {note}" for note in verdict_notes(reference, "unresolved")]
         details = tables.get("reference_details")

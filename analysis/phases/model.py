@@ -49,14 +49,6 @@ class StepTime:
     def interval(self) -> tuple[float, float, float]:
         return self.total_ms, self.low_ms, self.high_ms
 
-    def added_interval(self, shallow: StepTime, layers: int) -> tuple[float, float, float]:
-        """What `layers` more layers add per layer (this step less the `shallow` one, its body only) with its
-        interval: the rows of the layers added (a model whose layers differ adds other kinds than its first)."""
-        if self.missing or shallow.missing:
-            return float("nan"), float("nan"), float("nan")
-        body = [s.items[~s.items["part"].isin(ONCE)] for s in (self, shallow)]
-        return scale_interval(composed_interval(body[0], body[1].assign(count=-body[1]["count"])), 1.0 / layers)
-
     def layer_interval(self, layers: int) -> tuple[float, float, float]:
         """One layer's share (every part but the head, over `layers`) with its interval: what a layer more adds."""
         body = self.items[~self.items["part"].isin(ONCE)]
@@ -184,7 +176,8 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
                       "latency_ms": latency, "ms": use.count * latency, "key": f"{use.op} {use.fields!r}",
                       "latency_low_ms": low, "latency_high_ms": high, "rounds": measured.rounds(use)})
     table = pd.DataFrame(items, columns=ITEM_COLUMNS)
-    parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in PARTS}
+    parts = {part: float(table.loc[table["part"] == part, "ms"].sum()) for part in step_defs.PARTS}
+    parts["iteration"] = float("nan")  # not measured for this step (with_iteration adds it)
     if missing:
         return StepTime(float("nan"), parts, table, missing, noisy)
     _, low, high = composed_interval(table)

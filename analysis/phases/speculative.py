@@ -304,7 +304,8 @@ def loop_check_table(loops: pd.DataFrame, composed: dict, published: dict, *, la
                "iterations": len(tokens), "expected_tokens_per_pass": e, "realised_tokens_per_pass": realised,
                "tokens_std": std, "realised_z": (realised - e) / (std / math.sqrt(len(tokens))) if std else 0.0,
                "loop_iteration_ms": loop[0], "loop_iteration_low_ms": loop[1], "loop_iteration_high_ms": loop[2],
-               "loop_p90_ms": float(np.percentile(ms, 90)) if len(ms) else math.nan,
+               # a p90 needs 10 iterations at least (one in ten above it); fewer: blank, the tail is their max
+               "loop_p90_ms": float(np.percentile(ms, 90)) if len(ms) >= 10 else math.nan,
                "composed_iteration_ms": comp[0], "loop_tokens_per_s_per_user": 1e3 * realised / loop[0],
                "composed_tokens_per_s_per_user": 1e3 * realised / comp[0], **_error("error", comp, loop, goal_pct),
                "published_iteration_ms": pub[0], **_error("published_error", pub, loop, goal_pct),

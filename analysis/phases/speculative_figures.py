@@ -123,6 +123,9 @@ def speculative_summary(tables: dict) -> str:
                               "composed_speedup", "loop_speedup", "speedup_error_pct", "realised_z", "verdict"))]
         out += [f"OVER GOAL: batch {r['batch']} γ {r['gamma']} α {r['alpha']:g}" for r in check.to_dict("records")
                 if as_bool(r["over_goal"])]
+    layers = (tables.get("meta") or {}).get("model", {}).get("layers", "all")
+    out.append(f"Not checked: the speedups above are composed at the model's {layers} layers and at padded shapes; the "
+               "loop checks its cut models at their own shapes (speedup_error_pct, for rows with loop_shapes).")
     return "\n".join(out)
 
 

@@ -265,14 +265,6 @@ def verdict(low: float, high: float, goal: float) -> str:
     return "unresolved"
 
 
-def noisy_verdict(found: str, low: float, high: float, goal: float) -> str:
-    """The verdict of a figure flagged noisy (its brackets disagree, or a busy machine): over only where its interval
-    says so (`found`) and every bracket's error, from `low` to `high`, is past the goal on the same side; unresolved
-    otherwise (never within on noise)."""
-    past = math.isfinite(low) and math.isfinite(high) and (low > goal or high < -goal)
-    return "over" if found == "over" and past else "unresolved"
-
-
 def worst_verdict(verdicts) -> str:
     """One verdict of several on one figure: over if any is, within if all are, unresolved otherwise."""
     found = list(verdicts)

@@ -100,18 +100,3 @@ def test_the_breakdown_names_the_models_layers_not_its_fewest_runs():
     items = pm.tpot(measured(MLA, [step_defs.decode_step(MLA, 2, 19)]), MLA, 2, 19).items
     assert breakdown_bars({"decode_parts": items.assign(batch=2, layers=MLA.layers)})[0][0] == "composed\n3 layers"
 
-
-def test_what_a_deeper_mixture_adds_per_layer_carries_the_interval_of_the_layers_it_adds():
-    """MLA's first layer is dense: at 1 and 2 layers the second adds a mixture layer, so the per-layer check's
-    interval must be that of the rows the deeper step adds (a mixture layer's), not of the first layer's."""
-    import dataclasses
-
-    steps = [step_defs.decode_step(dataclasses.replace(MLA, layers=n), 3, 20) for n in (1, 2)]
-    rows = op_rows(step_defs.distinct_uses(steps), latency, config=MLA, impls=IMPLS)
-    rows = rows.assign(latency_ci_low_ms=0.9 * rows["latency_ms"], latency_ci_high_ms=1.2 * rows["latency_ms"])
-    shallow, deep = (pm.step_time(pm.Measured(rows, model="tiny", dtype="float32", impls=IMPLS), s) for s in steps)
-    value, low, high = deep.added_interval(shallow, 1)
-    assert value == pytest.approx(deep.total_ms - shallow.total_ms)  # the head cancels
-    first = shallow.layer_interval(1)
-    assert value != pytest.approx(first[0]) and low < value < high  # a mixture layer, not the dense one
-    assert (value - low) / value < 0.1 + 1e-9 and (high - value) / value < 0.2 + 1e-9  # its rows' arms, in quadrature

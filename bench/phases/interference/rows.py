@@ -121,9 +121,11 @@ def mode_rows(cfg, modes: list, skipped: dict, batch: int, prompt: int, windows,
                      **whole_model_columns(itl["itl_mean_ms"], head_ms, cfg.layers, cfg.model.layers,
                                            only["itl_mean_ms"]),
                      "decode_ms": t.median_ms, "decode_p10_ms": t.percentile_ms(10),
-                     "decode_p90_ms": t.percentile_ms(90), "samples": t.count,
+                     "decode_p90_ms": t.percentile_ms(90) if supported(90, t.count) else math.nan,
+                     "samples": t.count,
                      "stretch": itl["itl_mean_ms"] / only["itl_mean_ms"],  # the mean: stalls count, not hidden
-                     "p90_stretch": t.percentile_ms(90) / alone_t.percentile_ms(90),
+                     "p90_stretch": t.percentile_ms(90) / alone_t.percentile_ms(90)
+                     if supported(90, t.count) and supported(90, alone_t.count) else math.nan,
                      "prefill_alone_ms": prefill_alone,
                      "prefill_ms": prefill, "prefill_slowdown": prefill / prefill_alone,
                      "prefill_samples": sum(len(w.prefill_ms) for w in found) if mode.runner else None,

@@ -169,16 +169,6 @@ def test_overlap_of_intervals():
     assert overlap((1.0, math.nan), (5.0, 6.0))  # unknown: never a separation
 
 
-def test_a_noisy_figure_is_over_only_where_every_bracket_is_past_the_goal_on_one_side():
-    assert interval.noisy_verdict("over", -40.0, -16.0, 15.0) == "over"
-    assert interval.noisy_verdict("over", 16.5, 30.0, 15.0) == "over"
-    assert interval.noisy_verdict("over", -40.0, -14.0, 15.0) == "unresolved"  # one bracket inside the goal
-    assert interval.noisy_verdict("over", -40.0, 20.0, 15.0) == "unresolved"  # past it on both sides
-    assert interval.noisy_verdict("unresolved", -40.0, -20.0, 15.0) == "unresolved"  # the interval straddles it
-    assert interval.noisy_verdict("within", -3.0, 2.0, 15.0) == "unresolved"  # never within on noise
-    assert interval.noisy_verdict("over", math.nan, -20.0, 15.0) == "unresolved"
-
-
 def test_the_interval_module_imports_no_torch():
     code = "import sys, phasebench.bench.spec.interval; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
