@@ -22,7 +22,7 @@ COLUMNS = ("batch", "prompt", "context", "chunk", "layers", "iterations", "arriv
            *(f"{side}_{f}{end}" for f in FIGURES for side in ("measured", "composed")
              for end in ("_ms", "_low_ms", "_high_ms")),
            *(f"{f}_{c}" for f in FIGURES for c in ("error_pct", "error_low_pct", "error_high_pct", "verdict")),
-           "verdict", "goal_pct", "checked", "over_goal", "missing", "noisy_left_out", "measured_run")
+           "verdict", "goal_pct", "checked", "over_goal", "missing", "noisy_left_out", "measured_run", "iteration_ms")
 
 
 def hybrid_rows(interference: pd.DataFrame | None, *, model: str, dtype: str, device: str, quiet: bool = True,
@@ -83,7 +83,9 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
     of the same iterations, and its slowest iteration position against the slowest composed iteration (a figure of
     its own: not the sum read again), each error (composed / measured - 1, < 0: the composition is faster) with its
     interval and within / over / unresolved on the goal of the row's device kind; `verdict` the worse of the two.
-    `checked` only where every op of every iteration was measured; an unchecked row is unresolved."""
+    `checked` only where every op of every iteration was measured; an unchecked row is unresolved. Where the row
+    timed its arrivals through no layer too (zero_layer_ttft_ms), what an iteration costs beyond its layers is that,
+    less the composed heads (`iteration_ms`, per arrival), added to both figures."""
     out = []
     for _, row in rows.iterrows():
         goal = goal_pct(row.get("device_kind", "cpu"))
@@ -93,12 +95,21 @@ def hybrid_check(measured: Measured, config: DecoderConfig, rows: pd.DataFrame, 
         composed = {"ttft": composed_interval(*(t.items for t in times)) if not missing else (np.nan,) * 3,
                     "slowest": max((t.interval for t in times), key=lambda t: t[0]) if not missing
                     else (np.nan,) * 3}
+        # what an iteration costs beyond its layers, measured (the arrival through no layer) where the row has it:
+        # the composed heads replaced by it, once per iteration
+        extra = {"ttft": float(row.get("zero_layer_ttft_ms", np.nan)) - sum(t.parts["head"] for t in times),
+                 "slowest": float(row.get("zero_layer_slowest_ms", np.nan))
+                 - max(times, key=lambda t: t.total_ms).parts["head"] if times else np.nan}
+        for figure, add in extra.items():
+            if np.isfinite(add) and not missing:
+                composed[figure] = tuple(v + add for v in composed[figure])
         found = {"ttft": _measured(row, "ttft"), "slowest": _measured(row, "itl_position_max")}
         checked = not missing and np.isfinite(composed["ttft"][0])
         line = {"batch": int(row["batch"]), "prompt": int(row["prompt"]), "context": int(row["context"]),
                 "chunk": chunk_label(row["chunk"]), "layers": int(row["layers"]), "iterations": len(times),
                 "arrivals": row.get("arrivals", np.nan), "goal_pct": goal, "checked": checked, "missing": missing,
-                "noisy_left_out": noisy, "measured_run": str(row.get("run_id", ""))}
+                "noisy_left_out": noisy, "measured_run": str(row.get("run_id", "")),
+                "iteration_ms": extra["ttft"] if np.isfinite(extra["ttft"]) else np.nan}
         for figure in FIGURES:
             for side, value in (("measured", found[figure]), ("composed", composed[figure])):
                 line.update(dict(zip((f"{side}_{figure}{e}" for e in ("_ms", "_low_ms", "_high_ms")), value,

@@ -97,8 +97,8 @@ def hybrid_step(decoder: ReferenceDecoder, step: HybridStep, x_decode: torch.Ten
     also the last layer's output for the decode tokens [B, 1, hidden] and the chunk [1, c, hidden]."""
     step.check(decoder)
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int)
-                              or not 1 <= depth <= len(decoder.layers)):
-        raise ValueError(f"depth: must be an int in 1..{len(decoder.layers)} (the layers built), got {depth!r}")
+                              or not 0 <= depth <= len(decoder.layers)):
+        raise ValueError(f"depth: must be an int in 0..{len(decoder.layers)} (the layers built), got {depth!r}")
     b, c, hidden = step.batch, step.tokens, decoder.config.hidden
     inputs = []
     for name, x, shape in (("x_decode", x_decode, (b, 1, hidden)), ("x_prompt", x_prompt, (1, c, hidden))):

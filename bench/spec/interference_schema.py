@@ -69,6 +69,9 @@ INTERFERENCE_COLUMNS = (
     # extrapolation's own noise in quadrature
     "fixed_ms",  # hybrid rows: the per-iteration fixed cost t(L) - L x per-layer (head, concatenations), mean over
     # positions, counted once
+    "zero_layer_ttft_ms",  # hybrid rows: the same arrival through no layer (the head, the positions' gather, the
+    # inputs' concatenation, the read-back), the median over arrivals of its iterations' sum
+    "zero_layer_slowest_ms",  # hybrid rows: the zero-layer iteration at the slowest position (its median)
     "prefill_alone_ms",  # the prefill of `prompt` tokens by itself, as the co-runner times it
     "prefill_ms",  # the same prefill in this mode (alone for the alone row)
     "prefill_slowdown",  # prefill_ms / prefill_alone_ms
@@ -89,7 +92,8 @@ FLOAT_COLUMNS = ("decode_ms", "decode_p10_ms", "decode_p90_ms", "stretch", "p90_
                  "decode_tokens_per_s", "chunk_cost", "head_ms", "model_itl_ms", "itl_tail_ms", "ttft_low_ms",
                  "ttft_high_ms", "itl_position_max_ms", "itl_position_max_low_ms", "itl_position_max_high_ms",
                  "position_range_pct", "arrival_range_pct", "model_itl_tail_ms", "model_ttft_ms", "model_ttft_low_ms",
-                 "model_ttft_high_ms", "model_decode_tokens_per_s", "model_chunk_cost", "fixed_ms")
+                 "model_ttft_high_ms", "model_decode_tokens_per_s", "model_chunk_cost", "fixed_ms",
+                 "zero_layer_ttft_ms", "zero_layer_slowest_ms")
 BOOL_COLUMNS = ("noisy",)
 STRING_COLUMNS = tuple(c for c in INTERFERENCE_COLUMNS if c not in INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS)
 REQUIRED = ("batch", "context", "prompt", "mode", "mechanism", "status")  # the rest may be blank (a failed row)

@@ -68,6 +68,21 @@ def test_each_hybrid_row_is_composed_from_its_own_iterations_through_its_own_lay
     assert (table["verdict"] == "unresolved").all() and not table["over_goal"].any()
 
 
+def test_the_arrival_through_no_layer_replaces_the_composed_heads_once_per_iteration():
+    plain = hybrid(3, 23, "7", 100.0, 400.0)
+    timed = {**plain, "zero_layer_ttft_ms": 31.0, "zero_layer_slowest_ms": 9.5}
+    chosen = hc.hybrid_rows(pd.DataFrame([plain]), model="tiny", dtype="float32", device="cpu", layers=TINY.layers)
+    measured = measured_of(hc.hybrid_steps(TINY, chosen))
+    before = hc.hybrid_check(measured, TINY, chosen).iloc[0]
+    after = hc.hybrid_check(measured, TINY, pd.DataFrame([{**chosen.iloc[0].to_dict(), **timed}])).iloc[0]
+    steps = [pm.step_time(measured, s) for s in step_defs.chunked_prefill_steps(TINY, 23, 7, 3, 9)]
+    heads = sum(t.parts["head"] for t in steps)
+    assert np.isnan(before["iteration_ms"]) and after["iteration_ms"] == pytest.approx(31.0 - heads)
+    assert after["composed_ttft_ms"] == pytest.approx(before["composed_ttft_ms"] - heads + 31.0)
+    slowest = max(steps, key=lambda t: t.total_ms)
+    assert after["composed_slowest_ms"] == pytest.approx(slowest.total_ms - slowest.parts["head"] + 9.5)
+
+
 def test_the_verdict_is_within_over_or_unresolved_on_the_errors_interval():
     rows = pd.DataFrame([hybrid(3, 23, "7", 1.0, 1.0)])
     steps = hc.hybrid_steps(TINY, rows)

@@ -197,3 +197,18 @@ def hybrid_columns(arrivals_ms: list[list[float]], shallow_ms: list[list[float]]
             "model_decode_tokens_per_s": batch * count * 1e3 / model_ttft if model_ttft > 0 else math.nan,
             "tokens_per_s_per_user": 1e3 / itl["itl_mean_ms"] if itl["itl_mean_ms"] > 0 else math.nan,
             "whole_model": label}
+
+
+def zero_layer_columns(arrivals_ms: list[list[float]], zero_ms: list[list[float]]) -> dict:
+    """What an iteration costs beyond its layers, from the same arrivals timed through no layer (the head, the
+    positions' gather, the inputs' concatenation, the tokens read back): the median over arrivals of their sum
+    (zero_layer_ttft_ms), and the median at the position that is slowest through every layer
+    (zero_layer_slowest_ms). NaN where no arrival was timed at both depths."""
+    count = len(next((a for a in arrivals_ms if a), []))
+    zero = np.array([z for z in zero_ms if len(z) == count], dtype=float).reshape(-1, count)
+    deep = np.array([a for a in arrivals_ms if len(a) == count], dtype=float).reshape(-1, count)
+    if not count or not len(zero) or not len(deep):
+        return {"zero_layer_ttft_ms": math.nan, "zero_layer_slowest_ms": math.nan}
+    slowest = int(np.argmax(np.median(deep, axis=0)))
+    return {"zero_layer_ttft_ms": float(np.median(zero.sum(axis=1))),
+            "zero_layer_slowest_ms": float(np.median(zero[:, slowest]))}

@@ -17,7 +17,7 @@ from ...spec.interference_schema import WHOLE
 from ...sweep.measure import one_line
 from ..hybrid_step import HybridStep, chunk_plan, hybrid_step
 from ..reference_decoder import ReferenceDecoder
-from .rows import hybrid_columns, itl_columns
+from .rows import hybrid_columns, itl_columns, zero_layer_columns
 
 MIN_DECODE_ONLY = 8  # decode-only iterations per round, at least (as many as the prompt's iterations otherwise)
 
@@ -104,6 +104,7 @@ class Scenario:
     ttft_ms: list[float] = field(default_factory=list)  # one per arrival
     arrivals_ms: list[list[float]] = field(default_factory=list)  # each arrival's iterations, in order
     shallow_ms: list[list[float]] = field(default_factory=list)  # the same arrivals through the shallow depth
+    zero_ms: list[list[float]] = field(default_factory=list)  # the same arrivals through no layer
     iterations: int = 0
     error: str = ""
     noisy: int = 0  # arrivals whose window the contention probe judged noisy
@@ -114,7 +115,8 @@ class Scenario:
 def measure_hybrid(cfg, decoder: ReferenceDecoder, say, interrupted: list, watch=None) -> list[dict]:
     """For each batch and prompt, `cfg.arrivals` rounds over the chunk sizes (their order turned each round): the
     decode-only iterations, then one prompt's arrival to its first token (the prompt in cache row `batch`), and
-    where fewer than the model's layers are timed the same arrival through the shallow depth (shallow_depth); the
+    where fewer than the model's layers are timed the same arrival through the shallow depth (shallow_depth), and
+    through no layer (what an iteration costs beyond its layers: zero_layer_columns); the
     prompt's prefill alone once per round. `watch()`: the contention probe's context around each arrival (its
     verdict has .noisy, .reason, .stats). Returns one row per (batch, prompt, chunk); an interrupt (appended to
     `interrupted`) ends the rounds and the rows keep what was measured."""
@@ -144,6 +146,7 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, say, interrupted: list, watch
                                 time_iterations(decoder, steps, x_decode, prompts[prompt])
                                 if shallow:
                                     time_iterations(decoder, steps, x_decode, prompts[prompt], shallow)
+                                time_iterations(decoder, steps, x_decode, prompts[prompt], 0)
                             with watch() if watch else contextlib.nullcontext() as seen:
                                 one.decode_only_ms += time_iterations(
                                     decoder, [HybridStep(batch, cfg.context)] * max(MIN_DECODE_ONLY, len(steps)),
@@ -151,6 +154,7 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, say, interrupted: list, watch
                                 spans = time_iterations(decoder, steps, x_decode, prompts[prompt])
                                 cut = (time_iterations(decoder, steps, x_decode, prompts[prompt], shallow)
                                        if shallow else [])
+                                zero = time_iterations(decoder, steps, x_decode, prompts[prompt], 0)
                             if seen is not None:
                                 one.noisy += bool(seen.noisy)
                                 one.noise_reason = one.noise_reason or seen.reason
@@ -164,6 +168,7 @@ def measure_hybrid(cfg, decoder: ReferenceDecoder, say, interrupted: list, watch
                         one.arrivals_ms.append(spans)
                         if cut:
                             one.shallow_ms.append(cut)
+                        one.zero_ms.append(zero)
                         one.iterations = len(steps)
                     say(progress_line(round_, cfg, batch, prompt, chunks, found))
     except KeyboardInterrupt:
@@ -209,6 +214,7 @@ def hybrid_rows(cfg, found: dict, alone: dict) -> list[dict]:
                 only = itl_columns(one.decode_only_ms)
                 figures = hybrid_columns(one.arrivals_ms, one.shallow_ms, batch, cfg.layers, shallow,
                                          cfg.model.layers)
+                figures.update(zero_layer_columns(one.arrivals_ms, one.zero_ms))
                 ttft[chunk] = figures["ttft_ms"]
                 whole_model[chunk] = figures.get("model_ttft_ms", math.nan)
                 reasons = [f"{len(one.ttft_ms)} of {cfg.arrivals} arrivals"] if len(one.ttft_ms) < cfg.arrivals else []

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from phasebench.bench.phases.interference.rows import itl_columns, whole_model_columns
+from phasebench.bench.phases.interference.rows import itl_columns, whole_model_columns, zero_layer_columns
 
 
 def test_the_itl_columns_keep_the_tail_a_median_hides():
@@ -38,3 +38,13 @@ def test_a_whole_model_measured_is_labelled_so_and_a_partial_one_is_scaled_with_
     # no head timing: the whole model's figure is known only where every layer was timed
     assert whole_model_columns(12.5, math.nan, 2, 2)["model_itl_ms"] == 12.5
     assert math.isnan(whole_model_columns(12.5, math.nan, 2, 32)["tokens_per_s_per_user"])
+
+
+def test_the_zero_layer_columns_take_the_median_arrival_and_the_slowest_positions_own_time():
+    rng = np.random.default_rng(17)
+    arrivals = [list(rng.uniform(5, 6, 4) + [0.0, 3.0, 0.0, 0.0]) for _ in range(5)]  # position 1 the slowest
+    zero = [list(rng.uniform(1.1, 1.3, 4)) for _ in range(5)]
+    found = zero_layer_columns(arrivals + [[7.0]], zero + [[0.5, 0.5]])  # an arrival cut short counts at neither
+    assert found["zero_layer_ttft_ms"] == pytest.approx(float(np.median([sum(z) for z in zero])))
+    assert found["zero_layer_slowest_ms"] == pytest.approx(float(np.median([z[1] for z in zero])))
+    assert all(np.isnan(v) for v in zero_layer_columns([[1.0, 2.0]], []).values())
