@@ -11,15 +11,21 @@ from ...bench.spec.interval import sum_interval
 
 
 def in_turn(cell) -> tuple | None:
-    """A row's per-round medians from its round_latencies_ms (bench.spec.between_runs), each measured in its round's
-    turn: None for a round it lacks or measured again at the end; None for a row of one round."""
+    """A row's per-round medians from its round_latencies_ms (bench.spec.between_runs), in round order; a round it
+    lacks is filled with the geometric mean of its others, and one measured again at the end of the run (noisy in its
+    turn) keeps that measurement in its place: one row's round is not worth every figure that reads it losing that
+    round. None for a row of under two measured rounds."""
     slots = round_slots(cell)
-    return tuple(None if s is None or s[1] else s[0] for s in slots) if len(slots) > 1 else None
+    found = [s[0] for s in slots if s is not None]
+    if len(slots) < 2 or len(found) < 2:
+        return None
+    filler = run_figure(found)
+    return tuple(filler if s is None else s[0] for s in slots)
 
 
 def round_totals(table: pd.DataFrame) -> list[float]:
-    """Σ count x the round's median per round, over the rounds in which every row of `table` was measured in its
-    turn ([] where a row has no rounds, or the rows' round counts differ)."""
+    """Σ count x the round's median per round (in_turn) over the rows of `table` ([] where a row has no rounds, or the
+    rows' round counts differ)."""
     if not len(table) or any(r is None for r in table["rounds"]):
         return []
     counts = {len(r) for r in table["rounds"]}

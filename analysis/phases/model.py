@@ -84,7 +84,7 @@ class Measured:
     of that scheme: measured, never scaled from the unquantized rows."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
-                 weights: str = "", iterations: dict | None = None):
+                 weights: str = "", iterations: dict | None = None, keep_noisy: bool = False):
         self.model, self.dtype, self.weights = model, dtype, weights
         # (phase, batch, tokens) -> (ms, low, high): the per-iteration cost measured for a published step
         # (analysis.phases.check.iteration_costs), added once to that step
@@ -98,7 +98,9 @@ class Measured:
             found = "; ".join(" / ".join(map(str, g)) for g in groups.itertuples(index=False))
             raise ValueError(f"rows: {len(groups)} device/mode/timer groups ({found}); compose one at a time")
         self.device = str(rows["device"].iloc[0]) if len(rows) else ""  # the one device of the rows
-        unfit = _flag(rows, "noisy") | _flag(rows, "profiled")
+        # the noisy rows too with keep_noisy (the check's rounds: its interval over them carries what a busy machine
+        # did, and a round left out for one busy op would be a selection)
+        unfit = (_flag(rows, "noisy") & (not keep_noisy)) | _flag(rows, "profiled")
         # rows from before the page_size column read a contiguous cache
         paged = rows["page_size"] if "page_size" in rows.columns else pd.Series(0, index=rows.index)
         rows = rows.assign(page_size=pd.to_numeric(paged, errors="coerce").fillna(0).astype(int))

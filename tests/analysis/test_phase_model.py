@@ -371,3 +371,41 @@ def test_a_mixture_composes_its_router_routed_and_shared_experts_and_names_where
     (line,) = coverage_lines(table)
     assert f"every one from batch {every}" in line and "passes 11.5 at batch 12" in line  # 12 · 0.75^12 < 1/2
     assert coverage_lines(pm.batch_sweep(measured([step_defs.decode_step(TINY, 1, 8)]), TINY, (1,), 8)) == []
+
+
+def test_a_step_of_rows_in_rounds_takes_the_interval_where_a_repeat_lands_from_its_per_round_totals():
+    """Each row's rounds scaled alike by the round's drift (1.0, 1.3, 0.9): the step's per-round totals move by the
+    same factors, and its interval is t(2) · s · sqrt(2/3) about the sum of the rows' figures, s the spread of the
+    totals' logs; a round a row lacks is filled with its others' geometric mean, one taken again keeps its value."""
+    from phasebench.bench.spec.between_runs import repeat_interval
+
+    step = step_defs.decode_step(TINY, 2, 11)
+    drift = (1.0, 1.3, 0.9)
+    rows = op_rows(step_defs.distinct_uses([step]), power_latency)
+    rows["round_latencies_ms"] = ["/".join(f"{v * d:.6g}" for d in drift) for v in rows["latency_ms"]]
+    rows["latency_ms"] *= float(np.prod(drift)) ** (1 / 3)  # each row's figure: its rounds' geometric mean
+    t = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32"), TINY, 2, 11)
+    totals = [hand_tpot(2, 11) * d for d in drift]
+    assert t.total_ms == pytest.approx(hand_tpot(2, 11) * float(np.prod(drift)) ** (1 / 3), rel=1e-5)
+    low, high = repeat_interval(totals, t.total_ms)
+    assert (t.low_ms, t.high_ms) == pytest.approx((low, high), rel=1e-5) and low < t.total_ms < high
+    # one row without its second round, another with its third taken again at the end: still three rounds
+    gap = rows.copy()
+    first, second = gap.index[:2]
+    values = [float(v) for v in gap.loc[first, "round_latencies_ms"].split("/")]
+    gap.loc[first, "round_latencies_ms"] = f"{values[0]:.6g}//{values[2]:.6g}"
+    gap.loc[second, "round_latencies_ms"] = gap.loc[second, "round_latencies_ms"] + "r"
+    again = pm.tpot(pm.Measured(gap, model="tiny", dtype="float32"), TINY, 2, 11)
+    assert np.isfinite(again.low_ms) and again.high_ms / again.total_ms < 2 * t.high_ms / t.total_ms
+    filled = pm.in_turn(f"{values[0]:.6g}//{values[2]:.6g}")
+    assert filled[1] == pytest.approx(math.sqrt(values[0] * values[2]), rel=1e-5)
+    assert pm.in_turn("1.5/2r/2.5") == (1.5, 2.0, 2.5) and pm.in_turn("1.5//") is None and pm.in_turn("") is None
+
+
+def test_the_checks_rounds_keep_their_noisy_rows_and_the_tables_leave_them_out():
+    step = step_defs.decode_step(TINY, 1, 7)
+    rows = op_rows(step_defs.distinct_uses([step]), power_latency).assign(noisy=False)
+    rows.loc[rows.index[0], "noisy"] = True
+    assert pm.tpot(pm.Measured(rows, model="tiny", dtype="float32"), TINY, 1, 7).missing
+    kept = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", keep_noisy=True), TINY, 1, 7)
+    assert kept.complete and kept.total_ms == hand_tpot(1, 7)
