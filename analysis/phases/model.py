@@ -116,15 +116,15 @@ class Measured:
         key = (rows is self.rows, use.op, use.fields)
         if key in self._found:
             return self._found[key]
-        mask = (rows["op"] == use.op).to_numpy(bool, copy=True)
+        mask = (rows["op"] == use.op).to_numpy(bool, copy=True, na_value=False)
         for name, value in use.fields:
             if name not in rows:
                 self._found[key] = None
                 return None
-            mask &= (rows[name] == value).to_numpy(bool)
+            mask &= (rows[name] == value).to_numpy(bool, na_value=False)
         for name, unset in UNSET.items():  # a use without a window (or sinks) is a row without one
             if name in rows and name not in use.field_dict:
-                mask &= (rows[name].isna() | (rows[name] == unset)).to_numpy(bool)
+                mask &= (rows[name].isna() | (rows[name] == unset)).to_numpy(bool, na_value=False)
         self._found[key] = rows[mask]
         return self._found[key]
 

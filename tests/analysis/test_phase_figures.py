@@ -158,13 +158,12 @@ def test_summary_names_every_table(tables):
     chunk_rows = [line.split() for line in lines[start + 2:start + 5]]
     steps = {int(r[0]): int(r[1]) for r in chunk_rows}
     assert steps == {8: 8, 16: 4, 32: 2}
-    header = next(line.split() for line in lines if line.split()[:2] == ["reference", "phase"])
-    reference = [dict(zip(header, line.split(), strict=True)) for line in lines if line.split()[:1] == ["phasebench"]]
-    # the measured pass is 1.2 x the composition; rows without intervals: no verdict on the published error
-    assert [r["error_pct"] for r in reference] == ["-16.67"] * 2 and all(r["verdict"] == "unresolved"
-                                                                           for r in reference)
+    reference = [line for line in lines if line.split()[:1] == ["phasebench"]]
+    # the measured pass is 1.2 x the composition, its layers 1.2 x the composed layers: the per-layer error is past
+    # the goal in every round (over), whatever the published error without intervals says
+    assert len(reference) == 2 and all(" -16.67 " in line and line.endswith("over") for line in reference)
     checked = [line for line in lines if line.startswith("Checked against real passes (goal 15%")]
-    assert len(checked) == 2 and all("-16.7%" in line and "unresolved" in line for line in checked)
+    assert len(checked) == 2 and all("-16.7%" in line and "OVER GOAL" in line for line in checked)
 
 
 def test_summary_says_which_remedy_keeps_the_users_above_the_targets(tables):

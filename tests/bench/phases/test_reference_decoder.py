@@ -146,7 +146,7 @@ def test_a_depth_runs_only_the_first_layers_then_the_head():
     _, both = decoder.decode_step(2, 9, x=step, return_hidden=True, depth=2)
     _, full = decoder.decode_step(2, 9, x=step, return_hidden=True)
     assert torch.equal(both, full) and not torch.allclose(one, both)
-    for bad in (0, 3, True, 1.0):
+    for bad in (-1, 3, True, 1.0):  # 0 is the head alone: the check's zero-layer pass
         with pytest.raises(ValueError, match="depth"):
             decoder.decode_step(2, 9, depth=bad)
 
