@@ -45,7 +45,7 @@ def coverage_lines(decode: pd.DataFrame) -> list[str]:
 
 
 LEFT_OUT = ("embedding lookup (the reference feeds hidden states)", "a real pass's own glue between its ops (views, "
-            "splits, module calls) beyond what the composed ops cost in sequence", "sampling beyond the greedy pick")
+            "splits, module calls) within each layer", "sampling beyond the greedy pick")
 # a mixture of experts also leaves out its router's softmax and top-k (route), and the real pass routes its own
 # tokens (a random router's: about uniform) where the composition reads rows of a drawn uniform routing
 MOE_LEFT_OUT = ("the router's softmax and top-k (the router's linear layer is composed)", "the real pass's own "

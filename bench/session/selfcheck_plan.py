@@ -101,7 +101,7 @@ GPU = SelfcheckPlan(
 # The dry run on a host without CUDA: the same steps at host sizes, about four minutes on 2 cores.
 HOST = SelfcheckPlan(
     name="host-dry-run", device="cpu", dtype="float32", total_s=250,
-    # phases: the check times its references at L and 2L layers and the ops in sequence, about a minute here
+    # phases: the check times its references at 0, L and 2L layers around rounds of the ops, about a minute here
     budgets={"env": 6, "tests": 25, "ceilings": 15, "suites": 90, "interference": 9, "phases": 68, "profile": 10,
              "ncu": 6, "report": 10},
     minimum_s={"env": 4, "tests": 12, "ceilings": 3, "interference": 6, "phases": 10, "profile": 6, "ncu": 4,
