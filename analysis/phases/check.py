@@ -23,9 +23,12 @@ from .coverage import left_out
 # calls on a shared 2-core host, so a tighter goal would judge the noise. A GPU: CUDA events time each op to about 1%.
 GOAL_PCT = {"cpu": 15.0, "cuda": 10.0}
 # reference.csv: what a person reads; the rest of each row goes to reference_details.csv
-COLUMNS = ("reference", "phase", "batch", "tokens", "layers", "rounds", "reference_ms", "iteration_ms", "composed_ms",
-           "error_pct", "error_low_pct", "error_high_pct", "per_layer_error_pct", "per_layer_error_low_pct",
-           "per_layer_error_high_pct", "head_share_pct", "goal_pct", "verdict", "error")
+# (error: the published L-layer composition; published_per_layer_error: one layer of the published rows, what speaks
+# for the tables' full depth; per_layer_error: one layer of the check's own rounds of the ops, paired with the passes)
+COLUMNS = ("reference", "phase", "batch", "tokens", "layers", "reference_ms", "composed_ms", "error_pct",
+           "error_low_pct", "error_high_pct", "published_per_layer_error_pct", "published_per_layer_error_low_pct",
+           "published_per_layer_error_high_pct", "per_layer_error_pct", "per_layer_error_low_pct",
+           "per_layer_error_high_pct", "goal_pct", "verdict", "error")
 KEYS = ("reference", "phase", "batch", "tokens")
 
 
@@ -199,20 +202,24 @@ def check_row(mine: list[dict], plan: ReferencePlan, published: pm.Measured | No
                             layer_shown["published_per_layer_verdict"]))
     busy = [b for b in mine if b.get("ms") and b.get("noisy")]
     row = {"reference": kind, "phase": phase, "batch": batch, "tokens": tokens, "layers": shallow,
-           "rounds": len(layer_ratios), "reference_ms": reference[0], "iteration_ms": zero_pass[0] - head,
-           "composed_ms": composed[0], "error_pct": shown["published_error_pct"],
+           "reference_ms": reference[0], "composed_ms": composed[0], "error_pct": shown["published_error_pct"],
            "error_low_pct": shown["published_error_low_pct"], "error_high_pct": shown["published_error_high_pct"],
+           **{k: layer_shown[k] for k in ("published_per_layer_error_pct", "published_per_layer_error_low_pct",
+                                          "published_per_layer_error_high_pct")},
            **{k: per_layer[k] for k in ("per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct")},
-           "head_share_pct": 100 * head / composed[0] if done else math.nan, "goal_pct": goal, "verdict": judged,
+           "goal_pct": goal, "verdict": judged,
            "error": next((b["error"] for b in mine if b.get("error")), "")}
     details = {**{k: row[k] for k in KEYS}, "implementation": next((b.get("implementation") for b in mine
                                                                      if b.get("implementation")), ""),
+               "rounds": len(layer_ratios), "iteration_ms": zero_pass[0] - head,
+               "head_share_pct": 100 * head / composed[0] if done else math.nan,
                "reference_low_ms": reference[1], "reference_high_ms": reference[2],
                "zero_layer_ms": zero_pass[0], "head_ms": head, "composed_low_ms": composed[1],
                "composed_high_ms": composed[2], "published_verdict": shown["published_verdict"],
                "deep_layers": deep, "deep_reference_ms": _figure(by_depth[deep])[0],
                "per_layer_reference_ms": layer_reference[0], "per_layer_composed_ms": layer_published[0] / deep,
-               **layer_shown, "per_layer_verdict": per_layer["per_layer_verdict"], **interleaved,
+               "published_per_layer_verdict": layer_shown["published_per_layer_verdict"],
+               "per_layer_verdict": per_layer["per_layer_verdict"], **interleaved,
                "round_step_errors": "/".join(f"{100 * (r - 1):+.1f}" for r in step_ratios),
                "round_per_layer_errors": "/".join(f"{100 * (r - 1):+.1f}" for r in layer_ratios),
                "drift_pct": pm.model_error(by_depth[shallow][-1], by_depth[shallow][0])
@@ -293,7 +300,8 @@ def where(row) -> str:
 
 
 VERDICT_WORDS = {"within": "within goal", "over": "OVER GOAL", "unresolved": "unresolved"}
-ERRORS = (("error", "error"), ("per_layer_error", "per-layer error"))
+ERRORS = (("error", "error"), ("published_per_layer_error", "published per layer"),
+          ("per_layer_error", "check's per layer"))
 
 
 def verdict_notes(table: pd.DataFrame, which: str = "over") -> list[str]:
@@ -334,9 +342,9 @@ def check_sentence(table: pd.DataFrame, phase: str, legend: bool = True) -> str:
         return ""
     cells, named = [], set()
     for row in rows.to_dict("records"):
-        shown = [f"{'per layer ' if name == 'per_layer_error' else ''}"
+        shown = [f"{'' if name == 'error' else label + ' '}"
                  f"{pct_interval(row[f'{name}_pct'], row[f'{name}_low_pct'], row[f'{name}_high_pct'])}"
-                 for name, _ in ERRORS if np.isfinite(row[f"{name}_pct"])]
+                 for name, label in ERRORS if np.isfinite(row[f"{name}_pct"])]
         who = f"{row.get('reference', 'phasebench')} ({int(row['layers'])} layers)"
         place = where(row) if who not in named else where(row).replace("decode batch", "batch")
         cell = ("" if who in named else f"{who} ") + f"{place} " + (

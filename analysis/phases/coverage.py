@@ -1,6 +1,7 @@
 """What a composition covers and leaves out: the batch from which a mixture's decode touches every expert (drawn and
 expected under uniform routing) beside the batch where throughput saturates, the KV cache a token costs by the
-attention kind, and what the check's real passes run that the composition does not."""
+attention kind, what the check's real passes run that the composition does not, and a per-iteration cost below the
+head's noise."""
 
 from __future__ import annotations
 
@@ -84,3 +85,20 @@ def kv_lines(decode: pd.DataFrame) -> list[str]:
     return [f"KV cache ({kind.upper()}: {KV_KINDS.get(kind, kind)}): {float(last['kv_bytes_per_token']):,.0f} "
             f"bytes per token at {int(last['context']) + 1:,} tokens; "
             f"{float(last['kv_cache_bytes']) / 2**20:,.1f} MiB for batch {int(last['batch'])}."]
+
+
+def iteration_notes(tables: dict) -> list[str]:
+    """A line per published step whose per-iteration cost is below zero beyond its interval: the composed head is
+    slower than the zero-layer pass runs (one inside its interval is the head's noise, and says nothing)."""
+    out = []
+    for name, key in (("prefill", "prompt"), ("decode", "batch")):
+        table = tables.get(name)
+        if table is None or "iteration_high_ms" not in table:
+            continue
+        for row in table.to_dict("records"):
+            if row["iteration_high_ms"] < 0:
+                out.append(f"{name} {key} {row[key]}: the per-iteration cost reads {row['iteration_ms']:.3g} ms "
+                           f"[{row['iteration_low_ms']:.3g}, {row['iteration_high_ms']:.3g}]: the composed head is "
+                           "slower than the zero-layer pass runs (cold against warm weights, or another impl than "
+                           "the decoder's)")
+    return out

@@ -11,8 +11,8 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 from ..figures.kit import SERIES_GID, column_bars, column_ends, floats, new_figure, no_data, save_png
 from .check import COLUMNS as CHECK_COLUMNS
-from .check import check_sentence, verdict_counts, verdict_notes, where
-from .coverage import coverage_lines, kv_lines
+from .check import check_sentence, verdict_counts, verdict_notes
+from .coverage import coverage_lines, iteration_notes, kv_lines
 from .folder import as_bool
 from .hybrid_check import hybrid_lines
 from .model import ONCE, SATURATION_MARGIN, USER_TARGETS
@@ -349,18 +349,19 @@ def phases_summary(tables: dict) -> str:
                     "batch giving each user the rate):", _text(wide, wide.columns)]
     if len(reference):
         counts = verdict_counts(reference)
-        out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; error: the "
-                    "figures above, from ops/, with the zero-layer pass; per layer: one layer's ops against "
-                    "(t(2L) - t(0)) / 2L of the passes around each round; [95% interval]):",
-                _text(with_ends(reference, "reference_ms", "error_pct", "per_layer_error_pct"),
-                      ("reference", "phase", "layers", "batch", "reference_ms", "composed_ms", "iteration_ms",
-                       "error_pct", "per_layer_error_pct", "head_share_pct", "rounds", "verdict")),
+        out += iteration_notes(tables)
+        out += ["", "Composition against a real forward pass (errors < 0: the composition is faster; [95% interval]; "
+                    "error: the published L-layer composition, with the zero-layer pass; published per layer: one "
+                    "layer of the published rows, what speaks for the tables' full depth; check's per layer: one "
+                    "layer of the check's own rounds of the ops against (t(2L) - t(0)) / 2L of the passes around "
+                    "each):",
+                _text(with_ends(reference, "reference_ms", "error_pct", "published_per_layer_error_pct",
+                                "per_layer_error_pct"),
+                      ("reference", "phase", "layers", "batch", "reference_ms", "composed_ms", "error_pct",
+                       "published_per_layer_error_pct", "per_layer_error_pct", "verdict")),
                 f"verdicts: {counts['within']} within, {counts['over']} over, {counts['unresolved']} unresolved"
                 + (" (most unresolved: the check could not resolve the goal on this host)"
                    if counts["unresolved_share"] > 0.5 else "")]
-        out += [f"{where(r)}: the per-iteration cost reads {r['iteration_ms']:.3g} ms: the composed head is slower "
-                "than the zero-layer pass runs (cold against warm weights, or another impl than the decoder's)"
-                for r in reference.to_dict("records") if r["iteration_ms"] < 0]
         out += [f"OVER GOAL: {note}" for note in verdict_notes(reference, "over")]
         out += [f"unresolved: {note}" for note in verdict_notes(reference, "unresolved")]
         details = tables.get("reference_details")

@@ -196,6 +196,13 @@ def tpot(measured: Measured, config: DecoderConfig, batch: int, context: int, pa
     return step_time(measured, step_defs.decode_step(config, batch, context, page_size))
 
 
+def iteration_ends(measured: Measured, key: tuple[str, int, int]) -> dict:
+    """{iteration_low_ms, iteration_high_ms}: the interval of the per-iteration cost measured for a step (NaN where
+    none was)."""
+    _, low, high = measured.iterations.get(key, (np.nan, np.nan, np.nan))
+    return {"iteration_low_ms": low, "iteration_high_ms": high}
+
+
 def with_iteration(measured: Measured, step: StepTime, key: tuple[str, int, int]) -> StepTime:
     """The step with the per-iteration cost measured for it (measured.iterations) as an item of its own."""
     if key not in measured.iterations or step.missing:
@@ -218,7 +225,8 @@ def prefill_table(measured: Measured, config: DecoderConfig, prompts) -> pd.Data
         rows.append({"prompt": prompt, "ttft_ms": t.total_ms, "ttft_low_ms": t.low_ms, "ttft_high_ms": t.high_ms,
                      "prompt_tokens_per_s": 1e3 * prompt / t.total_ms,
                      **rate_ends("prompt_tokens_per_s", 1e3 * prompt, t),
-                     **{f"{p}_ms": v for p, v in t.parts.items()}, "missing": len(t.missing),
+                     **{f"{p}_ms": v for p, v in t.parts.items()},
+                     **iteration_ends(measured, ("prefill", 1, prompt)), "missing": len(t.missing),
                      "noisy_left_out": t.noisy})
     return pd.DataFrame(rows)
 
@@ -260,7 +268,8 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
                      **rate_ends("tokens_per_s_per_user", 1e3, t),
                      "attention": config.attention, "kv_bytes_per_token": per_token,
                      "kv_cache_bytes": per_token * batch * (context + 1),
-                     **{f"{p}_ms": v for p, v in t.parts.items()}, **mixture, "missing": len(t.missing),
+                     **{f"{p}_ms": v for p, v in t.parts.items()},
+                     **iteration_ends(measured, ("decode", batch, context)), **mixture, "missing": len(t.missing),
                      "noisy_left_out": t.noisy})
     table = pd.DataFrame(rows)
     knee = saturation_batch(table["batch"], table["tokens_per_s"], margin) if len(table) else None

@@ -188,8 +188,10 @@ def phases_headline(tables: dict) -> dict:
     found["interactive"] = _interactive(tables.get("interactive"))
     reference = reference_table(tables)
     found["composition"] = reference[["reference", "phase", "layers", "batch", "error_pct", "error_low_pct",
-                                      "error_high_pct", "per_layer_error_pct", "per_layer_error_low_pct",
-                                      "per_layer_error_high_pct", "goal_pct", "verdict"]] if len(reference) else None
+                                      "error_high_pct", "published_per_layer_error_pct",
+                                      "published_per_layer_error_low_pct", "published_per_layer_error_high_pct",
+                                      "per_layer_error_pct", "per_layer_error_low_pct", "per_layer_error_high_pct",
+                                      "goal_pct", "verdict"]] if len(reference) else None
     return found
 
 

@@ -126,11 +126,11 @@ def phases_section(ctx: Context) -> Section | None:
     body = ['<p class="note">Each step is the sum of count x median latency of the measured cases it runs '
             "(<code>phasebench phases</code>); the last table checks the sum against a real forward pass "
             "(error = 100 (composed - reference) / reference; negative: the composition is faster, by what it "
-            "leaves out): error_pct is the error of the figures shown (composed from ops/, with the per-iteration "
-            "cost a zero-layer pass measured: iteration_ms), per_layer_error_pct that of one layer (per round of "
-            "the same ops timed between the real passes, against (t(2L) - t(0)) / 2L: whatever runs once per "
-            "pass cancels), head_share_pct the head's share of the checked composition. Each error carries its "
-            "95% interval "
+            "leaves out): error_pct is the error of the L-layer composition from ops/ (with the zero-layer pass), "
+            "published_per_layer_error_pct that of one layer of the same rows (what speaks for the tables' full "
+            "depth), per_layer_error_pct that of one layer of the check's own rounds of the ops, each against the "
+            "real passes around it ((t(2L) - t(0)) / 2L: whatever runs once per pass cancels). Each error carries "
+            "its 95% interval "
             "(_low_pct, _high_pct) and a verdict against the goal (goal_pct): within, OVER GOAL (the whole "
             "interval beyond it) or unresolved (the interval straddles it). The chunked table's check_verdict is "
             "that of the measured hybrid iterations of its own shapes (the hybrid check, through the layers each "
@@ -167,7 +167,7 @@ def phases_section(ctx: Context) -> Section | None:
     return Section("phases", "Phases: the whole model composed from the measured ops", body)
 
 
-ENDED = ("error_pct", "per_layer_error_pct")
+ENDED = ("error_pct", "published_per_layer_error_pct", "per_layer_error_pct")
 
 
 def merged_ends(table):
@@ -185,7 +185,7 @@ def shown_with_ends(checked):
 
 
 # reference.csv keeps them; the page shows the errors and their verdicts
-CSV_ONLY = ("goal_pct", "gap_ms", "head_share_pct", "tokens")
+CSV_ONLY = ("goal_pct", "gap_ms", "tokens")
 
 
 SPECULATIVE_NOTE = ("Speculative decoding (phasebench phases --speculate): per batch and acceptance rate α the draft "

@@ -86,12 +86,14 @@ def test_one_layer_and_the_step_come_out_exact_and_the_head_and_fixed_cost_cance
         # a real layer is 1.25 x the composed one: the composition is 20% fast, whatever the head and fixed cost
         assert row["per_layer_error_pct"] == pytest.approx(-20.0, abs=1e-9)
         assert detail["per_layer_reference_ms"] == pytest.approx(1.25 * layer, rel=1e-12)
-        assert row["iteration_ms"] == pytest.approx(0.7, rel=1e-9)  # the zero-layer pass less the composed head
+        assert detail["iteration_ms"] == pytest.approx(0.7, rel=1e-9)  # the zero-layer pass less the composed head
         assert row["composed_ms"] == pytest.approx(2 * layer + head + 0.7, rel=1e-12)
         assert row["reference_ms"] == pytest.approx(head + 0.7 + 2.5 * layer, rel=1e-12)
         assert row["error_pct"] == pytest.approx(100 * ((2 * layer + head + 0.7) / (head + 0.7 + 2.5 * layer) - 1))
-        assert row["head_share_pct"] == pytest.approx(100 * head / row["composed_ms"])
-        assert row["rounds"] == 5 and detail["brackets"] == 6 and row["verdict"] == "over"
+        assert detail["head_share_pct"] == pytest.approx(100 * head / row["composed_ms"])
+        # the published rows are the check's here: their one layer reads the same
+        assert row["published_per_layer_error_pct"] == pytest.approx(-20.0, abs=1e-9)
+        assert detail["rounds"] == 5 and detail["brackets"] == 6 and row["verdict"] == "over"
 
 
 def test_a_drift_that_moves_both_sides_alike_cancels_round_by_round():
@@ -123,10 +125,23 @@ def test_a_composition_20_percent_wrong_per_layer_is_called_over_at_realistic_wi
     assert (right["per_layer_error_low_pct"] > -15).all() and (right["per_layer_error_high_pct"] < 15).all()
 
 
+def test_at_the_hosts_own_spread_five_rounds_leave_a_20_percent_error_unresolved():
+    """The committed llama-3-8b sample's rounds spread by 7-15% per round in their per-layer ratio (its passes' brackets
+    by 5-10%): with 8% per pass and per op round, the interval over 5 rounds is too wide to call a 20% error over on
+    most rows. Power on this host needs more rounds (docs/phases.md: what the verdict can resolve)."""
+    latency = _latencies(11)
+    rng = np.random.default_rng(21)
+    per_round = [_measured(latency, float(np.exp(0.08 * rng.standard_normal()))) for _ in range(5)]
+    table, _ = check_table(_brackets(latency, layer_scale=1.25, noise=0.08, seed=22), PLAN,
+                           published=_measured(latency), per_round=per_round)
+    widths = table["per_layer_error_high_pct"] - table["per_layer_error_low_pct"]
+    assert (widths > 20).all() and (table["verdict"] != "over").sum() >= 2
+
+
 def test_a_row_without_its_per_layer_rounds_is_never_within():
     latency = _latencies(8)
     table, _ = check_table(_brackets(latency, fixed=20.0), PLAN, published=_measured(latency), per_round=[])
-    assert (table["rounds"] == 0).all() and (table["verdict"] == "unresolved").all()
+    assert (table["verdict"] == "unresolved").all() and table["per_layer_error_pct"].isna().all()
 
 
 def test_an_unbuilt_reference_says_why_and_judges_nothing():
@@ -185,10 +200,11 @@ def test_verdicts_are_said_beside_the_tables_in_the_summary_and_the_headline():
     table, _ = check_table(brackets, PLAN, published=_measured(latency), per_round=[_measured(latency)] * 5)
     notes = verdict_notes(table, "over")
     assert len(notes) == 3 and notes[1].startswith("phasebench decode batch 1: error -")
-    assert "per-layer error -20.0% [" in notes[1] and notes[1].endswith(": over the 15% goal")
+    assert "check's per layer -20.0% [" in notes[1] and notes[1].endswith(": over the 15% goal")
     sentence = check_sentence(table, "decode")
     assert sentence.startswith("Checked against real passes (goal 15%; < 0: the composition is faster")
-    assert "phasebench (2 layers) decode batch 1 " in sentence and "(per layer -20.0% [" in sentence
+    assert "phasebench (2 layers) decode batch 1 " in sentence and "check's per layer -20.0% [" in sentence
+    assert "(published per layer -20.0%" in sentence
     assert "OVER GOAL" in sentence and "batch 8 " in sentence
     assert check_sentence(table, "verify") == ""
 

@@ -50,9 +50,12 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     assert sum(meta["check_verdicts"][v] for v in ("within", "over", "unresolved")) == len(reference)
     # each published step's per-iteration cost: phasebench's zero-layer pass less the composed head, a part of its own
     decode = pd.read_csv(out / "decode.csv")
-    assert set(meta["iteration_ms"]) == {"prefill 1 16", "prefill 1 48", "decode 1 31", "decode 2 31"}
-    assert decode["iteration_ms"].tolist() == pytest.approx([meta["iteration_ms"][f"decode {b} 31"]
-                                                             for b in decode["batch"]], rel=1e-5)
+    # (a step with an op left out as noisy has no head to take away: no cost, and its table row says so)
+    assert set(meta["iteration_ms"]) <= {"prefill 1 16", "prefill 1 48", "decode 1 31", "decode 2 31"}
+    for row in decode.to_dict("records"):
+        found = meta["iteration_ms"].get(f"decode {row['batch']} 31")
+        assert (found is None and pd.isna(row["iteration_ms"])) or row["iteration_ms"] == pytest.approx(found,
+                                                                                                          rel=1e-5)
     check = pd.read_csv(out / "check" / "results.csv")  # the check's ops, measured once per round
     assert len(check) % 2 == 0 and (check["suite"] == "phases-check").all()
     assert json.loads((out / "check" / "run.json").read_text())["rounds"] == 2

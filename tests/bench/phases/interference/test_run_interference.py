@@ -86,7 +86,10 @@ def test_every_batch_prompt_and_mode_gets_one_ok_row(host_run):
     assert (rows["status"] == "ok").all(), rows[["mode", "reason"]]
     assert set(zip(rows["mode"], rows["mechanism"], strict=True)) == SPATIAL
     assert (rows["samples"] >= 3 * 2).all() and (rows["decode_ms"] > 0).all()
-    assert (rows["decode_p10_ms"] <= rows["decode_ms"]).all() and (rows["decode_ms"] <= rows["decode_p90_ms"]).all()
+    assert (rows["decode_p10_ms"] <= rows["decode_ms"]).all()
+    # a p90 from 10 samples or more, blank below (one in ten above it needs ten)
+    blank = rows["decode_p90_ms"].isna() & (rows["samples"] < 10)
+    assert ((rows["decode_ms"] <= rows["decode_p90_ms"]) | blank).all()
     alone = rows[rows["mode"] == "alone"]
     assert (alone["stretch"] == 1).all() and (alone["prefill_slowdown"] == 1).all()
     beside = rows[rows["mode"] != "alone"]
