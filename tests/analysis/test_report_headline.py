@@ -148,9 +148,10 @@ def test_the_committed_phases_sample_reads_as_its_numbers():
         who = "" if (r.reference, r.phase) in named else f"{r.reference} ({r.layers} layers) "
         named.add((r.reference, r.phase))
         assert r.error_pct == p.error_pct
-        error, per_layer = (pct_interval(getattr(r, f"{stem}_pct"), getattr(r, f"{stem}_low_pct"),
-                                         getattr(r, f"{stem}_high_pct")) for stem in ("error", "per_layer_error"))
-        assert f"{who}{where} {error} (per layer {per_layer})" in text
+        error, published, per_layer = (
+            pct_interval(getattr(r, f"{stem}_pct"), getattr(r, f"{stem}_low_pct"), getattr(r, f"{stem}_high_pct"))
+            for stem in ("error", "published_per_layer_error", "per_layer_error"))
+        assert f"{who}{where} {error} (published per layer {published}, check's per layer {per_layer})" in text
 
 
 def test_markdown_and_html_say_the_same_and_links_point_at_the_lists(rng, helpers):
