@@ -58,7 +58,7 @@ def load_phases(path) -> dict[str, pd.DataFrame]:
         tables["decode"]["saturated"] = tables["decode"]["saturated"].map(as_bool)
     if "monotone_note" in tables["decode"]:  # "" where TPOT is in order: a CSV reads it back empty
         tables["decode"]["monotone_note"] = [v if isinstance(v, str) else "" for v in tables["decode"]["monotone_note"]]
-    tables["reference"]["error"] = tables["reference"]["error"].fillna("").astype(str)
+    tables["reference"]["error"] = [v if isinstance(v, str) else "" for v in tables["reference"]["error"]]
     return tables
 
 
