@@ -236,9 +236,10 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict, publishe
     frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
                               weights=cfg.weights)
     per_round = [frame(part, keep_noisy=True) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
-    table, details = phase_check.check_table(brackets, plan, published=frame(published), per_round=per_round)
+    shown = frame(published)  # the tables' own rows, indexed once for both
+    table, details = phase_check.check_table(brackets, plan, published=shown, per_round=per_round)
     return {"reference": table, "reference_details": details, "reference_brackets": check.brackets_table(brackets),
-            "iterations": phase_check.iteration_costs(brackets, plan, frame(published))}
+            "iterations": phase_check.iteration_costs(brackets, plan, shown)}
 
 
 def run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
