@@ -10,14 +10,39 @@ import torch
 from .errors import Unsupported
 
 
+@dataclass
+class CompileRecord:
+    """What a compiled call's first run cost (kernels.inductor fills it): `seconds` (compile and one run,
+    untimed), `graphs` (graphs Dynamo compiled for it: 0 where an earlier call's served it), `cache` (cold: Inductor
+    compiled; disk: its FX graph cache served every graph; memory: nothing was compiled), `build_s` (what the plan
+    built beforehand, outside the call: a flex block mask), `mode` (torch.compile's)."""
+
+    mode: str
+    build_s: float = 0.0
+    seconds: float | None = None
+    graphs: int = 0
+    cache: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.seconds is not None
+
+    def columns(self) -> dict:
+        """A result row's compile columns."""
+        return {"compile_s": self.seconds, "compile_graphs": self.graphs, "compile_cache": self.cache,
+                "build_s": self.build_s}
+
+
 @dataclass(frozen=True)
 class PlannedCall:
     """A planned call of any operator (what `prepare`, `prepare_linear` and `prepare_elementwise` return): the impl,
-    the concrete backend that will serve it and a thunk that runs it."""
+    the concrete backend that will serve it and a thunk that runs it; a compiled implementation's `compiled` records
+    what its first run cost (compiling included: kernels.inductor)."""
 
     impl: str
     backend: str
     run: Callable[[], torch.Tensor]
+    compiled: CompileRecord | None = None
 
 
 COMPUTE_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what an implementation's arithmetic may run in
@@ -63,6 +88,8 @@ class Impl:
     # '+' take equal shares of the FLOPs (naive attention: fp32 scores, P.V in the input dtype). None: the request's
     # dtype (what a kernel that multiplies its inputs as they come computes in).
     compute: str | Callable[[str, torch.dtype, Mapping], str] | None = None
+    # compiled on its first call (torch.compile): the quick suite leaves it out unless it is named
+    compiles: bool = False
 
     def compute_dtype(self, device_type: str, dtype: torch.dtype, fields: Mapping | None = None) -> str:
         """The precision of this implementation's arithmetic on a request of `dtype` on `device_type` (see compute)."""

@@ -15,3 +15,13 @@ def on_triton_device(test):
     for mark in TRITON_MARKS:
         test = mark(test)
     return test
+
+
+# Implementations that compile on their first call (torch.compile: seconds a shape, cold): their full peer matrices
+# run in the slow tier; each has a default-tier test module of a few shapes (test_flex.py, test_compiled.py).
+COMPILED_IMPLS = frozenset({"flex", "compiled"})
+
+
+def tiered(names):
+    """pytest params of impl names, the compiled ones marked slow."""
+    return [pytest.param(name, marks=[pytest.mark.slow] if name in COMPILED_IMPLS else []) for name in names]

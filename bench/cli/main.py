@@ -103,11 +103,14 @@ def cmd_run(args) -> int:
         if args.time_budget is not None or args.sample_time is not None or args.ci_target is not None:
             raise UsageError("time-budget, sample-time, ci-target: not with --ray (each shard times by its own rule)")
         return cmd_run_ray(args)
+    from ...kernels.inductor import fresh_cache_dir
+
+    fresh_cache_dir()  # before any worker starts: they inherit it
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(selection_of(args), device)
-    impls = resolve_impls(args.impl, device, case_ops(cases))
+    impls = resolve_impls(args.impl, device, case_ops(cases), compiled=suite != "quick")
     out = out_dir_for(args)
     if args.resume and not args.out:
         raise UsageError("resume: needs --out DIR of the run to resume")

@@ -7,7 +7,20 @@ import math
 import time
 
 from . import roof as states
-from .roof import COPY, L2, LLC, MEMORY, WARM, compute_peak, level_ceilings, level_notes, pct_of_roof, roof_of_row
+from .roof import (
+    COPY,
+    L2,
+    LLC,
+    MEMORY,
+    WARM,
+    compute_peak,
+    level_ceilings,
+    level_notes,
+    memory_figures,
+    pct_of_roof,
+    roof_level,
+    roof_of_row,
+)
 from .schema import ABOVE_ROOF_PCT, FLOAT_COLUMNS, cell_float
 
 
@@ -160,3 +173,27 @@ def with_ceiling_load(row: dict, ceil) -> dict:
     if str(row.get("above_roof")) != "True" or not load:  # a flag, or a CSV cell's text
         return row
     return {**row, "reason": f"{row['reason']}; {load[0]}: they read low (PHASEBENCH_HOST_CEILINGS keeps quiet ones)"}
+
+
+def judging_levels(ceil) -> dict:
+    """{level: {"read_gbps", "write_gbps", "copy_gbps", "level_note"}}: the ceilings (a roofline.Ceilings) a warm row
+    read from each cache level is judged at (bench.spec.roof.level_ceilings) and the note of any that a farther
+    level's replaced."""
+    memory = memory_figures(ceil)
+    notes = level_notes(ceil.levels, memory)
+    return {level: {**figures, "level_note": notes[level]}
+            for level, figures in level_ceilings(ceil.levels, memory).items()}
+
+
+def with_state(row: dict, state: str, levels: dict) -> dict:
+    """The row with its cache state and the roof that state implies: a warm row whose footprint (its bytes) fits the
+    L2 or the last-level cache is judged at the read, write and copy ceilings measured resident there (or a farther
+    level's, where the level's own read below it: its `level_note` says so); every other row (cold, too large, or at
+    a level without measured ceilings) at memory's."""
+    level = str(roof_level(state, row["bytes"], cell_float(row.get("l2_bytes")), cell_float(row.get("llc_bytes"))))
+    found = levels.get(level) if level != MEMORY else None
+    out = {**row, "cache_state": state, "roof_level": level if found else MEMORY,
+           **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")},
+           "level_note": found.get("level_note", "") if found else ""}
+    roof_tflops, _, bound, model = roof_of_row(out)
+    return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}

@@ -46,7 +46,11 @@ from .roof import COPY, MEMORY
 #    stop_reason, drifting, first_half_ms, second_half_ms, warmup_s (why sampling stopped, whether at a limit with the
 #    halves of its samples disagreeing, the halves' medians, the warm-up's seconds); blank in older files (drifting
 #    False: none was flagged).
-SCHEMA_VERSION = 8
+# 9: compile_s, compile_graphs, compile_cache, build_s, recompiles (a compiled impl's first call: its seconds, the
+#    graphs it compiled and whether Inductor's cache served them; the seconds its plan built operands beforehand, a
+#    flex block mask; the graphs compiled while it was sampled, a recompile that flags it noisy); blank for impls that
+#    compile nothing and in older files.
+SCHEMA_VERSION = 9
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
 # The fields of an attention case, in the order rows carry them (bench.ops.attention.cases.AttentionCase).
@@ -110,6 +114,11 @@ RESULT_COLUMNS = (
     "level_read_gbps", "level_write_gbps", "level_copy_gbps",  # that cache level's ceilings; blank for memory
     "level_note",  # a farther level's figure that judged it where its level's own read below it; blank: its own
     "ceiling_drift_pct",  # how far its roof moved over the measurements around its rounds; blank: not measured
+    "compile_s",  # a compiled impl's first call, compiling included (untimed, before the gate); blank: none
+    "compile_graphs",  # graphs that call compiled: 0 where an earlier case's graph served it (in this process)
+    "compile_cache",  # cold (Inductor compiled), disk (its FX graph cache served them), memory (nothing compiled)
+    "build_s",  # what its plan built before the first call, outside every call (a flex block mask)
+    "recompiles",  # graphs compiled from its first sample to its checked call, over its rounds: non-zero is noisy
     "max_rel_err", "status", "reason",
     "profiled",  # measured under a profiler (`phasebench profile`): timings carry its overhead
 )
@@ -142,7 +151,7 @@ RESULT_STRING_COLUMNS = (
     "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
     "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level", "level_note",
     "round_latencies_ms", "roof_moment", "roof_verdict",
-    "stop_reason",
+    "stop_reason", "compile_cache",
 )
 STRING_COLUMNS = RESULT_STRING_COLUMNS + (
     "source", "python_version", "torch_version", "triton_version", "flash_attn_version",
@@ -159,7 +168,7 @@ FLOAT_COLUMNS = (
     "max_rel_err", "datasheet_tflops", "datasheet_gbps", "l2_bytes", "llc_bytes", "level_read_gbps",
     "level_write_gbps", "level_copy_gbps", "ceiling_drift_pct", "latency_between_low_ms", "latency_between_high_ms",
     "latency_between_rel", "pct_roof_low", "pct_roof_high",
-    "first_half_ms", "second_half_ms", "warmup_s",
+    "first_half_ms", "second_half_ms", "warmup_s", "compile_s", "compile_graphs", "build_s", "recompiles",
 )
 
 # Raw latency samples of an ok row (ms), a list column of results.parquet only: never in the CSV, which

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from ...kernels import Unsupported, triton_mode
+from ...kernels import Unsupported, inductor, triton_mode
 from ...profiles.names import CHECK, SETUP, stage_name
 from ...profiles.nvtx_ranges import nvtx_range
 from ..instruments import cold as cold_operands
@@ -24,17 +24,18 @@ from ..instruments.roofline import Ceilings
 from ..instruments.timing import TimerConfig, Timing, one_call, time_call
 from ..ops import operator_of
 from ..ops.records import ceiling_dtypes, compute_dtype  # noqa: F401 (ceiling_dtypes: the runner's, through here)
-from ..spec.roof import MEMORY, WARM, compute_peak, level_ceilings, level_notes, memory_figures, roof_level, roof_of_row
+from ..spec.roof import MEMORY, WARM, compute_peak, roof_of_row
 from ..spec.roof_verdict import (  # noqa: F401 (the runner's and the tests', through here)
     LEVEL_COLUMNS,
     MEMORY_COLUMNS,
     judged,
     judged_at_moments,
+    judging_levels,
     roof_finding,
     speed_figures,
     with_ceiling_load,
+    with_state,
 )
-from ..spec.schema import cell_float
 
 INTERPRETER_SAMPLES = 1  # interpreter timings prove nothing about speed: one sample
 # a later round's fewest samples (its median joins the row's figure, the interval comes from the rounds)
@@ -271,33 +272,11 @@ def base_row(case, impl: str, run_id: str, suite: str, ceil: Ceilings, timer: st
         "profiled": False, "cache_state": "", "cold_how": "", "l2_bytes": ceil.caches.get("l2_bytes", math.nan),
         "llc_bytes": ceil.caches.get("llc_bytes", math.nan), "roof_level": MEMORY, "level_read_gbps": math.nan,
         "level_write_gbps": math.nan, "level_copy_gbps": math.nan, "ceiling_drift_pct": math.nan,
-        "level_note": "", "_levels": judging_levels(ceil),
+        "level_note": "", "compile_s": math.nan, "compile_graphs": math.nan, "compile_cache": "",
+        "build_s": math.nan, "recompiles": math.nan, "_levels": judging_levels(ceil),
     }
     roof_tflops, _, bound, model = roof_of_row(row)
     return {**row, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
-
-
-def judging_levels(ceil: Ceilings) -> dict:
-    """{level: {"read_gbps", "write_gbps", "copy_gbps", "level_note"}}: the ceilings a warm row read from each cache
-    level is judged at (bench.spec.roof.level_ceilings) and the note of any that a farther level's replaced."""
-    memory = memory_figures(ceil)
-    notes = level_notes(ceil.levels, memory)
-    return {level: {**figures, "level_note": notes[level]}
-            for level, figures in level_ceilings(ceil.levels, memory).items()}
-
-
-def with_state(row: dict, state: str, levels: dict) -> dict:
-    """The row with its cache state and the roof that state implies: a warm row whose footprint (its bytes) fits the
-    L2 or the last-level cache is judged at the read, write and copy ceilings measured resident there (or a farther
-    level's, where the level's own read below it: its `level_note` says so); every other row (cold, too large, or at
-    a level without measured ceilings) at memory's."""
-    level = str(roof_level(state, row["bytes"], cell_float(row.get("l2_bytes")), cell_float(row.get("llc_bytes"))))
-    found = levels.get(level) if level != MEMORY else None
-    out = {**row, "cache_state": state, "roof_level": level if found else MEMORY,
-           **{f"level_{s}_gbps": float(found[f"{s}_gbps"]) if found else math.nan for s in ("read", "write", "copy")},
-           "level_note": found.get("level_note", "") if found else ""}
-    roof_tflops, _, bound, model = roof_of_row(out)
-    return {**out, "roof_tflops": float(roof_tflops), "bound": str(bound), "roof_model": str(model)}
 
 
 def _free_cache() -> str:
@@ -321,15 +300,21 @@ def _sampled(state: CaseState, impl: str, call, row: dict, levels: dict, sampler
         sampler = dataclasses.replace(sampler, config=dataclasses.replace(
             sampler.config, min_samples=min(sampler.config.min_samples, LATER_ROUND_SAMPLES)))
     watch = probe.watch() if probe is not None else contextlib.nullcontext()
+    graphs = inductor.GraphWatch() if call.compiled is not None else None  # a compiled call's recompiles
+    before_last = functools.partial(poison_inputs, state, *timed.inputs)
+    before_last = graphs.mark(before_last) if graphs is not None else before_last
     # the checked call after the samples must rewrite what an in-place op writes (poisoned before it) and gets
     # poisoned allocations, so that its output cannot be an earlier call's right answer left in a free block
     with watch as seen:
         timing = sampler(timed.calls, device, range_name=key, payload=row["flops"],
                          interpreter=row["mode"] == "interpreter", evict=timed.evict,
-                         before_last=functools.partial(poison_inputs, state, *timed.inputs),
-                         guard_last=poisoned_allocations)
+                         before_last=before_last, guard_last=poisoned_allocations)
     if seen is not None and seen.noisy:
         row.update(noisy=True, noise_reason=seen.reason)
+    if graphs is not None and (recompiled := graphs.recompiles):
+        reason = f"recompiled {recompiled} graph(s) while sampled"
+        row.update(noisy=True, noise_reason="; ".join(filter(None, (row.get("noise_reason"), reason))))
+    row["recompiles"] = graphs.recompiles if graphs is not None else math.nan
     with nvtx_range(stage_name(CHECK, key)):  # what the timed loop computes is checked too, not only the first
         last = state.standard.judge(timing.last)
         scrub(timing.last, keep=timed.inputs)
@@ -367,6 +352,10 @@ def measure(state: CaseState, impl: str, row: dict, sampler: Sampler, probe=None
         with nvtx_range(stage_name(SETUP, key)):
             call = op.prepare(case, state.inputs, impl)
         row["backend"] = call.backend
+        if call.compiled is not None:  # its first call compiles: untimed, outside the gate's deterministic mode
+            if not call.compiled.done:
+                scrub(call.run(), keep=state.inputs)
+            row.update(call.compiled.columns())
         # Triton's interpreter on the host (seconds a call, not speed): its one timed call is the gate's first, judged
         clock = [] if row["mode"] == "interpreter" and device.type != "cuda" else None
         if not again:

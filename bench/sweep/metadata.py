@@ -87,7 +87,16 @@ def run_metadata(device: torch.device) -> dict:
         "device": device_info(device),
         "git_commit": git_commit(),
         "command": list(sys.argv),
+        "compile": compile_settings(),
     }
+
+
+def compile_settings() -> dict:
+    """What the compiled impls (flex, compiled) ran under: torch.compile's mode and Inductor's cache location."""
+    from ...kernels import inductor
+
+    return {"mode": inductor.compile_mode(), "inductor_cache_dir": inductor.cache_dir(),
+            "cache": inductor.cache_kind()}
 
 
 def _first_line(command: list[str]) -> str | None:

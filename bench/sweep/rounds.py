@@ -89,7 +89,8 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
     (bench.spec.between_runs.run_figure), with its 95% interval from the rounds' spread (run_interval) and the
     interval a repeat of the run lands in (latency_between_*); `rounds` and `round_latencies_ms` (each round's
     median in round order); the samples pooled (p20, p80, outliers); noisy where any round was, converged only where
-    every round stopped on its target; max_rel_err the largest of the rounds'. One round keeps its own median and
+    every round stopped on its target; max_rel_err the largest of the rounds'; recompiles their sum (the compile
+    columns are the first round's, its cold compile). One round keeps its own median and
     interval. The rounds left out are in "_left" (not a column: with_notes names them in the reason)."""
     index = list(index) if index is not None else list(range(len(rows)))
     marks = list(retried) + [False] * (len(rows) - len(retried))
@@ -131,6 +132,9 @@ def combine(rows: Sequence[dict], index: Sequence[int] | None = None,
     warmups = [cell_float(rows[i].get("warmup_s")) for i in used]
     out.update(_stopping([rows[i] for i in used]), warmup_s=max((w for w in warmups if math.isfinite(w)),
                                                                 default=math.nan))
+    recompiles = [cell_float(rows[i].get("recompiles")) for i in used]
+    if any(math.isfinite(r) for r in recompiles):  # a compiled impl's: every round's, summed
+        out["recompiles"] = sum(r for r in recompiles if math.isfinite(r))
     errors = [cell_float(rows[i].get("max_rel_err")) for i in used]  # the worst of every round's judged calls
     out["max_rel_err"] = max((e for e in errors if math.isfinite(e)), default=math.nan)
     return judged(out), used

@@ -125,12 +125,14 @@ def load_plugins(specs) -> None:
             raise UsageError(str(err)) from None
 
 
-def resolve_impls(names, device, ops=("attention",)) -> list[str]:
-    """The named impls (each must exist for one of `ops`), or every impl of those ops available here."""
+def resolve_impls(names, device, ops=("attention",), compiled: bool = True) -> list[str]:
+    """The named impls (each must exist for one of `ops`), or every impl of those ops available here (without
+    `compiled`, those that compile on their first call are left out unless named: the quick suite's)."""
     from ...kernels import OPS, available_impls
 
     if not names:
-        found = [name for op in ops for name in available_impls(device, op=op)]
+        found = [name for op in ops for name in available_impls(device, op=op)
+                 if compiled or not OPS[op][name].compiles]
         return list(dict.fromkeys(found))
     known = {name for op in ops for name in OPS[op]}
     for name in names:

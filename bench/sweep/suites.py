@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from ..ops.attention.cases import RaggedSweep, Sweep, WindowSweep
+from ..ops.elementwise.cases import ElementwiseSweep
 from ..ops.linear.cases import LinearSweep
 from ..ops.mla.cases import MLASweep
 from ..ops.moe.cases import MoeSweep
@@ -127,6 +128,14 @@ SUITES["moe-prefill"] = {
     "cuda": [MoeSweep(MOE_MODELS, (512, K, 2 * K, 4 * K, 8 * K, 16 * K), "prefill"),
              MoeSweep(("qwen3-30b-a3b",), (2 * K, 8 * K), "prefill", MOE_ROUTINGS[1:])],
     "cpu": [MoeSweep((MOE_HOST,), (100, 257), "prefill", MOE_ROUTINGS)],
+}
+# The memory-bound ops beside attention and the projections (rmsnorm, the residual add, SiLU x up), eager against
+# compiled: decode batches and a prefill chunk of tokens.
+SUITES["elementwise"] = {
+    "cuda": [ElementwiseSweep(LINEAR_MODELS, (1, 8, 64, 256), "decode"),
+             ElementwiseSweep(LINEAR_MODELS, (2 * K, 8 * K), "prefill")],
+    "cpu": [ElementwiseSweep(("llama-3-8b",), (1, 8, 64), "decode"),
+            ElementwiseSweep(("llama-3-8b",), (512,), "prefill")],
 }
 FULL = ("prefill", "chunked", "decode", "verify", "ragged", "paged", "decode-linear", "prefill-linear")
 SUITES["full"] = {dev: [s for name in FULL for s in SUITES[name][dev]]

@@ -3,3 +3,7 @@
 and its validation, and the eager torch implementation. Imports only the shared helpers of phasebench.kernels."""
 
 from . import eager, request  # noqa: F401  (request declares the operator; eager registers)
+
+# isort: off
+from . import compiled  # noqa: F401  (registered after eager: listed last)
+# isort: on

@@ -4,6 +4,10 @@ tiled GEMM. Imports only the shared helpers of phasebench.kernels."""
 
 from . import naive, request, vendor  # noqa: F401  (request declares the operator; the rest register)
 
+# isort: off
+from . import compiled  # noqa: F401  (registered after the others: listed last)
+# isort: on
+
 try:
     from . import triton_linear  # noqa: F401
 except ImportError as err:  # no triton on this platform: the other implementations still work

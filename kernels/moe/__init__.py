@@ -4,6 +4,10 @@ the slots sorted by expert (sorting.py), naive (a loop over experts), torch._gro
 Triton kernels. Imports only phasebench.kernels' helpers."""
 
 from . import naive, request, vendor  # noqa: F401  (request declares the operator; the rest register)
+
+# isort: off
+from . import compiled  # noqa: F401  (registered after the others: listed last)
+# isort: on
 from .request import MoeRequest, route, validate_moe  # noqa: F401
 
 try:

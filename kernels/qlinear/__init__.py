@@ -4,6 +4,10 @@ GEMMs and the project's fused-dequantize Triton kernels. Imports only phasebench
 Triton reduce."""
 
 from . import naive, request, vendor  # noqa: F401  (request declares the operator; the rest register)
+
+# isort: off
+from . import compiled  # noqa: F401  (registered after the others: listed last)
+# isort: on
 from .schemes import SCHEMES, QuantizedWeight, quantize  # noqa: F401
 
 try:

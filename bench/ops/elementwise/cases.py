@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields
 
+from ...spec.models import model_config
 from ..linear.cases import ELEMENT_BYTES
 
 # kernels.elementwise.KINDS, repeated here so that cases and their cost need no torch
@@ -84,6 +86,27 @@ class ElementwiseCase:
         takes = KIND_FIELDS.get(self.kind, ())
         kept = {k: v for k, v in self.fields().items() if k not in OPTIONAL_FIELDS or k in takes}
         return {**kept, "op": self.op}
+
+
+# The model dimension each kind's n takes in a sweep (the kinds a model's dims alone define)
+SWEEP_WIDTH = {"rmsnorm": "hidden", "residual_add": "hidden", "silu_mul": "intermediate"}
+
+
+@dataclass(frozen=True)
+class ElementwiseSweep:
+    """Each kind at each M of the given models, standing for one phase, n the model's width for the kind."""
+
+    models: tuple[str, ...]
+    m: tuple[int, ...]
+    phase: str
+    kinds: tuple[str, ...] = tuple(SWEEP_WIDTH)
+
+    def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[ElementwiseCase]:
+        out = []
+        for model, kind, m in itertools.product(models or self.models, self.kinds, self.m):
+            config = model_config(model)
+            out.append(ElementwiseCase(kind, m, getattr(config, SWEEP_WIDTH[kind]), dtype, self.phase, model))
+        return out
 
 
 def tensor_elements(case: ElementwiseCase) -> tuple[int, int]:

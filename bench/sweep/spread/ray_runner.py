@@ -90,7 +90,7 @@ class ShardWorker:
 
         device, _, options = self._setup(sel, cuda_graph)
         cases, suite = build_cases(sel, device)
-        impls = resolve_impls(sel.impl, device, case_ops(cases))
+        impls = resolve_impls(sel.impl, device, case_ops(cases), compiled=suite != "quick")
         return Plan(cases, suite, impls, sweep_options(options), worker_env(device))
 
     def run_shard(self, job: ShardJob) -> dict:

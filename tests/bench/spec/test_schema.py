@@ -15,7 +15,7 @@ from phasebench.bench.sweep import results
 
 def test_one_schema_for_runner_and_loader():
     assert results.COLUMNS == list(schema.RESULT_COLUMNS) == list(analysis.RESULT_COLUMNS)
-    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 8
+    assert results.SCHEMA_VERSION == analysis.SCHEMA_VERSION == schema.SCHEMA_VERSION == 9
     assert results.CASE_COLUMNS == list(schema.CASE_COLUMNS)
     assert results.STATUSES == schema.STATUSES
     assert set(results.TEXT_COLUMNS) <= set(schema.RESULT_COLUMNS)

@@ -10,10 +10,11 @@ import pytest
 import torch
 from phasebench.kernels import Unsupported, buffers, prepare
 
+from ...markers import tiered
 from ..reference import assert_matches_reference, make_qkv
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
-IMPLS = ["naive", "flash", "triton"]
+IMPLS = ["naive", "flash", "triton", "flex"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def run_case(shape: Shape, impl: str, dtype: torch.dtype, device: str, seed: int
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", tiered(IMPLS))
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
 def test_matches_float64_reference(name, dtype, impl, device):
     run_case(SHAPES[name], impl, dtype, device, seed=zlib.crc32(name.encode()))
@@ -91,7 +92,7 @@ def random_shape(rng: random.Random, phase: str) -> Shape:
     return Shape(batch, q_heads, kv_heads, q_len, max(kv, q_len), head_dim, True, lens)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", tiered(IMPLS))
 @pytest.mark.parametrize("phase", ["prefill", "chunked", "decode"])
 @pytest.mark.parametrize("seed", [11, 12])
 def test_random_shapes_of_each_class(phase, seed, impl):

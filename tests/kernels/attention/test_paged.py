@@ -12,11 +12,11 @@ from phasebench.kernels.attention.flash import flash_attn_module
 from phasebench.kernels.attention.triton_attention import split_kv_attention
 from phasebench.kernels.registry import OPS
 
-from ...markers import TRITON_DEVICE
+from ...markers import TRITON_DEVICE, tiered
 from ..reference import assert_matches_reference, make_qkv, to_pages
 from .test_attention import Shape
 
-IMPLS = ["naive", "flash", "triton"]
+IMPLS = ["naive", "flash", "triton", "flex"]
 
 
 def with_pages(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, page, seqlens=None):
@@ -55,7 +55,7 @@ def paged_inputs(paged, dtype, device, seed):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", tiered(IMPLS))
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
 def test_paged_matches_the_contiguous_reference(name, dtype, impl, device):
     shape = SHAPES[name][0]
@@ -123,7 +123,7 @@ def _bad_table_cases():
     }
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", tiered(IMPLS))
 @pytest.mark.parametrize("case", list(_bad_table_cases()[1]))
 def test_bad_tables_get_a_one_line_value_error(case, impl):
     base, cases = _bad_table_cases()

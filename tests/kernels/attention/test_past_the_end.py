@@ -10,6 +10,7 @@ import pytest
 import torch
 from phasebench.kernels import Unsupported, attention, available_impls, buffers
 
+from ...markers import tiered
 from ..reference import assert_matches_reference, make_qkv, to_pages
 from .test_attention import Shape
 
@@ -24,7 +25,7 @@ SHAPES = {
     "window-sinks-ragged": (Shape(3, 8, 2, 1, 64, 64, True, (37, 5, 60)), 0, 20, True),
     "window-sinks-paged-p16": (Shape(3, 8, 2, 1, 64, 64, True, (37, 5, 60)), 16, 20, True),
 }
-BUILTINS = ("naive", "flash", "triton", "sdpa_efficient", "cudnn")
+BUILTINS = ("naive", "flash", "triton", "sdpa_efficient", "cudnn", "flex")
 
 
 def impls():
@@ -48,7 +49,7 @@ def poisoned_past_the_end(k, v, page, seqlens, seed):
     return k_pool, v_pool, table
 
 
-@pytest.mark.parametrize("impl", impls())
+@pytest.mark.parametrize("impl", tiered(impls()))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_nan_past_each_length_never_reaches_the_output(name, dtype, impl):

@@ -14,10 +14,11 @@ from phasebench.kernels.attention import flash
 from phasebench.kernels.attention.request import validate
 from phasebench.kernels.registry import OPS
 
+from ...markers import COMPILED_IMPLS
 from ..reference import assert_matches_reference, make_qkv, reference, to_pages
 from .test_attention import Shape
 
-IMPLS = ["naive", "flash", "triton"]
+IMPLS = ["naive", "flash", "triton", "flex"]
 
 # name: (shape, window_left, sinks, page size)
 SHAPES = {
@@ -43,7 +44,7 @@ TRITON_DEFAULT = {"decode-edge-in-block", "verify2-ragged", "prefill-edge", "pag
 
 
 def _marks(name, dtype, impl):
-    slow = dtype != torch.float32 or (impl == "triton" and name not in TRITON_DEFAULT)
+    slow = dtype != torch.float32 or (impl == "triton" and name not in TRITON_DEFAULT) or impl in COMPILED_IMPLS
     return [pytest.mark.slow] if slow else []
 
 

@@ -7,6 +7,8 @@ import torch
 from phasebench.kernels import Unsupported, available_impls, linear, prepare_linear, register
 from phasebench.kernels.registry import OPS
 
+from ...markers import tiered
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 SIZES = [(1, 97, 4095), (3, 4097, 200), (17, 64, 33), (70, 130, 1000)]
 
@@ -23,7 +25,7 @@ def rel_err(out, ref):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("impl", ["naive", "torch"])
+@pytest.mark.parametrize("impl", tiered(["naive", "torch", "compiled"]))
 @pytest.mark.parametrize("m,n,k", SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_matches_float64_reference(device, impl, m, n, k, dtype):

@@ -10,10 +10,10 @@ from phasebench.kernels import available_impls, buffers, mla_decode, prepare_mla
 from phasebench.kernels.mla.request import validate_mla
 from phasebench.kernels.mla.triton_mla import mla_decode_triton
 
-from ...markers import TRITON_DEVICE
+from ...markers import TRITON_DEVICE, tiered
 from ..reference import max_error, reference, to_pages
 
-IMPLS = ["naive", "torch", "triton"]
+IMPLS = ["naive", "torch", "triton", "flex"]
 SCALE = 192 ** -0.5
 
 # name: (batch, q_heads, q_len, kv_len, latent dim, value dim, seqlens, page size)
@@ -50,7 +50,7 @@ def check(out, q, latent, dv, seqlens):
         assert err <= 2 * max_error(low, exact) + 1e-5
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", tiered(IMPLS))
 @pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{str(d)[6:]}" for n, d in CASES])
 def test_mla_matches_the_float64_reference(name, dtype, impl):
     q, latent, dv, seqlens, page = mla_inputs(name, dtype, seed=len(name))
@@ -90,7 +90,7 @@ def test_bad_mla_arguments_are_one_line(change, message):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("impl", [name for name in available_impls("cpu", op="mla") if name in IMPLS])
+@pytest.mark.parametrize("impl", tiered(name for name in available_impls("cpu", op="mla") if name in IMPLS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("page", [0, 16], ids=["ragged", "paged-p16"])
 def test_nan_past_each_length_never_reaches_the_output(page, dtype, impl):

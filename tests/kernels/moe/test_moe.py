@@ -12,7 +12,7 @@ from phasebench.kernels import Unsupported, available_impls, moe, prepare_moe, r
 from phasebench.kernels.moe.request import ROUTER_SCORINGS
 from phasebench.kernels.moe.triton_moe import choose_block_m, triton_moe
 
-from ...markers import TRITON_DEVICE, on_triton_device
+from ...markers import TRITON_DEVICE, on_triton_device, tiered
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -55,7 +55,7 @@ CASES = [(37, 72, 40, 6, 2, F32), (1, 64, 24, 12, 3, BF16), (70, 40, 56, 5, 5, B
 
 
 @pytest.mark.parametrize("m, k, n, experts, top_k, dtype", CASES)
-@pytest.mark.parametrize("impl", ["naive", "torch"])
+@pytest.mark.parametrize("impl", tiered(["naive", "torch", "compiled"]))
 def test_naive_and_torch(impl, m, k, n, experts, top_k, dtype):
     args = draw(m, k, n, experts, top_k, dtype, idle=(experts - 1,) if top_k < experts else ())
     check(moe(*args, impl=impl), args)

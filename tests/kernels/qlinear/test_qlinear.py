@@ -9,7 +9,7 @@ import torch
 from phasebench.kernels import SCHEMES, Unsupported, available_impls, prepare_qlinear, qlinear, quantize, triton_mode
 from phasebench.kernels.qlinear.triton_qlinear import triton_qlinear
 
-from ...markers import TRITON_DEVICE, on_triton_device
+from ...markers import TRITON_DEVICE, on_triton_device, tiered
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -44,8 +44,14 @@ CASES = [(1, 33, 300, F32), (5, 64, 160, BF16), (70, 48, 200, F32)]  # N odd, K 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize("m, n, k, dtype", CASES)
-@pytest.mark.parametrize("impl", ["naive", "torch"])
-def test_naive_and_torch(impl, scheme, m, n, k, dtype):
+@pytest.mark.parametrize("impl", tiered(["naive", "torch", "compiled"]))
+def test_naive_and_torch(impl, scheme, m, n, k, dtype, request):
+    group = SCHEMES[scheme].group
+    if impl == "compiled" and dtype == BF16 and group and k % group:
+        # torch 2.13's host Inductor miscompiles the bf16 cast of the padded last group's slice (NaN, 1e38 there):
+        # strict, so that the torch which fixes it says so
+        request.applymarker(pytest.mark.xfail(strict=True, reason="Inductor (torch 2.13, host) miscompiles the bf16 "
+                                                                  "dequantize of a K-padded int4 weight"))
     x, qw = draw(m, n, k, dtype, scheme)
     try:
         call = prepare_qlinear(x, qw, impl=impl)

@@ -8,7 +8,7 @@ import torch
 from phasebench.bench.ops import operator_of
 from phasebench.bench.ops.qlinear.cases import QLinearCase
 from phasebench.bench.sweep.measure import CaseState, gate
-from phasebench.kernels import OPS, Unsupported, available_impls, register
+from phasebench.kernels import OPS, SCHEMES, Unsupported, available_impls, register
 
 CPU = torch.device("cpu")
 
@@ -70,6 +70,8 @@ def test_the_built_in_impls_pass(scheme, m, n, k, dtype):
     for impl in available_impls("cpu", op="qlinear"):
         if impl in BROKEN:
             continue
+        if impl == "compiled" and dtype != "float32" and SCHEMES[scheme].group and k % SCHEMES[scheme].group:
+            continue  # torch 2.13's host Inductor miscompiles it (tests/kernels/test_compiled_ops.py, strict xfail)
         try:
             found = verdict(case, impl)
         except Unsupported:  # torch: fp8, or N not a multiple of 16 for int4
