@@ -31,8 +31,12 @@ from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
 from .request import AttentionRequest
 
-# Block sizes (query rows, keys) of the block mask, which the kernel tiles by; a paged cache's key block is its page.
-BLOCK = {"cpu": (128, 128), "cuda": (128, 128)}
+# Block sizes (query rows, keys) of the block mask, which the kernel tiles by, for short queries (decode, verify: up to
+# SHORT_QUERY rows) and for longer ones; a paged cache's key block is its page. The host's were timed against SDPA's
+# flash route on llama-3-8b's shapes (docs/kernels.md#flexattention-and-compiled): decode is fastest on long key tiles,
+# a causal prefill on small tiles that skip the masked half finely; CUDA keeps torch's defaults (untimed here).
+BLOCK = {"cpu": {"short": (32, 256), "long": (32, 64)}, "cuda": {"short": (128, 128), "long": (128, 128)}}
+SHORT_QUERY = 16
 MIN_KEY_BLOCK = {"cpu": 1, "cuda": 16}  # the Triton kernel's smallest key tile
 
 
@@ -132,10 +136,15 @@ def _pool_view(pool: torch.Tensor) -> torch.Tensor:
     return pool.view(1, pages * size, heads, dim).transpose(1, 2)
 
 
+def block_sizes(req: AttentionRequest, device_type: str) -> tuple[int, int]:
+    """The (query rows, keys) tile of a request on a device type (BLOCK)."""
+    return BLOCK[device_type]["short" if req.q_len <= SHORT_QUERY else "long"]
+
+
 def block_mask_of(req: AttentionRequest, keys: int, device_type: str):
-    """The request's block mask over `keys` key slots, in the BLOCK sizes of its device."""
+    """The request's block mask over `keys` key slots, in its block sizes."""
     fa = flex_module()
-    q_block, k_block = BLOCK[device_type]
+    q_block, k_block = block_sizes(req, device_type)
     if req.paged:
         lengths = _lengths(req)
         mask = _paged_mask(req.q_len, req.causal, req.window_left, lengths, _logical_pages(req, lengths),
@@ -180,7 +189,7 @@ def plan_flex(req: AttentionRequest, impl: str = "flex", v: torch.Tensor | None 
     else:
         k, v, keys = req.k, req.v if v is None else v, req.kv_len
     block_mask = block_mask_of(req, keys, device_type)
-    tails = tail_rows(req, req.page_size if req.paged else BLOCK[device_type][1])
+    tails = tail_rows(req, req.page_size if req.paged else block_sizes(req, device_type)[1])
     build_s = time.perf_counter() - start
     label = inductor.backend(device_type, "flex") + ("+paged" if req.paged else "")
     before = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from phasebench.kernels import Unsupported, buffers, inductor, prepare, prepare_mla
-from phasebench.kernels.attention.flex import tail_rows
+from phasebench.kernels.attention.flex import block_sizes, tail_rows
 from phasebench.kernels.attention.request import validate
 
 from ..reference import assert_matches_reference, make_qkv, reference, to_pages
@@ -86,12 +86,14 @@ def test_the_zeroed_slots_are_the_tails_of_the_last_kept_blocks_only():
 
 
 def test_a_ragged_call_writes_zeros_into_the_tails_and_nothing_past_them():
-    q, k, v = make_qkv(2, 4, 2, 1, 300, 32, seed=4)
-    lens = torch.tensor([130, 300], dtype=torch.int32)
-    k_in, v_in, _ = poison_past_the_end(k, v, (130, 300), 0)
-    prepare(q, k_in, v_in, impl="flex", cache_seqlens=lens).run()
-    block = 128
-    assert (v_in[0, :, 130:2 * block] == 0).all() and torch.isnan(v_in[0, :, 2 * block:]).all()
+    q, k, v = make_qkv(2, 4, 2, 1, 600, 32, seed=4)
+    lens = torch.tensor([130, 600], dtype=torch.int32)
+    k_in, v_in, _ = poison_past_the_end(k, v, (130, 600), 0)
+    call = prepare(q, k_in, v_in, impl="flex", cache_seqlens=lens)
+    block = block_sizes(validate(q, k, v, cache_seqlens=lens), "cpu")[1]
+    assert 130 < block < 600 - block
+    call.run()
+    assert (v_in[0, :, 130:block] == 0).all() and torch.isnan(v_in[0, :, block:]).all()
     assert torch.equal(v_in[1], v[1]) and torch.equal(v_in[0, :, :130], v[0, :, :130])
 
 
