@@ -93,7 +93,8 @@ def elementwise(kind, *tensors, impl="torch", **options):
     """One elementwise kind of a decoder layer (see KINDS and SIGNATURES); output in the first tensor's dtype:
     rmsnorm(x, weight, eps=1e-6), residual_add(x, residual), silu_mul(gate_up), rotary(q, k, positions,
     base=500000.0) -> (q, k), kv_append(cache_k, cache_v, k, v, positions) -> the caches written in place,
-    greedy_pick(logits) -> int64 [M]."""
+    greedy_pick(logits) -> int64 [M], add_rmsnorm(x, residual, weight, eps=1e-6) -> (rmsnorm(x + residual), x +
+    residual)."""
     return prepare_elementwise(kind, *tensors, impl=impl, **options).run()
 
 

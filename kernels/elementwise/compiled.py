@@ -1,5 +1,6 @@
 """The compiled elementwise kinds: the eager impl's bodies under torch.compile (Inductor), each one generated loop
-(rmsnorm's square, mean, rsqrt and scale in one pass; SiLU and the product in one), in the eager impl's precision."""
+(rmsnorm's square, mean, rsqrt and scale in one pass; SiLU and the product in one; add_rmsnorm's residual add and
+norm in one, vLLM's fused_add_rms_norm), in the eager impl's precision."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .eager import EAGER
 from .request import ElementwiseRequest
 
-KINDS = ("rmsnorm", "residual_add", "silu_mul")
+KINDS = ("rmsnorm", "residual_add", "silu_mul", "add_rmsnorm")
 
 
 def _plan(req: ElementwiseRequest) -> PlannedCall:
@@ -23,7 +24,7 @@ def _plan(req: ElementwiseRequest) -> PlannedCall:
 
 COMPILED_ELEMENTWISE = add_builtin(Impl(
     name="compiled",
-    summary="the eager bodies under torch.compile (Inductor): rmsnorm, residual_add and silu_mul fused per kind",
+    summary="the eager bodies under torch.compile (Inductor): rmsnorm, residual_add, silu_mul, add_rmsnorm fused",
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,

@@ -20,6 +20,12 @@ def _residual_add(x, residual):
     return x + residual
 
 
+def _add_rmsnorm(x, residual, weight, *, eps):
+    """The residual add then the next norm, as a decoder layer chains them: (the normed sum, the sum)."""
+    h = x + residual
+    return _rmsnorm(h, weight, eps=eps), h
+
+
 def _silu_mul(gate_up):
     half = gate_up.shape[1] // 2
     return F.silu(gate_up[:, :half]) * gate_up[:, half:]
@@ -54,7 +60,7 @@ def _greedy_pick(logits):
 
 
 EAGER = {"rmsnorm": _rmsnorm, "residual_add": _residual_add, "silu_mul": _silu_mul, "rotary": _rotary,
-         "kv_append": _kv_append, "greedy_pick": _greedy_pick}
+         "kv_append": _kv_append, "greedy_pick": _greedy_pick, "add_rmsnorm": _add_rmsnorm}
 BACKEND = "torch-eager"
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ..registry import add_operator
 
-KINDS = ("rmsnorm", "residual_add", "silu_mul", "rotary", "kv_append", "greedy_pick")
+KINDS = ("rmsnorm", "residual_add", "silu_mul", "rotary", "kv_append", "greedy_pick", "add_rmsnorm")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Each kind's tensor arguments (name, rank); the first one sets the dtype and device of the call.
 SIGNATURES = {
@@ -19,11 +19,13 @@ SIGNATURES = {
     "rotary": (("q", 3), ("k", 3), ("positions", 1)),
     "kv_append": (("cache_k", 3), ("cache_v", 3), ("k", 3), ("v", 3), ("positions", 1)),
     "greedy_pick": (("logits", 2),),
+    "add_rmsnorm": (("x", 2), ("residual", 2), ("weight", 1)),
 }
 SHAPES = {"x": "[M, H]", "weight": "[H]", "residual": "[M, H]", "gate_up": "[M, 2I]", "q": "[M, Hq, D]",
           "k": "[M, Hkv, D]", "v": "[M, Hkv, D]", "positions": "[M]", "cache_k": "[S, Hkv, D]",
           "cache_v": "[S, Hkv, D]", "logits": "[M, V]"}
-OPTIONS = {"rmsnorm": {"eps": 1e-6}, "rotary": {"base": 500000.0}}  # keyword options and their defaults
+# keyword options and their defaults
+OPTIONS = {"rmsnorm": {"eps": 1e-6}, "rotary": {"base": 500000.0}, "add_rmsnorm": {"eps": 1e-6}}
 
 
 
@@ -66,9 +68,9 @@ def _check_tensor(name: str, rank: int, t, first) -> None:
 
 def _shape_rules(kind: str, t: dict) -> str | None:
     """The first broken rule between the arguments of `kind`, as a one-line message; None when they agree."""
-    if kind == "rmsnorm" and t["weight"].shape[0] != t["x"].shape[1]:
+    if kind in ("rmsnorm", "add_rmsnorm") and t["weight"].shape[0] != t["x"].shape[1]:
         return f"weight: must be [H] with H = x's {t['x'].shape[1]}, got shape {tuple(t['weight'].shape)}"
-    if kind == "residual_add" and t["residual"].shape != t["x"].shape:
+    if kind in ("residual_add", "add_rmsnorm") and t["residual"].shape != t["x"].shape:
         return f"residual: must have x's shape {tuple(t['x'].shape)}, got {tuple(t['residual'].shape)}"
     if kind == "silu_mul" and t["gate_up"].shape[1] % 2:
         return f"gate_up: its last dimension must be even (gate and up halves), got {t['gate_up'].shape[1]}"

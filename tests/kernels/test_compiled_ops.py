@@ -53,23 +53,28 @@ def test_qlinear_dequantizes_what_the_scheme_packs(scheme, k, dtype):
     assert rel_err(call.run(), ref) <= 2 * low + 1e-5
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm", "residual_add", "silu_mul"])
+def _norm(h, w):
+    return h / torch.sqrt((h * h).mean(1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "residual_add", "silu_mul", "add_rmsnorm"])
 def test_elementwise_kinds_against_float64(kind):
     gen = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 4097, generator=gen).to(BF16)
-    args = {"rmsnorm": (x, torch.randn(4097, generator=gen).add_(1).to(BF16)),
-            "residual_add": (x, torch.randn(3, 4097, generator=gen).to(BF16)), "silu_mul": (x[:, :400],)}[kind]
+    x, r = torch.randn(3, 4097, generator=gen).to(BF16), torch.randn(3, 4097, generator=gen).to(BF16)
+    w = torch.randn(4097, generator=gen).add_(1).to(BF16)
+    args = {"rmsnorm": (x, w), "residual_add": (x, r), "silu_mul": (x[:, :400],), "add_rmsnorm": (x, r, w)}[kind]
     d = [a.double() for a in args]
-    ref = {"rmsnorm": lambda: d[0] / torch.sqrt((d[0] * d[0]).mean(1, keepdim=True) + 1e-6) * d[1],
-           "residual_add": lambda: d[0] + d[1],
-           "silu_mul": lambda: F.silu(d[0][:, :200]) * d[0][:, 200:]}[kind]()
-    out = prepare_elementwise(kind, *args, impl="compiled").run()
-    low = prepare_elementwise(kind, *args, impl="torch").run()
+    ref = {"rmsnorm": lambda: _norm(d[0], d[1]), "residual_add": lambda: d[0] + d[1],
+           "silu_mul": lambda: F.silu(d[0][:, :200]) * d[0][:, 200:],
+           "add_rmsnorm": lambda: torch.cat((_norm(d[0] + d[1], d[2]).flatten(), (d[0] + d[1]).flatten()))}[kind]()
+    flat = (lambda out: torch.cat([t.flatten() for t in out])) if kind == "add_rmsnorm" else (lambda out: out)
+    out = flat(prepare_elementwise(kind, *args, impl="compiled").run())
+    low = flat(prepare_elementwise(kind, *args, impl="torch").run())
     assert out.dtype == BF16 and rel_err(out, ref) <= 2 * rel_err(low, ref) + 1e-5
 
 
 def test_elementwise_kinds_it_does_not_compile_are_refused():
-    with pytest.raises(Unsupported, match="compiled serves rmsnorm, residual_add, silu_mul, not greedy_pick"):
+    with pytest.raises(Unsupported, match="compiled serves rmsnorm, residual_add, silu_mul, add_rmsnorm, not greedy"):
         prepare_elementwise("greedy_pick", torch.randn(2, 9), impl="compiled")
 
 

@@ -12,16 +12,22 @@ from .inputs import ElementwiseInputs
 from .reference import EPS, rotary_angles, rotate
 
 
+def _rmsnorm(case: ElementwiseCase, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x.to(torch.float32)
+    inverse = 1.0 / torch.sqrt((h * h).sum(dim=1, keepdim=True) / case.n + EPS)
+    return w * (h * inverse).to(x.dtype)
+
+
 def kind_in_dtype(case: ElementwiseCase, inputs: ElementwiseInputs) -> torch.Tensor:
     """The kind's result in the inputs' dtype, laid out as its reference tensor (rotary: q and k flattened and
     joined; kv_append: the appended rows; greedy_pick: the picked logits). Each torch op on low-precision tensors
     computes in fp32 and rounds its result once: the rounding points below are those of a plain decoder."""
     t = inputs.tensors
     if case.kind == "rmsnorm":  # the fp32 normalised rows rounded, then the weight: two roundings
-        x, w = t[0], t[1]
-        h = x.to(torch.float32)
-        inverse = 1.0 / torch.sqrt((h * h).sum(dim=1, keepdim=True) / case.n + EPS)
-        return w * (h * inverse).to(x.dtype)
+        return _rmsnorm(case, t[0], t[1])
+    if case.kind == "add_rmsnorm":  # the sum rounded, then rmsnorm's two roundings on it
+        s = t[0] + t[1]
+        return torch.cat((_rmsnorm(case, s, t[2]).flatten(), s.flatten()))
     if case.kind == "residual_add":
         return t[0] + t[1]
     if case.kind == "silu_mul":  # silu in fp32 rounded once, then the product

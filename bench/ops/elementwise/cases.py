@@ -9,11 +9,11 @@ from ...spec.models import model_config
 from ..linear.cases import ELEMENT_BYTES
 
 # kernels.elementwise.KINDS, repeated here so that cases and their cost need no torch
-KINDS = ("rmsnorm", "residual_add", "silu_mul", "rotary", "kv_append", "greedy_pick")
+KINDS = ("rmsnorm", "residual_add", "silu_mul", "rotary", "kv_append", "greedy_pick", "add_rmsnorm")
 ELEMENTWISE_PHASES = ("prefill", "chunked_prefill", "decode")
 # What n counts for each kind (the input of silu_mul is 2n wide; rotary's q has n heads, kv_append's k n heads).
 N_MEANS = {"rmsnorm": "hidden", "residual_add": "hidden", "silu_mul": "intermediate", "rotary": "q_heads",
-           "kv_append": "kv_heads", "greedy_pick": "vocab"}
+           "kv_append": "kv_heads", "greedy_pick": "vocab", "add_rmsnorm": "hidden"}
 # The optional fields each kind takes; the others must stay 0.
 KIND_FIELDS = {"rotary": ("head_dim", "kv_heads", "cache_len"), "kv_append": ("head_dim", "cache_len")}
 OPTIONAL_FIELDS = ("head_dim", "kv_heads", "cache_len")
@@ -89,7 +89,7 @@ class ElementwiseCase:
 
 
 # The model dimension each kind's n takes in a sweep (the kinds a model's dims alone define)
-SWEEP_WIDTH = {"rmsnorm": "hidden", "residual_add": "hidden", "silu_mul": "intermediate"}
+SWEEP_WIDTH = {"rmsnorm": "hidden", "residual_add": "hidden", "silu_mul": "intermediate", "add_rmsnorm": "hidden"}
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,8 @@ def tensor_elements(case: ElementwiseCase) -> tuple[int, int]:
         return m * n + n, m * n  # x and the weight in, the normalised x out
     if case.kind == "residual_add":
         return 2 * m * n, m * n
+    if case.kind == "add_rmsnorm":
+        return 2 * m * n + n, 2 * m * n  # x, the residual and the weight in; the normed sum and the sum out
     if case.kind == "silu_mul":
         return 2 * m * n, m * n  # gate and up in, their product out
     if case.kind == "rotary":
@@ -147,13 +149,15 @@ def min_bytes(case: ElementwiseCase) -> float:
 
 # FLOPs per element, stated: rmsnorm square, sum, scale and weight (4 per x element); residual one add; silu_mul
 # sigmoid, multiply and the product (~5 per output); rotary two multiplies and an add (3 per q and k element);
-# kv_append none (a copy); greedy_pick one compare per logit.
-FLOPS_PER_ELEMENT = {"rmsnorm": 4, "residual_add": 1, "silu_mul": 5, "rotary": 3, "kv_append": 0, "greedy_pick": 1}
+# kv_append none (a copy); greedy_pick one compare per logit; add_rmsnorm the add and rmsnorm's four.
+FLOPS_PER_ELEMENT = {"rmsnorm": 4, "residual_add": 1, "silu_mul": 5, "rotary": 3, "kv_append": 0, "greedy_pick": 1,
+                     "add_rmsnorm": 5}
 
 
 def flops(case: ElementwiseCase) -> float:
     """FLOPS_PER_ELEMENT times the elements the count runs over (x, the output, q and k, or the logits)."""
     m, n = case.m, case.n
     over = {"rmsnorm": m * n, "residual_add": m * n, "silu_mul": m * n,
-            "rotary": m * (n + case.kv_heads) * case.head_dim, "kv_append": 0, "greedy_pick": m * n}[case.kind]
+            "rotary": m * (n + case.kv_heads) * case.head_dim, "kv_append": 0, "greedy_pick": m * n,
+            "add_rmsnorm": m * n}[case.kind]
     return float(FLOPS_PER_ELEMENT[case.kind] * over)

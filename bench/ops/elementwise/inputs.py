@@ -31,6 +31,8 @@ def make_inputs(case: ElementwiseCase, device: torch.device, seed: int = 0) -> E
         return ElementwiseInputs((draw(m, n), draw(n).add_(1)))
     if case.kind == "residual_add":
         return ElementwiseInputs((draw(m, n), draw(m, n)))
+    if case.kind == "add_rmsnorm":
+        return ElementwiseInputs((draw(m, n), draw(m, n), draw(n).add_(1)))
     if case.kind == "silu_mul":
         return ElementwiseInputs((draw(m, 2 * n),))
     if case.kind == "rotary":

@@ -11,7 +11,8 @@ from .reference import reference_dtype
 
 REFERENCE_TEMPS = 3  # the reference's upcast inputs and its intermediates, in input-sized buffers
 # fp32 temporaries of the eager torch math, in multiples of the output (rmsnorm's fp32 x and its square, ...)
-TORCH_TEMPS = {"rmsnorm": 3, "residual_add": 0, "silu_mul": 1, "rotary": 4, "kv_append": 0, "greedy_pick": 0}
+TORCH_TEMPS = {"rmsnorm": 3, "residual_add": 0, "silu_mul": 1, "rotary": 4, "kv_append": 0, "greedy_pick": 0,
+               "add_rmsnorm": 2}
 
 
 def _int_bytes(case: ElementwiseCase) -> int:

@@ -56,6 +56,13 @@ def _rotary_view(q, k):
     return view
 
 
+def _sum_view(x):
+    def view(out):
+        _pair(out, ("normed", "sum"), (x, x))
+        return torch.cat((out[0].flatten(), out[1].flatten()))
+    return view
+
+
 def _kv_view(cache_k, cache_v, positions):
     def view(out):
         _pair(out, ("cache_k", "cache_v"), (cache_k, cache_v))
@@ -85,6 +92,10 @@ def reference(case: ElementwiseCase, inputs: ElementwiseInputs, device: torch.de
         return x / torch.sqrt((x * x).sum(dim=1, keepdim=True) / case.n + EPS) * w
     if case.kind == "residual_add":
         return t[0].to(r) + t[1].to(r)
+    if case.kind == "add_rmsnorm":
+        h, w = t[0].to(r) + t[1].to(r), t[2].to(r)
+        normed = h / torch.sqrt((h * h).sum(dim=1, keepdim=True) / case.n + EPS) * w
+        return Viewed(torch.cat((normed.flatten(), h.flatten())), _sum_view(t[0]))
     if case.kind == "silu_mul":
         gate, up = t[0][:, :case.n].to(r), t[0][:, case.n:].to(r)
         return gate / (1 + torch.exp(-gate)) * up

@@ -303,6 +303,7 @@ RIGHT_CASES = [
     lambda dt: ElementwiseCase("rotary", 97, 6, dt, "chunked_prefill", head_dim=80, kv_heads=2, cache_len=1025),
     lambda dt: ElementwiseCase("kv_append", 3, 2, dt, "decode", head_dim=80, cache_len=1025),
     lambda dt: ElementwiseCase("greedy_pick", 3, 4097, dt, "decode"),
+    lambda dt: ElementwiseCase("add_rmsnorm", 3, 4097, dt, "decode"),
 ]
 
 

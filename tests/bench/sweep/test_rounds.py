@@ -72,6 +72,16 @@ def test_rounds_that_ran_otherwise_are_not_pooled_and_a_retried_round_is_marked(
     assert out["latency_ms"] == pytest.approx((1.0 * 1.1) ** 0.5)
 
 
+def test_a_compiled_rows_recompiles_are_summed_over_its_rounds_and_its_compile_is_the_first_rounds():
+    rows = [round_row([1.0] * 6, compile_s=4.2, compile_cache="cold", recompiles=0),
+            round_row([1.1] * 6, compile_s=0.3, compile_cache="disk", recompiles=2),
+            round_row([1.2] * 6, compile_s=0.2, compile_cache="disk", recompiles=1)]
+    out, _ = rounds_mod.combine(rows)
+    assert out["recompiles"] == 3 and (out["compile_s"], out["compile_cache"]) == (4.2, "cold")
+    plain, _ = rounds_mod.combine([round_row([1.0] * 6), round_row([1.1] * 6)])
+    assert math.isnan(plain["recompiles"])  # an impl that compiles nothing keeps the blank
+
+
 def test_a_wrong_output_in_any_round_makes_the_row_wrong_and_one_round_makes_no_interval():
     ok = round_row([1.0] * 6)
     wrong = {**ok, "status": "incorrect", "reason": "max_rel_err 0.3 > limit 1e-4"}

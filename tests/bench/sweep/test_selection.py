@@ -43,6 +43,12 @@ def test_a_bad_selection_is_one_usage_error(selection, message):
 
 def test_unknown_impls_are_refused_and_none_given_means_every_available_one():
     assert "naive" in resolve_impls((), CPU) and resolve_impls(("naive", "naive"), CPU) == ["naive"]
+    # the quick suite's selection leaves the impls that compile on their first call out unless they are named
+    every, quick = resolve_impls((), CPU, ("attention", "linear")), resolve_impls((), CPU, ("attention", "linear"),
+                                                                                  compiled=False)
+    assert {"flex", "compiled"} <= set(every) and not {"flex", "compiled"} & set(quick)
+    assert set(quick) == set(every) - {"flex", "compiled"}
+    assert resolve_impls(("flex",), CPU, compiled=False) == ["flex"]
     with pytest.raises(UsageError, match=r"^impl: unknown implementation 'nope' for attention"):
         resolve_impls(("nope",), CPU)
 

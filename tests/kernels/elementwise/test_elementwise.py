@@ -33,6 +33,7 @@ def draw(kind, m, dtype, device, seed):
         "rotary": lambda: (r(m, 6, 80), r(m, 2, 80), positions),
         "kv_append": lambda: (r(1025, 2, 80), r(1025, 2, 80), r(m, 2, 80), r(m, 2, 80), positions),
         "greedy_pick": lambda: (r(m, 4097),),
+        "add_rmsnorm": lambda: (r(m, 4097), r(m, 4097), r(4097).add_(1)),
     }[kind]()
 
 
@@ -62,17 +63,21 @@ def formula(kind, args, dtype):
     if kind == "rotary":
         ang = angles(t[2], t[0].shape[-1]).double()
         return torch.cat((rope(t[0], ang, dtype).flatten(), rope(t[1], ang, dtype).flatten()))
+    if kind == "add_rmsnorm":  # the sum rounded to the dtype, then the norm of it
+        s = t[0] + t[1]
+        return torch.cat(((s / torch.sqrt((s * s).mean(dim=1, keepdim=True) + EPS) * t[2]).flatten(), s.flatten()))
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind,m", [("rmsnorm", 1), ("rmsnorm", 97), ("residual_add", 3), ("silu_mul", 1),
-                                    ("silu_mul", 97), ("rotary", 1), ("rotary", 97)])
+                                    ("silu_mul", 97), ("rotary", 1), ("rotary", 97), ("add_rmsnorm", 1),
+                                    ("add_rmsnorm", 97)])
 def test_float_kinds_match_a_float64_formula(device, dtype, kind, m):
     args = draw(kind, m, dtype, device, seed=m * 7 + len(kind))
     out = kernels.elementwise(kind, *args)
-    out = torch.cat((out[0].flatten(), out[1].flatten())) if kind == "rotary" else out
+    out = torch.cat((out[0].flatten(), out[1].flatten())) if kind in ("rotary", "add_rmsnorm") else out
     assert out.dtype == dtype and out.device == args[0].device
     assert out.shape == formula(kind, args, torch.float64).shape
     err = rel_err(out.cpu(), formula(kind, args, torch.float64))

@@ -23,6 +23,7 @@ CASES = {
                               cache_len=1025),
     "kv_append": ElementwiseCase("kv_append", 3, 2, "bfloat16", "decode", head_dim=80, cache_len=1025),
     "greedy_pick": ElementwiseCase("greedy_pick", 3, 4097, "bfloat16", "decode"),
+    "add_rmsnorm": ElementwiseCase("add_rmsnorm", 5, 999, "bfloat16", "decode", "llama-3-8b"),
 }
 
 
@@ -54,7 +55,9 @@ def test_reads_and_writes_by_hand():
     assert moved_bytes(kv) == (2 * 2 * 3 * 2 * 80 + 8 * 3, 2 * 2 * 3 * 2 * 80)  # the new k, v in; the caches' rows out
     pick = ElementwiseCase("greedy_pick", 3, 4097, "bfloat16", "decode")
     assert moved_bytes(pick) == (2 * 3 * 4097, 8 * 3)
-    for c in (norm, add, silu, rope, kv, pick):
+    fused = ElementwiseCase("add_rmsnorm", 5, 999, "bfloat16", "decode")  # x, residual, weight in; normed, sum out
+    assert moved_bytes(fused) == (2 * (2 * 5 * 999 + 999), 2 * 2 * 5 * 999) and flops(fused) == 5 * 5 * 999
+    for c in (norm, add, silu, rope, kv, pick, fused):
         assert sum(moved_bytes(c)) == min_bytes(c)
 
 
@@ -132,7 +135,8 @@ def test_kv_append_runs_ok_through_the_runner(tmp_path):
 
 def test_wrong_plugins_are_recorded_incorrect(tmp_path):
     def wrong(kind, *t, **options):
-        """Plausible mistakes: no weight, a subtraction, halves swapped, another RoPE base, argmin, no write."""
+        """Plausible mistakes: no weight, a subtraction, halves swapped, another RoPE base, argmin, no write, the
+        residual left out of the norm."""
         if kind == "rmsnorm":
             return elementwise(kind, t[0], torch.ones_like(t[1]), **options)
         if kind == "residual_add":
@@ -143,6 +147,8 @@ def test_wrong_plugins_are_recorded_incorrect(tmp_path):
             return elementwise(kind, *t, base=10000.0)
         if kind == "kv_append":
             return t[0], t[1]  # writes nothing: the rows it must write are poisoned first
+        if kind == "add_rmsnorm":  # the norm of x alone, the residual never added
+            return elementwise("rmsnorm", t[0], t[2], **options), t[0] + t[1]
         return t[0].argmin(dim=1)
 
     register("elementwise", "wrong", wrong)
