@@ -47,8 +47,8 @@ def bench_params(config) -> tuple[list, list[str]]:
     try:
         load_plugins(selection.plugin)
         device = resolve_device(selection.device)
-        cases, _ = build_cases(selection, device)
-        impls = resolve_impls(selection.impl, device, case_ops(cases))
+        cases, suite = build_cases(selection, device)
+        impls = resolve_impls(selection.impl, device, case_ops(cases), compiled=suite != "quick")
         if shard:
             from .sweep.spread.shards import parse_shard, shard_cases
 

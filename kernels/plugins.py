@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .registry import CALLERS, OPS, Impl, PlannedCall, check_compute, dtype_name
+from .inductor import first_call_recorded
+from .registry import CALLERS, OPS, CompileRecord, Impl, PlannedCall, check_compute, dtype_name
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                "float64": torch.float64}
@@ -38,7 +39,7 @@ def _compute(compute):
 
 def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu", "cuda"),
              dtypes: Iterable = DEFAULT_DTYPES, summary: str = "", paged: bool = False, window: bool = False,
-             sinks: bool = False, compute=None) -> Impl:
+             sinks: bool = False, compute=None, compiles: bool = False) -> Impl:
     """Register `fn` as implementation `name` of `op`; it is then gated and timed like the built-ins.
 
     `fn` takes the operator's arguments (attention: `fn(q, k, v, *, causal, scale, cache_seqlens)`;
@@ -50,6 +51,9 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     `compute`: the precision its multiply-adds run in, whose matmul ceiling is its rows' compute roof: a dtype or
     its name ("float32" for a kernel that upcasts bf16 inputs), or `fn(device_type, dtype, case_fields) -> name`;
     by default the inputs' dtype.
+    `compiles=True`: `fn` compiles on its first call (torch.compile): the harness makes that call untimed before the
+    gate, records its cost in the row's compile columns and flags a row that compiles again while it is sampled; like
+    the built-in `flex` and `compiled`, the quick suite then leaves it out unless it is named.
     """
     from .registry import BUILTINS
 
@@ -64,6 +68,8 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     for flag, value in (("paged", paged), ("window", window), ("sinks", sinks)):
         if not isinstance(value, bool) or (value and op != "attention"):
             raise ValueError(f"{flag}: must be a bool, and True only for attention, got {value!r} for {op}")
+    if not isinstance(compiles, bool):
+        raise ValueError(f"compiles: must be a bool, got {compiles!r}")
     devices = frozenset(devices)
     if not devices or not devices <= {"cpu", "cuda"}:
         raise ValueError(f"devices: must be a non-empty subset of cpu, cuda, got {sorted(devices)}")
@@ -72,11 +78,15 @@ def register(op: str, name: str, fn: Callable, *, devices: Iterable[str] = ("cpu
     backend = f"plugin:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', name)}"
 
     def plan(req) -> PlannedCall:
-        return PlannedCall(name, backend, lambda: call(fn, req))
+        if not compiles:
+            return PlannedCall(name, backend, lambda: call(fn, req))
+        record = CompileRecord(mode="plugin")
+        return PlannedCall(name, backend, first_call_recorded(lambda: call(fn, req), record), record)
 
     impl = Impl(op=op, name=name, summary=summary or (fn.__doc__ or "").strip().split("\n")[0] or "a registered plugin",
                 devices=devices, dtypes=_dtypes(dtypes), plan=plan, max_head_dim=1 << 16, paged=paged,
-                window=window, sinks=sinks, backends=lambda device_type: backend, compute=compute)
+                window=window, sinks=sinks, backends=lambda device_type: backend, compute=compute,
+                compiles=compiles)
     OPS[op][name] = impl
     return impl
 

@@ -18,7 +18,7 @@ def on_triton_device(test):
 
 
 # Implementations that compile on their first call (torch.compile: seconds a shape, cold): their full peer matrices
-# run in the slow tier; each has a default-tier test module of a few shapes (test_flex.py, test_compiled.py).
+# run in the slow tier; each has a default-tier test module of a few shapes (test_flex.py, test_compiled_ops.py).
 COMPILED_IMPLS = frozenset({"flex", "compiled"})
 
 

@@ -98,14 +98,14 @@ def cmd_run(args) -> int:
     check_counts(args, "retry_noisy", minimum=0)
     args.rounds = rounds_of(args)
     ci_target = ci_target_of(args)
+    from ...kernels.inductor import fresh_cache_dir
+
+    fresh_cache_dir()  # before any worker starts: they inherit it (Ray's workers say in run.json whose they used)
     if args.ray is not None or args.workers is not None:
         load_plugins(args.plugin)
         if args.time_budget is not None or args.sample_time is not None or args.ci_target is not None:
             raise UsageError("time-budget, sample-time, ci-target: not with --ray (each shard times by its own rule)")
         return cmd_run_ray(args)
-    from ...kernels.inductor import fresh_cache_dir
-
-    fresh_cache_dir()  # before any worker starts: they inherit it
     isolation = isolation_of(args, start=True)
     load_plugins(args.plugin)
     device = resolve_device(args.device)
@@ -215,7 +215,7 @@ def cmd_profile(args) -> int:
     load_plugins(args.plugin)
     device = resolve_device(args.device)
     cases, suite = build_cases(selection_of(args), device)
-    impls = resolve_impls(args.impl, device, case_ops(cases))
+    impls = resolve_impls(args.impl, device, case_ops(cases), compiled=suite != "quick")
     from ...profiles import capture
 
     tool = args.tool or ("nsys" if device.type == "cuda" and capture.nsys_path() else "torch")

@@ -15,8 +15,8 @@ The mask mods are made by module-level factories, so that a new plan of the same
 reuses the compiled graph.
 flex reads every slot of a key block its mask keeps in part and multiplies a masked slot's value by a probability of
 0, so a stale NaN past a sequence's length (a server's pool) would reach the output: a ragged or paged call first
-writes zeros into those slots, the ones past each length inside its last kept block (the slots a server reserves
-for the sequence's next tokens; never a page another sequence reads), inside the call (`+tails-zeroed`).
+writes zeros into those value slots, the ones past each length inside its last kept block (the slots a server
+reserves for the sequence's next tokens; never a slot any sequence reads), inside the call (`+tails-zeroed`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from .. import inductor
 from ..errors import Unsupported
-from ..registry import Impl, PlannedCall, add_builtin
+from ..registry import Impl, PlannedCall, add_builtin, dtype_name
 from .request import AttentionRequest
 
 # Block sizes (query rows, keys) of the block mask, which the kernel tiles by, for short queries (decode, verify: up to
@@ -37,7 +37,9 @@ from .request import AttentionRequest
 # a causal prefill on small tiles that skip the masked half finely; CUDA keeps torch's defaults (untimed here).
 BLOCK = {"cpu": {"short": (32, 256), "long": (32, 64)}, "cuda": {"short": (128, 128), "long": (128, 128)}}
 SHORT_QUERY = 16
-MIN_KEY_BLOCK = {"cpu": 1, "cuda": 16}  # the Triton kernel's smallest key tile
+# A paged cache's key block is its page: on CUDA Inductor's flex kernel needs key blocks in multiples of its key tile
+# (128 in the default mode; flex decoding's own rule is not checked here: no GPU was lent), on the host any page
+PAGE_MULTIPLE = {"cpu": 1, "cuda": 128}
 
 
 @functools.cache
@@ -91,42 +93,54 @@ def _logical_pages(req: AttentionRequest, lengths: torch.Tensor) -> torch.Tensor
     slots = torch.arange(req.block_table.shape[1], device=dev)
     used = slots[None, :] < needed[:, None]
     rows = torch.arange(req.batch, device=dev)[:, None].expand_as(used)[used]
+    for b in range(req.batch):
+        row = req.block_table[b][used[b]]
+        if row.unique().numel() != row.numel():
+            raise Unsupported(f"flex reads a pool through an inverse of the block table: sequence {b} lists a page "
+                              "twice, which gives it two positions")
     logical = torch.full((req.batch, pages), -1, dtype=torch.int32, device=dev)
     logical[rows, req.block_table[used].long()] = slots[None, :].expand_as(used)[used].to(torch.int32)
     return logical
 
 
 def tail_rows(req: AttentionRequest, block: int) -> torch.Tensor | None:
-    """int64 indices of the K/V rows (of D elements: a contiguous cache's [B * Hkv * Sk], a pool's
+    """int64 indices of the V rows (of D elements: a contiguous cache's [B * Hkv * Sk], a pool's
     [num_pages * page_size * Hkv]) that lie past a sequence's length inside a key block its mask keeps in part
     (`block` keys; a pool's blocks are its pages), or None where there is none. flex reads every slot of such a
-    block and multiplies a masked one's value by a probability of 0: a stale NaN there would reach the output."""
+    block and multiplies a masked one's value by a probability of 0: a stale NaN there would reach the output (a
+    masked key's NaN score is replaced by the mask, so K needs nothing)."""
     if not req.ragged and not req.paged:
         return None
     dev, heads = req.q.device, req.kv_heads
     lengths = req.seqlens or (req.kv_len,) * req.batch
-    shared = set()
-    if req.paged:  # a page two sequences read holds the other's keys: never written
-        seen: set[int] = set()
-        for b, n in enumerate(lengths):
-            pages = set(req.block_table[b, :-(-n // block)].tolist())
-            shared |= pages & seen
-            seen |= pages
+    if req.paged:
+        tokens = _pool_tails(req, torch.tensor(lengths, device=dev))
+        if tokens is None:
+            return None
+        return (tokens[:, None] * heads + torch.arange(heads, device=dev)[None, :]).reshape(-1)
     rows = []
     for b, n in enumerate(lengths):
         end = min(-(-n // block) * block, req.kv_len)
-        if end <= n:
-            continue
-        slots = torch.arange(n, end, device=dev)
-        if req.paged:
-            pages = req.block_table[b, slots // block].long()
-            if int(pages[0]) in shared:
-                continue
-            tokens = pages * block + slots % block
-            rows.append((tokens[:, None] * heads + torch.arange(heads, device=dev)[None, :]).reshape(-1))
-        else:
+        if end > n:
+            slots = torch.arange(n, end, device=dev)
             rows.append(((b * heads + torch.arange(heads, device=dev)[:, None]) * req.kv_len + slots[None, :])
                         .reshape(-1))
+    return torch.cat(rows) if rows else None
+
+
+def _pool_tails(req: AttentionRequest, lengths: torch.Tensor) -> torch.Tensor | None:
+    """The pool's token rows past what any sequence reads of a page some sequence ends inside: a page that several
+    sequences read (a fork's shared prefix, a page listed twice) keeps every slot one of them reads."""
+    page, dev = req.page_size, req.q.device
+    count = (lengths + page - 1) // page
+    slots = torch.arange(req.block_table.shape[1], device=dev)
+    used = slots[None, :] < count[:, None]
+    fill = (lengths[:, None] - slots[None, :] * page).clamp(0, page)
+    filled = torch.zeros(req.num_pages, dtype=torch.int64, device=dev).scatter_reduce(
+        0, req.block_table[used].long(), fill[used], "amax")
+    ends = lengths % page != 0
+    last = req.block_table[torch.arange(req.batch, device=dev)[ends], count[ends] - 1].long().unique()
+    rows = [p * page + torch.arange(int(filled[p]), page, device=dev) for p in last.tolist() if filled[p] < page]
     return torch.cat(rows) if rows else None
 
 
@@ -149,9 +163,9 @@ def block_mask_of(req: AttentionRequest, keys: int, device_type: str):
         lengths = _lengths(req)
         mask = _paged_mask(req.q_len, req.causal, req.window_left, lengths, _logical_pages(req, lengths),
                            req.page_size)
-        if req.page_size < MIN_KEY_BLOCK[device_type]:
-            raise Unsupported(f"flex on {device_type} tiles keys by at least {MIN_KEY_BLOCK[device_type]}, "
-                              f"got pages of {req.page_size}")
+        if req.page_size % PAGE_MULTIPLE[device_type]:
+            raise Unsupported(f"flex on {device_type} reads a page as one key block, which must be a multiple of "
+                              f"{PAGE_MULTIPLE[device_type]} keys, got pages of {req.page_size}")
         return fa.create_block_mask(mask, B=req.batch, H=None, Q_LEN=req.q_len, KV_LEN=keys,
                                     device=req.q.device, BLOCK_SIZE=(q_block, req.page_size))
     # a dense request gets one too (every block full, its mask never evaluated): the blocks are the kernel's tiles
@@ -195,13 +209,12 @@ def plan_flex(req: AttentionRequest, impl: str = "flex", v: torch.Tensor | None 
     before = None
     if tails is not None:
         label += "+tails-zeroed"
-        if not (req.k.is_contiguous() and req.v.is_contiguous()):
-            raise Unsupported("flex zeroes the slots past each length in place, which needs contiguous K/V")
-        caches = [t.view(-1, t.shape[-1]) for t in dict.fromkeys((req.k, req.v))]  # one latent pool: once
+        if not req.v.is_contiguous():
+            raise Unsupported("flex zeroes the value slots past each length in place, which needs a contiguous V")
+        values = req.v.view(-1, req.v.shape[-1])  # MLA's latent is its K too: zeroed once
 
         def before():
-            for rows in caches:
-                rows.index_fill_(0, tails, 0)
+            values.index_fill_(0, tails, 0)
     gqa = req.kv_heads != req.q_heads
     if req.sinks is not None:
         return inductor.compiled_call(impl, label + "+fp32-lse-sink", _flex_sink_body, req.q, k, v, block_mask,
@@ -229,5 +242,8 @@ FLEX = add_builtin(Impl(
     max_head_dim=1 << 16,
     unavailable=why_unavailable,
     backends=lambda device_type: inductor.backend(device_type, "flex"),
+    # the sink route upcasts q, K and V and multiplies in fp32 (CUDA only); every other call its inputs' dtype
+    compute=lambda device_type, dtype, fields: "float32" if device_type == "cuda" and fields.get("sinks")
+    else dtype_name(dtype),
     compiles=True,
 ))

@@ -53,8 +53,9 @@ def test_the_mode_comes_from_the_environment_and_a_bad_one_is_one_line(monkeypat
 
 
 def test_a_run_gets_its_own_empty_cache_unless_one_is_set(monkeypatch, tmp_path):
-    monkeypatch.delenv(inductor.CACHE_ENV, raising=False)
-    monkeypatch.delenv(inductor.FRESH_ENV, raising=False)
+    # set blank through monkeypatch (which restores them), so that what fresh_cache_dir writes is undone too
+    monkeypatch.setenv(inductor.CACHE_ENV, "")
+    monkeypatch.setenv(inductor.FRESH_ENV, "")
     path = inductor.fresh_cache_dir()
     assert os.path.isdir(path) and not os.listdir(path) and inductor.cache_dir() == path
     assert inductor.cache_kind().startswith("this run's own")
@@ -62,13 +63,32 @@ def test_a_run_gets_its_own_empty_cache_unless_one_is_set(monkeypatch, tmp_path)
     assert inductor.fresh_cache_dir() == str(tmp_path) and inductor.cache_kind().startswith("set by the user")
 
 
-def test_the_recompile_limit_is_raised_and_hitting_it_is_an_error():
-    inductor.compiled(_scaled, "default")
+STEP = [0]
+
+
+def _stepped(x):
+    return x * STEP[0]  # Dynamo guards on the constant: each new value is a new graph
+
+
+def test_past_dynamos_default_limit_every_shape_still_compiles_and_counts():
+    fn = inductor.compiled(_stepped, "default")
     config = torch._dynamo.config
     assert config.recompile_limit >= inductor.RECOMPILE_LIMIT and config.fail_on_recompile_limit_hit
+    x, graphs = torch.arange(3.0), inductor.graph_count()
+    for step in range(1, 11):  # past the default limit of 8 a silent fall back to eager would stop the count
+        STEP[0] = step
+        assert torch.equal(fn(x), x * step)
+    assert inductor.graph_count() == graphs + 10
 
 
 def test_inductor_is_unavailable_without_a_compiler(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(inductor.shutil, "which", lambda name: None)
     assert "no C++ compiler" in inductor.why_unavailable("cpu")
+
+
+def test_a_plugin_declares_that_it_compiles_with_a_bool():
+    from phasebench.kernels import register
+
+    with pytest.raises(ValueError, match="compiles: must be a bool, got 'yes'"):
+        register("linear", "x_compiled", lambda x, w: x @ w.T, compiles="yes")

@@ -12,7 +12,7 @@ from phasebench.bench.instruments.timing import TimerConfig
 from phasebench.bench.ops.attention.cases import AttentionCase
 from phasebench.bench.ops.linear.cases import LinearCase
 from phasebench.bench.sweep import runner
-from phasebench.kernels import inductor
+from phasebench.kernels import inductor, register
 from phasebench.kernels.linear.compiled import COMPILED_LINEAR
 from phasebench.kernels.registry import OPS, add_builtin
 
@@ -34,24 +34,37 @@ def _plan_unstable(req):
     return type(call)(call.impl, call.backend, run, call.compiled)
 
 
+def _doubled(x, w):
+    return F.linear(x, w) * 2.0
+
+
+PLUGIN_BODY = torch.compile(_doubled, fullgraph=True, dynamic=False)
+
+
 @pytest.fixture
 def unstable():
     impl = add_builtin(COMPILED_LINEAR.__class__(**{**COMPILED_LINEAR.__dict__, "name": "unstable",
                                                      "plan": _plan_unstable}))
+    # a user's compiled kernel, declared so: treated as the built-ins are
+    register("linear", "plugin_compiled", lambda x, w: PLUGIN_BODY(x, w) / 2.0, compiles=True)
     yield impl
-    OPS["linear"].pop("unstable", None)
+    for name in ("unstable", "plugin_compiled"):
+        OPS["linear"].pop(name, None)
 
 
 def test_compiled_rows_carry_their_compile_and_a_recompiling_row_is_flagged(tmp_path, unstable):
     case = LinearCase(m=3, n=97, k=1025, dtype="float32", phase="decode")
     flex_case = AttentionCase(1, 4, 2, 33, 70, 32, True, "float32")
-    df = runner.run(runner.RunConfig([case, flex_case], ["torch", "compiled", "unstable", "flash", "flex"], CPU,
+    df = runner.run(runner.RunConfig([case, flex_case], ["torch", "compiled", "unstable", "plugin_compiled", "flash",
+                                                         "flex"], CPU,
                                      tmp_path, suite="test", detect_contention=False, timer=FAST))
     rows = {(r.op, r.impl): r for r in df.itertuples()}
     assert all(r.status == "ok" for r in rows.values()), df[["impl", "status", "reason"]].to_string()
-    for key in (("linear", "compiled"), ("attention", "flex")):
+    for key in (("linear", "compiled"), ("attention", "flex"), ("linear", "plugin_compiled")):
         row = rows[key]
-        assert row.compile_s > 0 and row.compile_graphs >= 0 and row.compile_cache in ("cold", "disk", "memory")
+        # a graph this worker compiled before (another test, the same shape) serves it from memory, else it compiles
+        assert row.compile_s > 0 and (row.compile_graphs, row.compile_cache) in ((0, "memory"), (1, "cold"),
+                                                                                 (1, "disk"))
         assert row.recompiles == 0 and not row.noisy, (key, row.noise_reason)
     assert rows[("attention", "flex")].build_s > 0  # the causal chunk's block mask, built in the plan
     for key in (("linear", "torch"), ("attention", "flash")):

@@ -85,6 +85,30 @@ def test_the_zeroed_slots_are_the_tails_of_the_last_kept_blocks_only():
     assert pages == {int(table[0, 1])}
 
 
+def test_a_forked_sequence_sharing_its_partial_last_page_gets_its_tail_zeroed():
+    # two samples of one prompt (beam search, n > 1): the same table, both ending inside the shared last page
+    q, k, v = make_qkv(2, 4, 2, 1, 32, 16, seed=8)
+    k[1], v[1] = k[0], v[0]
+    k_pool, v_pool, table = to_pages(k[:1], v[:1], 16, (21,), seed=3)
+    table = table.expand(2, -1).contiguous()
+    last = int(table[0, 1])
+    k_pool[last, 5:], v_pool[last, 5:] = NAN, NAN
+    lens = torch.tensor([21, 21], dtype=torch.int32)
+    call = prepare(q, k_pool, v_pool, impl="flex", cache_seqlens=lens, block_table=table)
+    assert call.backend.endswith("+tails-zeroed")
+    assert_matches_reference(call.run(), q, k, v, seqlens=(21, 21))
+    assert torch.isnan(k_pool[last, 5:]).all()  # only V is written: the mask replaces a masked key's score
+
+
+def test_a_page_listed_twice_in_one_sequence_is_refused():
+    q, k, v = make_qkv(1, 2, 1, 1, 48, 16, seed=9)
+    k_pool, v_pool, table = to_pages(k, v, 16, (40,), seed=1)
+    table[0, 2] = table[0, 0]
+    with pytest.raises(Unsupported, match="sequence 0 lists a page twice"):
+        prepare(q, k_pool, v_pool, impl="flex", cache_seqlens=torch.tensor([40], dtype=torch.int32),
+                block_table=table)
+
+
 def test_a_ragged_call_writes_zeros_into_the_tails_and_nothing_past_them():
     q, k, v = make_qkv(2, 4, 2, 1, 600, 32, seed=4)
     lens = torch.tensor([130, 600], dtype=torch.int32)
@@ -107,7 +131,7 @@ def test_a_second_plan_of_a_case_compiles_nothing_and_builds_its_own_block_mask(
     assert inductor.graph_count() == graphs and again.compiled.graphs == 0 and again.compiled.cache == "memory"
     assert again.compiled.build_s > 0  # a causal chunk has a block mask, built in the plan
     decode = prepare(q[:, :, :1], k, v, impl="flex")
-    assert decode.compiled.build_s >= 0 and not decode.compiled.done  # nothing runs before the first call
+    assert decode.compiled.build_s > 0 and not decode.compiled.done  # its dense block mask; nothing runs yet
 
 
 def test_sinks_on_the_host_are_refused_with_the_reason():
