@@ -1,5 +1,5 @@
-"""Session-wide test settings: the xdist workers, one ceilings cache for the whole run, a quick run shared by
-end-to-end tests."""
+"""Session-wide test settings: the xdist workers, one ceilings cache and one Inductor cache for the whole run, a quick
+run shared by end-to-end tests."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def pytest_configure(config):
     # one round per `phasebench run` of the tests (each further round starts a worker process: seconds); the quick run
     # and the tests of the rounds themselves ask for theirs
     os.environ.setdefault("PHASEBENCH_ROUNDS", "1")
+    # one Inductor cache for the session (in the same folder), as a developer's default cache is: the `phasebench run`
+    # commands of the tests keep it (a run makes an empty one of its own only where none is set), so a shape that
+    # flex or compiled compiled once is not compiled cold by each command again
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["PHASEBENCH_CACHE"], "inductor"))
     _share_the_cores()
 
 

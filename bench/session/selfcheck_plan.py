@@ -34,7 +34,10 @@ class SelfcheckPlan:
     # suite_need_s per suite instead
     minimum_s: dict[str, float]
     reserve_s: float = 15.0  # kept back for the report's packing and the summary
-    suite_impls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: every impl available there
+    # default: every impl available there, but those that compile on their first call (flex, compiled) unless
+    # `compiled`: their cold compiles, seconds a shape, would take the suites' budget
+    suite_impls: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    compiled: bool = False
     interference_args: tuple[str, ...] = ()  # `phasebench interference` beside --device, --dtype and --out
 
     def __post_init__(self):

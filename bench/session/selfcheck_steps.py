@@ -197,6 +197,18 @@ def _suite_digest(folder: Path) -> dict:
             "best": best.to_dict("records"), "autotune": run.get("autotune", [])}
 
 
+def suite_impls(plan: SelfcheckPlan, suite: str) -> list[str]:
+    """The impls a suite runs with in the self-check: the plan's, else every one available on its device (those that
+    compile on their first call only where the plan asks for them)."""
+    if suite in plan.suite_impls:
+        return list(plan.suite_impls[suite])
+    from ..sweep.selection import case_ops, resolve_impls
+    from ..sweep.suites import suite_cases
+
+    ops = case_ops(suite_cases(suite, plan.device, plan.dtype, plan.models))
+    return resolve_impls((), plan.device, ops, compiled=plan.compiled)
+
+
 def step_suites(ctx: StepContext, allowance_s: float) -> StepOutcome:
     """Each suite as its own `phasebench run` with a time budget from its share: a cut-off suite still spreads its
     rows over the sweep and records the rest as skipped, and time one suite leaves goes to the next."""
@@ -210,9 +222,9 @@ def step_suites(ctx: StepContext, allowance_s: float) -> StepOutcome:
             digest[suite] = {"skipped": f"{mine:.1f} s left for it, under the {need:g} s a run needs"}
             continue
         out = ctx.work / "suites" / suite
-        impls = ["--impl", *plan.suite_impls[suite]] if suite in plan.suite_impls else []
-        result = ctx.child([*CLI, "run", "--suite", suite, *impls, "--model", *plan.models, "--device", plan.device,
-                            "--dtype", plan.dtype, "--sample-time", str(plan.sample_time),
+        impls = suite_impls(plan, suite)
+        result = ctx.child([*CLI, "run", "--suite", suite, "--impl", *impls, "--model", *plan.models, "--device",
+                            plan.device, "--dtype", plan.dtype, "--sample-time", str(plan.sample_time),
                             "--time-budget", f"{mine - plan.teardown_s:.1f}", "--out", str(out)],
                            mine)
         results.append(result)
