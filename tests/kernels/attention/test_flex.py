@@ -110,19 +110,23 @@ def test_a_page_listed_twice_in_one_sequence_is_refused():
 
 
 def test_a_ragged_call_writes_zeros_into_the_tails_and_nothing_past_them():
-    q, k, v = make_qkv(2, 4, 2, 1, 600, 32, seed=4)
-    lens = torch.tensor([130, 600], dtype=torch.int32)
-    k_in, v_in, _ = poison_past_the_end(k, v, (130, 600), 0)
+    # the decode-ragged shape above (its graph): lengths 300, 1, 129 and 64 against the key tile of a decode
+    shape, _, _, dtype = SHAPES["decode-ragged"]
+    q, k, v = make_qkv(shape.batch, shape.q_heads, shape.kv_heads, shape.q_len, shape.kv_len, shape.head_dim,
+                       dtype=dtype, seed=4)
+    lens = torch.tensor(shape.seqlens, dtype=torch.int32)
+    k_in, v_in, _ = poison_past_the_end(k, v, shape.seqlens, 0)
     call = prepare(q, k_in, v_in, impl="flex", cache_seqlens=lens)
     block = block_sizes(validate(q, k, v, cache_seqlens=lens), "cpu")[1]
-    assert 130 < block < 600 - block
+    assert 129 < block < shape.kv_len
     call.run()
-    assert (v_in[0, :, 130:block] == 0).all() and torch.isnan(v_in[0, :, block:]).all()
-    assert torch.equal(v_in[1], v[1]) and torch.equal(v_in[0, :, :130], v[0, :, :130])
+    assert (v_in[2, :, 129:block] == 0).all() and (v_in[3, :, 64:block] == 0).all()
+    assert torch.isnan(v_in[2, :, block:]).all() and torch.isnan(k_in[2, :, 129:]).all()  # nothing else written
+    assert torch.equal(v_in[0], v[0]) and torch.equal(v_in[2, :, :129], v[2, :, :129])
 
 
 def test_a_second_plan_of_a_case_compiles_nothing_and_builds_its_own_block_mask():
-    q, k, v = make_qkv(1, 4, 2, 33, 70, 32, seed=6)
+    q, k, v = make_qkv(1, 4, 2, 97, 300, 64, seed=6)  # the chunk-bottom-right shape above
     first = prepare(q, k, v, impl="flex", causal=True)
     first.run()
     graphs = inductor.graph_count()
