@@ -42,30 +42,34 @@ __all__ = ["attention", "prepare", "backend_for", "available_impls", "describe_i
 
 
 def prepare(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
-            sinks=None) -> PlannedCall:
+            sinks=None, k_scale=None, v_scale=None) -> PlannedCall:
     """Validate and plan a call without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl)
     req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table,
-                   window_left=window_left, sinks=sinks)
+                   window_left=window_left, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     chosen.check(req)
     return chosen.plan(req)
 
 
 def attention(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
-              sinks=None):
+              sinks=None, k_scale=None, v_scale=None):
     """Attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D]; returns [B, Hq, Sq, D] in q's dtype. With
     `block_table` (int32 [B, max_pages]), k and v are pools of pages [num_pages, page_size, Hkv, D].
     `window_left` (FlashInfer's): the query at position i (bottom-right aligned) sees keys j >= i - window_left
-    (-1: no window); `sinks` (float32 [Hq]): a logit per head added to the softmax denominator (gpt-oss)."""
+    (-1: no window); `sinks` (float32 [Hq]): a logit per head added to the softmax denominator (gpt-oss).
+    An fp8 KV cache: k and v float8_e4m3fn codes, `k_scale` / `v_scale` float32 of shape [] or [Hkv] (value = code x
+    scale)."""
     return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
-                   block_table=block_table, window_left=window_left, sinks=sinks).run()
+                   block_table=block_table, window_left=window_left, sinks=sinks, k_scale=k_scale,
+                   v_scale=v_scale).run()
 
 
 def backend_for(q, k, v, *, impl, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
-                sinks=None) -> str:
+                sinks=None, k_scale=None, v_scale=None) -> str:
     """The concrete backend that `attention` with the same arguments uses."""
     return prepare(q, k, v, impl=impl, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
-                   block_table=block_table, window_left=window_left, sinks=sinks).backend
+                   block_table=block_table, window_left=window_left, sinks=sinks, k_scale=k_scale,
+                   v_scale=v_scale).backend
 
 
 def prepare_linear(x, w, *, impl) -> PlannedCall:
@@ -112,21 +116,24 @@ def qlinear(x, qweight, *, impl):
     return prepare_qlinear(x, qweight, impl=impl).run()
 
 
-def prepare_mla(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None) -> PlannedCall:
+def prepare_mla(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None,
+                latent_scale=None) -> PlannedCall:
     """Validate and plan `mla_decode` without running it: `.backend` names what serves it, `.run()` runs it."""
     chosen = get_impl(impl, op="mla")
-    req = validate_mla(q, latent, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens, block_table=block_table)
+    req = validate_mla(q, latent, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens, block_table=block_table,
+                       latent_scale=latent_scale)
     chosen.check(req)
     return chosen.plan(req)
 
 
-def mla_decode(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None):
+def mla_decode(q, latent, *, impl, scale, v_dim=512, cache_seqlens=None, block_table=None, latent_scale=None):
     """MLA decode with the projections absorbed: q [B, Hq, Sq, D] (Sq 1 or 2, bottom-right causal) against one
     latent per token, [B, 1, Sk, D] or pools of pages [num_pages, page_size, 1, D] with `block_table`; the value is the
     latent's first `v_dim` dims (DeepSeek: D 576 = 512 + 64 rotary, v_dim 512); returns [B, Hq, Sq, v_dim] in q's
-    dtype. `scale` is required: MLA's is 1/sqrt(qk_nope + qk_rope dims), not 1/sqrt(D)."""
+    dtype. `scale` is required: MLA's is 1/sqrt(qk_nope + qk_rope dims), not 1/sqrt(D). An fp8 latent cache:
+    float8_e4m3fn codes and `latent_scale`, one float32 scale (shape []) for the tensor."""
     return prepare_mla(q, latent, impl=impl, scale=scale, v_dim=v_dim, cache_seqlens=cache_seqlens,
-                       block_table=block_table).run()
+                       block_table=block_table, latent_scale=latent_scale).run()
 
 
 def prepare_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, impl) -> PlannedCall:

@@ -78,6 +78,10 @@ class Impl:
     window: bool = False
     sinks: bool = False
     max_head_dim: int = 256
+    # reads an fp8 KV cache (attention's K/V, MLA's latent: float8_e4m3fn codes with scales); `fp8_refusal` says why
+    # an implementation without it refuses one (SDPA takes no fp8 K/V with scales)
+    fp8_kv: bool = False
+    fp8_refusal: str = ""
     # returns None when usable on a device type, else why not (e.g. a package is missing)
     unavailable: Callable[[str], str | None] = field(default=lambda device_type: None)
     # the concrete backend name(s) it would use on a device type, for `phasebench list`
@@ -108,6 +112,8 @@ class Impl:
         reason = self.why_not(req.device_type)
         if reason is None and req.dtype not in self.dtypes:
             reason = f"{self.name} does not support dtype {req.dtype} on {req.device_type}"
+        if reason is None and getattr(req, "kv_fp8", False) and not self.fp8_kv:
+            reason = self.fp8_refusal or f"{self.name} does not read an fp8 KV cache (float8_e4m3fn with scales)"
         if reason is None and self.op == "attention":
             reason = self._attention_limits(req)
         if reason is not None:

@@ -24,6 +24,7 @@ Routes (each reported as the call's backend):
   rescaled by sigmoid(lse - sink) = Z / (Z + exp(sink)), all in fp32 and rounded once (suffix `+fp32-lse-sink`: q
   and the keys the window reaches are upcast in the call); on CUDA the SDPA routes raise `Unsupported` (the public
   API returns no log-sum-exp).
+- An fp8 KV cache (float8_e4m3fn K/V with scales): every route here raises `Unsupported` (fp8.SDPA_REFUSAL).
 A backend that rejects a request at run time raises `Unsupported`; nothing falls back silently.
 """
 
@@ -39,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .. import buffers
 from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
+from .fp8 import SDPA_REFUSAL
 from .naive import allowed_keys, window_start
 from .paged import gatherer
 from .request import AttentionRequest
@@ -247,6 +249,7 @@ FLASH = add_builtin(Impl(
     window=True,
     sinks=True,  # on the host's SDPA route only (its log-sum-exp); the others raise Unsupported when planned
     backends=_flash_backends,
+    fp8_refusal=SDPA_REFUSAL,
 ))
 
 SDPA_EFFICIENT = add_builtin(Impl(
@@ -258,6 +261,7 @@ SDPA_EFFICIENT = add_builtin(Impl(
     window=True,
     unavailable=_cuda_only,
     backends=lambda device_type: "sdpa-efficient",
+    fp8_refusal=SDPA_REFUSAL,
 ))
 
 CUDNN = add_builtin(Impl(
@@ -270,4 +274,5 @@ CUDNN = add_builtin(Impl(
     max_head_dim=128,
     unavailable=_cuda_only,
     backends=lambda device_type: "sdpa-cudnn",
+    fp8_refusal=SDPA_REFUSAL,
 ))

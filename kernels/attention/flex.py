@@ -29,6 +29,7 @@ import torch
 from .. import inductor
 from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin, dtype_name
+from .fp8 import FLEX_REFUSAL
 from .request import AttentionRequest
 
 # Block sizes (query rows, keys) of the block mask, which the kernel tiles by, for short queries (decode, verify: up to
@@ -242,6 +243,7 @@ FLEX = add_builtin(Impl(
     max_head_dim=1 << 16,
     unavailable=why_unavailable,
     backends=lambda device_type: inductor.backend(device_type, "flex"),
+    fp8_refusal=FLEX_REFUSAL,
     # the sink route upcasts q, K and V and multiplies in fp32 (CUDA only); every other call its inputs' dtype
     compute=lambda device_type, dtype, fields: "float32" if device_type == "cuda" and fields.get("sinks")
     else dtype_name(dtype),

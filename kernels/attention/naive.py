@@ -1,6 +1,7 @@
 """Naive attention: fp32 scores as a matmul, softmax in fp32 (a sink logit joining its denominator), then a matmul
 (materialises the scores, a window as a mask; a ragged batch's P.V per sequence, over its own keys); a paged cache is
-gathered into contiguous K/V first, inside the call."""
+gathered into contiguous K/V first, inside the call; an fp8 cache is dequantized to q's dtype (after the gather),
+inside the call."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from .. import buffers
 from ..registry import Impl, PlannedCall, add_builtin, dtype_name
+from .fp8 import dequantized
 from .paged import contiguous, gatherer
 from .request import AttentionRequest
 
@@ -81,10 +83,13 @@ def naive_attention(req: AttentionRequest) -> torch.Tensor:
 
 
 def _plan(req: AttentionRequest) -> PlannedCall:
+    decode = dequantized if req.kv_fp8 else (lambda r: r)  # fp8 codes x scales, rounded to q's dtype, in the call
+    label = "fp8-dequant+" if req.kv_fp8 else ""
     if req.paged:  # the pages copied into contiguous K/V inside the call, then the same math
         gather = gatherer(req)
-        return PlannedCall("naive", "gather+torch-matmul", lambda: naive_attention(contiguous(req, *gather())))
-    return PlannedCall("naive", "torch-matmul", lambda: naive_attention(req))
+        return PlannedCall("naive", f"gather+{label}torch-matmul",
+                           lambda: naive_attention(decode(contiguous(req, *gather()))))
+    return PlannedCall("naive", f"{label}torch-matmul", lambda: naive_attention(decode(req)))
 
 
 def scores_fp32(device_type: str, dtype: torch.dtype, fields) -> str:
@@ -104,6 +109,7 @@ NAIVE = add_builtin(Impl(
     window=True,
     sinks=True,
     max_head_dim=1 << 16,
+    fp8_kv=True,
     backends=lambda device_type: "torch-matmul",
     compute=scores_fp32,
 ))

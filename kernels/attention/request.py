@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import add_operator
+from .fp8 import FP8_DTYPE, check_kv_dtypes
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -28,6 +29,14 @@ class AttentionRequest:
     # FlashInfer's window: the query at position i (bottom-right: L - Sq + row) sees keys j >= i - window_left; -1: none
     window_left: int = -1
     sinks: torch.Tensor | None = None  # float32 [Hq]: a logit per head that joins the softmax denominator (gpt-oss)
+    # an fp8 cache (K/V float8_e4m3fn): float32 scales of shape [] or [Hkv], value = float(code) x scale (fp8.py)
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def kv_fp8(self) -> bool:
+        """True when K/V hold float8_e4m3fn codes with their scales."""
+        return self.k_scale is not None
 
     @property
     def windowed(self) -> bool:
@@ -90,12 +99,13 @@ def _bad(arg: str, rule: str) -> ValueError:
 
 
 def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
-             sinks=None) -> AttentionRequest:
+             sinks=None, k_scale=None, v_scale=None) -> AttentionRequest:
     """Check the arguments of `attention` and return the request, or raise a one-line ValueError.
 
     With `block_table`, k and v are pools of pages [num_pages, page_size, Hkv, D] and the table (int32
     [B, max_pages]) names the page of each block of page_size keys of each sequence. `window_left` (-1: none) and
-    `sinks` (float32 [Hq]) as in AttentionRequest."""
+    `sinks` (float32 [Hq]) as in AttentionRequest; k and v may be float8_e4m3fn codes with `k_scale` and `v_scale`
+    (float32, shape [] or [Hkv]: fp8.py)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise _bad(name, f"must be a torch.Tensor, got {type(t).__name__}")
@@ -103,12 +113,11 @@ def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_tab
             layout = "[num_pages, page_size, Hkv, D] with a block_table" if block_table is not None and name != "q" \
                 else "BHSD layout"
             raise _bad(name, f"must have rank 4 ({layout}), got shape {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise _bad(name, f"must be a floating dtype (float16/bfloat16/float32/float64), got {t.dtype}")
+        if t.dtype not in FLOAT_DTYPES and (name == "q" or t.dtype != FP8_DTYPE):
+            also = "" if name == "q" else ", or float8_e4m3fn with its scale"
+            raise _bad(name, f"must be a floating dtype (float16/bfloat16/float32/float64{also}), got {t.dtype}")
         if 0 in t.shape:
             raise _bad(name, f"must not have an empty dimension, got shape {tuple(t.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise _bad("k/v", f"dtype must match q ({q.dtype}), got k {k.dtype} and v {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise _bad("k/v", f"device must match q ({q.device}), got k {k.device} and v {v.device}")
     if k.shape != v.shape:
@@ -121,6 +130,8 @@ def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_tab
     kv_heads = k.shape[2] if paged else k.shape[1]
     if q.shape[1] % kv_heads != 0:
         raise _bad("q", f"heads must be a multiple of kv heads (Hq % Hkv == 0), got Hq={q.shape[1]} Hkv={kv_heads}")
+    if not check_kv_dtypes(q, k, v, k_scale, v_scale, kv_heads):
+        k_scale = v_scale = None
     if not isinstance(causal, bool):
         raise _bad("causal", f"must be a bool, got {type(causal).__name__}")
     if scale is None:
@@ -141,7 +152,8 @@ def validate(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_tab
         _check_pages(block_table, k.shape[0], k.shape[1], seqlens or (kv_len,) * q.shape[0])
     window_left = check_window(window_left)
     _check_sinks(sinks, q)
-    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens, block_table, window_left, sinks)
+    return AttentionRequest(q, k, v, causal, float(scale), cache_seqlens, seqlens, block_table, window_left, sinks,
+                            k_scale, v_scale)
 
 
 def check_window(window_left) -> int:
@@ -215,12 +227,14 @@ def _check_seqlens(cache_seqlens, q, kv_len: int, q_len: int, causal: bool,
 
 def call_plugin(fn, req: AttentionRequest):
     """A user's attention function, called with the operator's convention (and block_table= for a paged cache,
-    window_left= and sinks= where the request has them)."""
+    window_left=, sinks=, k_scale= and v_scale= where the request has them)."""
     extra = {"block_table": req.block_table} if req.paged else {}
     if req.windowed:
         extra["window_left"] = req.window_left
     if req.sinks is not None:
         extra["sinks"] = req.sinks
+    if req.kv_fp8:
+        extra.update(k_scale=req.k_scale, v_scale=req.v_scale)
     return fn(req.q, req.k, req.v, causal=req.causal, scale=req.scale, cache_seqlens=req.cache_seqlens, **extra)
 
 

@@ -32,6 +32,10 @@ def _launch_options(req: AttentionRequest) -> tuple[int, bool, str]:
     return block_d, upcast, precision
 
 
+FP8_PREFILL_REFUSAL = (f"triton reads an fp8 KV cache in its split-KV decode kernel only (up to {SPLIT_KV_MAX_Q_LEN} query "
+                       f"tokens and {SPLIT_KV_MAX_ROWS} rows per KV head); its prefill kernel reads K/V in q's dtype")
+
+
 def triton_attention(req: AttentionRequest) -> torch.Tensor:
     """Run the Triton kernel that suits a validated request."""
     out = buffers.empty_like(req.q)
@@ -44,10 +48,10 @@ def triton_attention(req: AttentionRequest) -> torch.Tensor:
 
 
 def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None, block_table=None, window_left=-1,
-                       sinks=None, num_splits=None) -> torch.Tensor:
+                       sinks=None, num_splits=None, k_scale=None, v_scale=None) -> torch.Tensor:
     """The split-KV decode kernels called directly; `num_splits` overrides the chosen split count."""
     req = validate(q, k, v, causal=causal, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table,
-                   window_left=window_left, sinks=sinks)
+                   window_left=window_left, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     TRITON.check(req)
     if not uses_split_kv(req):
         raise Unsupported(f"split-KV serves up to {SPLIT_KV_MAX_Q_LEN} query tokens and "
@@ -58,7 +62,10 @@ def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None,
 
 
 def _plan(req: AttentionRequest) -> PlannedCall:
+    if req.kv_fp8 and not uses_split_kv(req):
+        raise Unsupported(FP8_PREFILL_REFUSAL)
     backend = ("triton-splitkv" if uses_split_kv(req) else "triton-prefill") + ("+paged" if req.paged else "")
+    backend += "+fp8kv" if req.kv_fp8 else ""
     return PlannedCall("triton", f"{backend}:{mode()}", lambda: triton_attention(req))
 
 
@@ -72,6 +79,7 @@ TRITON = add_builtin(Impl(
     paged=True,
     window=True,
     sinks=True,
+    fp8_kv=True,  # in the split-KV decode kernel; the prefill kernel's requests raise Unsupported when planned
     unavailable=triton_mode.why_unavailable,
     backends=lambda device_type: f"triton-prefill, triton-splitkv ({mode()})",
     compute=triton_mode.compute,

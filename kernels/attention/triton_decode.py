@@ -6,6 +6,8 @@ so K/V are read once per kv head. It writes its partial max, sum and unnormalise
 Stage 2: a reduce kernel rescales and sums the partials of each query row.
 A paged cache (PAGE_SIZE > 0) is read through the block table: K/V are pools [num_pages, page_size, Hkv, D], and
 each block of BLOCK_N keys finds its page (one table entry per block when pages hold whole blocks, else one per key).
+An fp8 cache (KV_FP8) arrives as its bytes, each block bitcast to e4m3 and converted in the loop; the per-tensor or
+per-head scales are folded into the score scale (K) and the partial output (V), constant along a program's keys.
 A sliding window cuts the splits from the keys some row's window reaches (from the block holding L - Sq - window on),
 so a window layer's step reads a bounded slice of the cache whatever its length; a sink logit joins the denominator
 in the reduce kernel only.
@@ -20,6 +22,7 @@ import triton.language as tl
 from .. import buffers
 from ..triton_cast import cast_out
 from ..triton_mode import interpreted, multiprocessor_count
+from .fp8 import codes, scale_stride
 from .paged import bhsd_strides
 
 LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * log2(e))
@@ -43,6 +46,13 @@ def page_offsets(TABLE_ROW, start_n, offs_n, limit, stride_kp, stride_kn, stride
 
 
 @triton.jit
+def fp8_codes_to(codes, dtype: tl.constexpr):
+    """e4m3 (fn) codes loaded as uint8 (a masked load cannot fill fp8), bitcast and converted to `dtype`: exact in
+    fp16, bf16 and fp32, which hold every e4m3 value."""
+    return codes.to(tl.float8e4nv, bitcast=True).to(dtype)
+
+
+@triton.jit
 def sink_normalised(acc, l_i, m_i, sink):
     """acc [R, D] and l_i [R], relative to the running max m_i (base 2), rescaled to max(m_i, sink) with exp2 of the
     sink (base 2 too) added to l_i; a row with no key (m_i = -inf) keeps acc 0 and gets l_i 1."""
@@ -52,14 +62,15 @@ def sink_normalised(acc, l_i, m_i, sink):
 
 
 @triton.jit
-def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
+def split_kv_kernel(Q, K, V, SEQLENS, TABLE, K_SCALE, V_SCALE, PART_M, PART_L, PART_ACC, qk_scale,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd, stride_tb,
-                    q_heads, kv_heads, group, q_len, kv_len, D, num_splits, window,
+                    q_heads, kv_heads, group, q_len, kv_len, D, num_splits, window, stride_ks, stride_vs,
                     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                    KV_FP8: tl.constexpr = False):
     # PAGE_SIZE 0: K/V are [B, Hkv, Sk, D]; else pools [num_pages, PAGE_SIZE, Hkv, D] whose page stride is stride_kb
     # and slot stride stride_kn, read through TABLE [B, max_pages]
     split = tl.program_id(0)
@@ -92,6 +103,11 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
     q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    if KV_FP8:  # value = code x scale: K's scale joins the scores' scale, V's the output's (one per head or tensor)
+        qk_scale = qk_scale * tl.load(K_SCALE + kv_h * stride_ks)
+        v_scale = tl.load(V_SCALE + kv_h * stride_vs)
+    else:
+        v_scale = 1.0
     if PAGE_SIZE > 0:
         k_ptrs = K + kv_h * stride_kh + offs_d[:, None] * stride_kd  # [BLOCK_D, 1], the keys' offsets added per block
         v_ptrs = V + kv_h * stride_vh + offs_d[None, :] * stride_vd
@@ -113,6 +129,9 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
             k_step, v_step = start_n * stride_kn, start_n * stride_vn
         k = tl.load(k_ptrs + k_step, mask=(keys[None, :] < hi) & (offs_d[:, None] < D), other=0.0)
         v = tl.load(v_ptrs + v_step, mask=(keys[:, None] < hi) & (offs_d[None, :] < D), other=0.0)
+        if KV_FP8:  # the codes' bytes as e4m3, converted exactly to q's dtype (fp32 in the interpreter)
+            k = fp8_codes_to(k, q.dtype)
+            v = fp8_codes_to(v, q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -131,6 +150,8 @@ def split_kv_kernel(Q, K, V, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     # partials are [B, Hq, Sq, num_splits] (+ [D] for the accumulator), contiguous fp32
     part = ((b * q_heads + h) * q_len + tok) * num_splits + split
     tl.store(PART_M + part, m_i, mask=row_ok)
@@ -175,7 +196,7 @@ TUNING_CONFIGS = [
 
 split_kv_kernel_tuned = triton.autotune(
     TUNING_CONFIGS, key=["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS", "PAGE_SIZE",
-                         "HAS_WINDOW"],
+                         "HAS_WINDOW", "KV_FP8"],
 )(split_kv_kernel)
 
 INTERPRETER_BLOCK_N = 64
@@ -206,12 +227,15 @@ def launch_split_kv(req, out, block_d: int, upcast: bool, precision: str, num_sp
     part_acc = buffers.empty((*part_shape, req.head_dim), device=q.device, dtype=torch.float32)
     seqlens = req.cache_seqlens if req.cache_seqlens is not None else q
     table = req.block_table if req.paged else seqlens  # dummy pointers when unused
-    args = (q, k, v, seqlens, table, part_m, part_l, part_acc, req.scale * LOG2E,
+    k_scale, v_scale = (req.k_scale, req.v_scale) if req.kv_fp8 else (part_m, part_m)
+    args = (q, codes(k), codes(v), seqlens, table, k_scale, v_scale, part_m, part_l, part_acc, req.scale * LOG2E,
             *q.stride(), *bhsd_strides(k, req.paged), *bhsd_strides(v, req.paged), table.stride(0),
-            req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits, max(req.window_left, 0))
+            req.q_heads, req.kv_heads, group, req.q_len, req.kv_len, req.head_dim, num_splits, max(req.window_left, 0),
+            *((scale_stride(req.k_scale), scale_stride(req.v_scale)) if req.kv_fp8 else (0, 0)))
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, CAUSAL=req.causal and req.q_len > 1,
                  UPCAST=upcast, PRECISION=precision, BLOCK_D=block_d,
-                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)), PAGE_SIZE=req.page_size, HAS_WINDOW=req.windowed)
+                 BLOCK_ROWS=max(16, triton.next_power_of_2(rows)), PAGE_SIZE=req.page_size, HAS_WINDOW=req.windowed,
+                 KV_FP8=req.kv_fp8)
     grid = (num_splits, req.batch * req.kv_heads)
     if interpreted():
         split_kv_kernel[grid](*args, **flags, BLOCK_N=INTERPRETER_BLOCK_N)

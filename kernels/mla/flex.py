@@ -8,6 +8,7 @@ import torch
 
 from .. import inductor
 from ..attention.flex import plan_flex, why_unavailable
+from ..attention.fp8 import FLEX_REFUSAL
 from ..registry import Impl, PlannedCall, add_builtin
 from .request import MLARequest
 
@@ -25,6 +26,7 @@ FLEX_MLA = add_builtin(Impl(
     plan=_plan,
     unavailable=why_unavailable,
     backends=lambda device_type: inductor.backend(device_type, "flex"),
+    fp8_refusal=FLEX_REFUSAL,
     op="mla",
     compiles=True,
 ))

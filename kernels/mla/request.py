@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..attention.fp8 import FP8_DTYPE, check_kv_dtypes
 from ..attention.request import AttentionRequest, validate
 from ..registry import add_operator
 
@@ -34,6 +35,11 @@ class MLARequest:
     def latent(self) -> torch.Tensor:
         return self.attention.k
 
+    @property
+    def latent_scale(self) -> torch.Tensor | None:
+        """An fp8 latent's float32 scale (shape []), None for a latent in q's dtype."""
+        return self.attention.k_scale
+
     def __getattr__(self, name):  # batch, q_heads, q_len, kv_len, head_dim, scale, seqlens, paged, page_size, ...
         if name == "attention":
             raise AttributeError(name)
@@ -44,8 +50,10 @@ def _bad(arg: str, rule: str) -> ValueError:
     return ValueError(f"{arg}: {rule}")
 
 
-def validate_mla(q, latent, *, scale, v_dim=V_DIM, cache_seqlens=None, block_table=None) -> MLARequest:
-    """Check the arguments of `mla_decode` and return the request, or raise a one-line ValueError."""
+def validate_mla(q, latent, *, scale, v_dim=V_DIM, cache_seqlens=None, block_table=None,
+                 latent_scale=None) -> MLARequest:
+    """Check the arguments of `mla_decode` and return the request, or raise a one-line ValueError. An fp8 latent
+    cache holds float8_e4m3fn codes with `latent_scale`, one float32 scale of shape [] (attention's fp8 rules)."""
     for name, t in (("q", q), ("latent", latent)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -67,7 +75,14 @@ def validate_mla(q, latent, *, scale, v_dim=V_DIM, cache_seqlens=None, block_tab
             or scale <= 0:
         raise _bad("scale", f"must be a positive finite number (MLA's is 1/sqrt(qk_nope + qk_rope dims), not the "
                             f"latent's), got {scale!r}")
-    req = validate(q, latent, latent, causal=True, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table)
+    if isinstance(latent_scale, torch.Tensor) and latent_scale.dim() != 0:
+        raise _bad("latent_scale", f"must have shape [] (one scale for the latent cache), got "
+                                   f"{tuple(latent_scale.shape)}")
+    if latent.dtype == FP8_DTYPE or latent_scale is not None:  # the latent's own names in the one-line errors
+        check_kv_dtypes(q, latent, latent, latent_scale, latent_scale, 1,
+                        names=("latent", "latent", "latent_scale", "latent_scale"))
+    req = validate(q, latent, latent, causal=True, scale=scale, cache_seqlens=cache_seqlens, block_table=block_table,
+                   k_scale=latent_scale, v_scale=latent_scale)
     return MLARequest(req, v_dim)
 
 
@@ -76,13 +91,17 @@ def _layout(block_table) -> str:
 
 
 def value_request(req: MLARequest, k: torch.Tensor) -> AttentionRequest:
-    """The attention request over a contiguous latent `k` [B, 1, Sk, Dqk] with the value its first v_dim dims."""
-    return dataclasses.replace(req.attention, k=k, v=k[..., :req.v_dim], block_table=None)
+    """The attention request over a contiguous latent `k` [B, 1, Sk, Dqk] with the value its first v_dim dims (fp8 codes
+    keep the latent's scale for K and V alike; a latent in q's dtype has none)."""
+    scales = {} if k.dtype == FP8_DTYPE else {"k_scale": None, "v_scale": None}  # a decoded latent has none
+    return dataclasses.replace(req.attention, k=k, v=k[..., :req.v_dim], block_table=None, **scales)
 
 
 def call_plugin(fn, req: MLARequest):
     """A user's MLA function, called with the operator's convention (block_table= for a paged latent cache)."""
     paged = {"block_table": req.block_table} if req.paged else {}
+    if req.kv_fp8:
+        paged["latent_scale"] = req.latent_scale
     return fn(req.q, req.latent, scale=req.scale, v_dim=req.v_dim, cache_seqlens=req.cache_seqlens, **paged)
 
 

@@ -8,6 +8,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from ..attention.flash import sdpa_route
+from ..attention.fp8 import SDPA_REFUSAL
 from ..registry import Impl, PlannedCall, add_builtin
 from .request import MLARequest
 
@@ -29,5 +30,6 @@ SDPA_MLA = add_builtin(Impl(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
     backends=lambda device_type: BACKENDS.get(device_type, (None, ""))[1] + "+wide-v",
+    fp8_refusal=SDPA_REFUSAL,
     op="mla",
 ))

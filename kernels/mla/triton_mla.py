@@ -5,7 +5,8 @@ BLOCK_ROWS query rows (heads x the Sq <= 2 tokens), and per block of BLOCK_N tok
 once, as the key's compressed part and as the value, and its last Dqk - Dv (rotary) dims as the rest of the key:
 s = q_nope . c + q_rope . r, acc += p . c. It writes its partial max, sum and unnormalised output; stage 2 is the
 attention decode's reduce kernel (triton_decode.reduce_partials). A paged latent cache is read through the block
-table as the attention kernels read theirs (triton_decode.page_offsets).
+table as the attention kernels read theirs (triton_decode.page_offsets). An fp8 latent (KV_FP8) is loaded as its
+bytes and converted in the loop, its one scale folded into the score scale and the partial output.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import triton
 import triton.language as tl
 
 from .. import buffers
+from ..attention.fp8 import codes
 from ..attention.paged import bhsd_strides
-from ..attention.triton_decode import LOG2E, choose_splits, page_offsets, reduce_partials
+from ..attention.triton_decode import LOG2E, choose_splits, fp8_codes_to, page_offsets, reduce_partials
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import MLARequest
@@ -26,12 +28,12 @@ MIN_BLOCK = 16  # tl.dot needs at least 16 along each dimension
 
 
 @triton.jit
-def mla_split_kernel(Q, KV, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
+def mla_split_kernel(Q, KV, SEQLENS, TABLE, LATENT_SCALE, PART_M, PART_L, PART_ACC, qk_scale,
                      stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_tb,
                      q_heads, q_len, kv_len, DV, DR, num_splits,
                      HAS_SEQLENS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                      BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr):
+                     PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr = False):
     # PAGE_SIZE 0: KV is [B, 1, Sk, Dqk] (stride_kb per sequence); else a pool [num_pages, PAGE_SIZE, 1, Dqk]
     # (stride_kb per page, stride_kn per slot) read through TABLE [B, max_pages]
     split = tl.program_id(0)
@@ -59,6 +61,9 @@ def mla_split_kernel(Q, KV, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
     if UPCAST:
         q_nope = q_nope.to(tl.float32)
         q_rope = q_rope.to(tl.float32)
+    if KV_FP8:  # value = code x scale: the one scale joins the scores' scale and the output's
+        latent_scale = tl.load(LATENT_SCALE)
+        qk_scale = qk_scale * latent_scale
     if PAGE_SIZE > 0:
         base = KV
     else:
@@ -80,6 +85,9 @@ def mla_split_kernel(Q, KV, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
                     mask=in_chunk[:, None] & (offs_v[None, :] < DV), other=0.0)  # [N, Dv]: key part and value
         r = tl.load(base + key_off[:, None] + (DV + offs_r[None, :]) * stride_kd,
                     mask=in_chunk[:, None] & (offs_r[None, :] < DR), other=0.0)  # [N, Dr]: the rotary key part
+        if KV_FP8:  # the codes' bytes as e4m3, converted exactly to q's dtype (fp32 in the interpreter)
+            c = fp8_codes_to(c, q_nope.dtype)
+            r = fp8_codes_to(r, q_nope.dtype)
         if UPCAST:
             c = c.to(tl.float32)
             r = r.to(tl.float32)
@@ -94,6 +102,8 @@ def mla_split_kernel(Q, KV, SEQLENS, TABLE, PART_M, PART_L, PART_ACC, qk_scale,
         acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=PRECISION)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * latent_scale
     part = ((b * q_heads + h) * q_len + tok) * num_splits + split  # partials [B, Hq, Sq, splits] (+ [Dv])
     tl.store(PART_M + part, m_i, mask=row_ok)
     tl.store(PART_L + part, l_i, mask=row_ok)
@@ -106,7 +116,8 @@ TUNING_CONFIGS = [
 ]
 
 mla_split_kernel_tuned = triton.autotune(
-    TUNING_CONFIGS, key=["kv_len", "q_heads", "q_len", "num_splits", "BLOCK_DV", "HAS_SEQLENS", "PAGE_SIZE"],
+    TUNING_CONFIGS, key=["kv_len", "q_heads", "q_len", "num_splits", "BLOCK_DV", "HAS_SEQLENS", "PAGE_SIZE",
+                         "KV_FP8"],
 )(mla_split_kernel)
 
 INTERPRETER_CONFIG = {"BLOCK_ROWS": 16, "BLOCK_N": 16}
@@ -137,11 +148,12 @@ def mla_decode_triton(req: MLARequest, num_splits: int | None = None) -> torch.T
     seq_stride, _, key_stride, dim_stride = bhsd_strides(kv, req.paged)
     upcast = interpreted()  # the interpreter has no bf16/fp16 arithmetic
     block_dv = max(MIN_BLOCK, triton.next_power_of_2(dv))
-    args = (q, kv, seqlens, table, part_m, part_l, part_acc, req.scale * LOG2E, *q.stride(), seq_stride,
-            key_stride, dim_stride, table.stride(0), req.q_heads, req.q_len, req.kv_len, dv, dr, num_splits)
+    latent_scale = req.latent_scale if req.kv_fp8 else part_m  # a dummy pointer when unused
+    args = (q, codes(kv), seqlens, table, latent_scale, part_m, part_l, part_acc, req.scale * LOG2E, *q.stride(),
+            seq_stride, key_stride, dim_stride, table.stride(0), req.q_heads, req.q_len, req.kv_len, dv, dr, num_splits)
     flags = dict(HAS_SEQLENS=req.cache_seqlens is not None, UPCAST=upcast,
                  PRECISION="ieee" if req.dtype == torch.float32 else "tf32", BLOCK_DV=block_dv,
-                 BLOCK_DR=max(MIN_BLOCK, triton.next_power_of_2(dr)), PAGE_SIZE=req.page_size)
+                 BLOCK_DR=max(MIN_BLOCK, triton.next_power_of_2(dr)), PAGE_SIZE=req.page_size, KV_FP8=req.kv_fp8)
     rows = req.q_heads * req.q_len
     if interpreted():
         grid = (num_splits, req.batch * triton.cdiv(rows, INTERPRETER_CONFIG["BLOCK_ROWS"]))
@@ -155,7 +167,8 @@ def mla_decode_triton(req: MLARequest, num_splits: int | None = None) -> torch.T
 
 
 def _plan(req: MLARequest) -> PlannedCall:
-    return PlannedCall("triton", f"triton-mla-splitkv{'+paged' if req.paged else ''}:{mode()}",
+    suffix = ("+paged" if req.paged else "") + ("+fp8kv" if req.kv_fp8 else "")
+    return PlannedCall("triton", f"triton-mla-splitkv{suffix}:{mode()}",
                        lambda: mla_decode_triton(req))
 
 
@@ -165,6 +178,7 @@ TRITON_MLA = add_builtin(Impl(
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     plan=_plan,
+    fp8_kv=True,
     unavailable=why_unavailable,
     compute=compute,
     backends=lambda device_type: f"triton-mla-splitkv ({mode()})",
