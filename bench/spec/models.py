@@ -157,7 +157,9 @@ class DecoderConfig:
         projection, with q_lora_rank), kv_b (the latent's up projection to every head's key and value: prefill),
         q_absorb and v_up (kv_b's key and value halves absorbed into the query and out of the output: decode) and
         o; then the MLP's fused gate_up and down (the dense MLP, or a mixture's shared experts), a mixture's
-        dense_gate_up / dense_down (its first dense layers) and router, and the lm_head (once per step)."""
+        dense_gate_up / dense_down (its first dense layers), router and one routed expert's expert_gate_up /
+        expert_down (the moe operator's matrices, for sweeps of one expert's GEMV), and the lm_head (once per
+        step)."""
         d, h = self.head_dim, self.q_heads
         if self.attention == "mla":
             query = h * self.qk_head_dim
@@ -176,7 +178,8 @@ class DecoderConfig:
             out.update(dense_gate_up=(2 * self.dense_intermediate, self.hidden),
                        dense_down=(self.hidden, self.dense_intermediate))
         if self.is_moe:
-            out["router"] = (self.experts, self.hidden)
+            out.update(router=(self.experts, self.hidden), expert_gate_up=(2 * self.intermediate, self.hidden),
+                       expert_down=(self.hidden, self.intermediate))
         out["lm_head"] = (self.vocab, self.hidden)
         return out
 
@@ -184,8 +187,9 @@ class DecoderConfig:
         """Weights of layer `index`'s projections and routed experts (norms and sinks excluded; MLA's absorbed
         projections are views of kv_b, counted once); default the last layer (a routed one in a mixture)."""
         mlp, _ = self.layer_kind(self.layers - 1 if index is None else index)
-        skip = {"lm_head", "q_absorb", "v_up"} | ({"dense_gate_up", "dense_down"} if mlp == "moe" else
-                                                   {"router", "gate_up", "down"} if self.is_moe else set())
+        skip = {"lm_head", "q_absorb", "v_up", "expert_gate_up", "expert_down"}  # experts: counted below
+        skip |= {"dense_gate_up", "dense_down"} if mlp == "moe" else {"router", "gate_up", "down"} if self.is_moe \
+            else set()
         dense = sum(n * k for name, (n, k) in self.projections().items() if name not in skip)
         return dense + (self.experts * 3 * self.intermediate * self.hidden if mlp == "moe" else 0)
 

@@ -10,22 +10,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """Bits per packed weight, the group along K (0: one scale per output channel) and whether it stores zeros."""
+    """Bits per packed weight, the group along K sharing a scale (0: one per output channel), whether it stores
+    zeros, the bits of a scale (0: the activation dtype's), the rows along N a scale also covers (0: one) and
+    whether one fp32 scale per matrix multiplies the rest."""
 
     name: str
     bits: int
     group: int = 0
     zeros: bool = False
+    scale_bits: int = 0
+    block_n: int = 0
+    tensor_scale: bool = False
 
     def padded_k(self, k: int) -> int:
-        """K rounded up to the group: the packed columns (int4 pads K with zeros)."""
-        return math.ceil(k / self.group) * self.group if self.group else k
+        """K rounded up to the group for 4-bit codes (their packing pads K with zeros), K otherwise."""
+        return math.ceil(k / self.group) * self.group if self.group and self.bits == 4 else k
+
+    def scale_count(self, n: int, k: int) -> int:
+        """Scales of a [N, K] weight (zeros, where stored, as many again)."""
+        if self.block_n:
+            return math.ceil(n / self.block_n) * math.ceil(k / self.group)
+        return n * (self.padded_k(k) // self.group if self.group else 1)
 
     def stored_bytes(self, n: int, k: int, scale_bytes: int) -> float:
-        """Bytes of a packed [N, K] weight: the codes (padding included), then its scales and zeros."""
-        kp = self.padded_k(k)
-        per_row = kp // self.group if self.group else 1
-        return n * kp * self.bits / 8 + (2 if self.zeros else 1) * n * per_row * scale_bytes
+        """Bytes of a packed [N, K] weight: the codes (padding included), then its scales, zeros and tensor scale;
+        `scale_bytes` is the activation dtype's, for the schemes that keep their scales in it."""
+        per_scale = self.scale_bits / 8 if self.scale_bits else scale_bytes
+        scales = (2 if self.zeros else 1) * self.scale_count(n, k) * per_scale
+        return n * self.padded_k(k) * self.bits / 8 + scales + (4 if self.tensor_scale else 0)
 
     def bits_per_weight(self, n: int, k: int, scale_bytes: int) -> float:
         """Stored bits per weight of a [N, K] matrix, scales and zeros included."""
@@ -34,10 +46,12 @@ class QuantScheme:
 
 QUANT_SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     QuantScheme("int8", 8), QuantScheme("int4-g128", 4, 128, True), QuantScheme("int4-g32", 4, 32, True),
-    QuantScheme("fp8-e4m3", 8))}
+    QuantScheme("fp8-e4m3", 8), QuantScheme("mxfp4", 4, 32, scale_bits=8),
+    QuantScheme("nvfp4", 4, 16, scale_bits=8, tensor_scale=True),
+    QuantScheme("fp8-b128", 8, 128, scale_bits=32, block_n=128))}
 # the short names `phases --weights` takes, and the scheme each stands for
 WEIGHT_CHOICES = {"int8": "int8", "int4-g128": "int4-g128", "int4-g32": "int4-g32", "fp8": "fp8-e4m3",
-                  "fp8-e4m3": "fp8-e4m3"}
+                  "fp8-e4m3": "fp8-e4m3", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp8-b128": "fp8-b128"}
 
 
 def quant_scheme(name) -> QuantScheme:

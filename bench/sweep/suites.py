@@ -72,11 +72,13 @@ SUITES["quick"]["cuda"] += [LinearSweep(("llama-3-8b",), (8,), "decode", ("gate_
                             LinearSweep(("llama-3-8b",), (2 * K,), "prefill", ("gate_up",))]
 SUITES["quick"]["cpu"] += [LinearSweep(("llama-3-8b",), (96,), "prefill", ("o",))]
 # Weight-only quantized projections beside the same projections unquantized (linear rows, `scheme` blank): the
-# speedup per scheme and M against the ideal bytes ratio. The host keeps four M (impls that run in Triton's
-# interpreter take seconds a call on the larger projections; name --impl naive torch for host timings).
+# speedup per scheme and M against the ideal bytes ratio, the served formats (mxfp4, nvfp4, fp8-b128) included; a
+# mixture's routed expert as expert_gate_up / expert_down (--model gpt-oss-20b). The host keeps three M (impls that
+# run in Triton's interpreter take seconds a call on the larger projections; name --impl naive torch for timings).
 SUITES["decode-quant"] = {
-    "cuda": quant_sweeps(("llama-3-8b",), (1, 2, 4, 8, 16, 32, 64), ("qkv", "o", "gate_up", "down", "lm_head")),
-    "cpu": quant_sweeps(("llama-3-8b",), (1, 4, 16, 64), ("qkv", "o", "gate_up", "down")),
+    "cuda": quant_sweeps(("llama-3-8b",), (1, 2, 4, 8, 16, 32, 64), ("qkv", "o", "gate_up", "down", "expert_gate_up",
+                                                                   "expert_down", "lm_head")),
+    "cpu": quant_sweeps(("llama-3-8b",), (1, 4, 16), ("qkv", "o", "gate_up", "down", "expert_gate_up", "expert_down")),
 }
 # one int4 GEMV row in the quick suite, in bf16 beside the same GEMV unquantized in bf16: the vendor path a server
 # runs (in fp32 torch's host int4 kernel takes a scalar loop, and reads 9x slower than the float GEMV beside it)

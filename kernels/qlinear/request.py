@@ -7,11 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import add_operator
-from .schemes import SCHEMES, QuantizedWeight, padded_k
+from .schemes import SCHEMES, QuantizedWeight, packed_layout
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-QDATA_DTYPES = {"int8": torch.int8, "int4-g128": torch.uint8, "int4-g32": torch.uint8,
-                "fp8-e4m3": torch.float8_e4m3fn}
 
 
 @dataclass(frozen=True)
@@ -47,24 +45,25 @@ class QLinearRequest:
 
 
 def expected_layout(qweight: QuantizedWeight) -> dict[str, tuple[int, ...] | None]:
-    """The shapes of qdata, scales and zeros that the scheme's packed layout gives for qweight.shape."""
-    n, k = qweight.shape
-    info = SCHEMES[qweight.scheme]
-    if info.group:
-        kp = padded_k(k, info)
-        return {"qdata": (n, kp // 2), "scales": (n, kp // info.group), "zeros": (n, kp // info.group)}
-    return {"qdata": (n, k), "scales": (n,), "zeros": None}
+    """The shapes of qdata, scales, zeros and tensor_scale that the scheme's packed layout gives for qweight.shape."""
+    return packed_layout(SCHEMES[qweight.scheme], qweight.shape)
 
 
-def check_qweight(qweight) -> None:
-    """A one-line ValueError unless qweight holds its scheme's packed layout, contiguous, on one device."""
+def check_qweight(qweight, experts: bool = False) -> None:
+    """A one-line ValueError unless qweight holds its scheme's packed layout, contiguous, on one device: one [N, K]
+    matrix, or with `experts` a stack [E, N, K]."""
     if not isinstance(qweight, QuantizedWeight):
         raise ValueError(f"qweight: must be a QuantizedWeight from phasebench.kernels.quantize, "
                          f"got {type(qweight).__name__}")
     if qweight.scheme not in SCHEMES:
         raise ValueError(f"qweight: unknown scheme {qweight.scheme!r}, choose from {', '.join(SCHEMES)}")
-    if qweight.qdata.dtype != QDATA_DTYPES[qweight.scheme]:
-        raise ValueError(f"qweight: {qweight.scheme} packs its weights as {QDATA_DTYPES[qweight.scheme]}, "
+    info = SCHEMES[qweight.scheme]
+    rank = 3 if experts else 2
+    if len(qweight.shape) != rank or min(qweight.shape) < 1:
+        raise ValueError(f"qweight: must be {'[E, N, K] experts' if experts else 'one [N, K] matrix'}, "
+                         f"got shape {qweight.shape}")
+    if qweight.qdata.dtype != info.qdata_dtype:
+        raise ValueError(f"qweight: {qweight.scheme} packs its weights as {info.qdata_dtype}, "
                          f"got {qweight.qdata.dtype}")
     for name, shape in expected_layout(qweight).items():
         t = getattr(qweight, name)
@@ -73,8 +72,13 @@ def check_qweight(qweight) -> None:
             raise ValueError(f"qweight: {qweight.scheme} of shape {qweight.shape} must have {name} {shape}, got {got}")
         if t is not None and (not t.is_contiguous() or t.device != qweight.qdata.device):
             raise ValueError(f"qweight: {name} must be contiguous and on qdata's device ({qweight.qdata.device})")
-    if qweight.scales.dtype not in ACTIVATION_DTYPES:
+    if info.scale_dtype is None and qweight.scales.dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"qweight: scales must be float16, bfloat16 or float32, got {qweight.scales.dtype}")
+    if info.scale_dtype is not None and qweight.scales.dtype != info.scale_dtype:
+        raise ValueError(f"qweight: {qweight.scheme} stores its scales as {info.scale_dtype}, "
+                         f"got {qweight.scales.dtype}")
+    if qweight.tensor_scale is not None and qweight.tensor_scale.dtype != torch.float32:
+        raise ValueError(f"qweight: tensor_scale must be float32, got {qweight.tensor_scale.dtype}")
 
 
 def validate_qlinear(x, qweight) -> QLinearRequest:

@@ -3,8 +3,11 @@
 One kernel body serves both paths: the split-K GEMV for decode-sized M (programs over column blocks and chunks of K,
 fp32 partials summed by the linear layer's reduce kernel) and the tiled GEMM above (one program per output tile
 over all of K). Each K step loads an x tile and the packed weight tile, decodes it in registers (int4: the nibble
-of k's parity, then (q - 8) * scale + zero of k's group; int8 and fp8: the code alone, the per-channel scale applied
-once to the accumulator), and accumulates x @ w in fp32.
+of k's parity, then (q - 8) * scale + zero of k's group; mxfp4 and nvfp4: the nibble's e2m1 value times its group's
+decoded e8m0 or e4m3 scale, nvfp4's tensor scale applied once to the accumulator; fp8-b128: the code times its
+128 x 128 block's scale; int8 and fp8-e4m3: the code alone, the per-channel scale applied once to the accumulator),
+and accumulates x @ w in fp32. tl.dot_scaled (Triton's MX matmul) is not used: the activations stay in their float
+dtype (weight-only), and the host's interpreter has no scaled dot.
 """
 
 from __future__ import annotations
@@ -30,42 +33,69 @@ from .schemes import padded_k
 
 BACKENDS = {"gemv": "triton-splitk-qgemv", "gemm": "triton-qgemm"}
 PATHS = tuple(BACKENDS)
-QMODES = {"int8": 0, "int4-g128": 1, "int4-g32": 1, "fp8-e4m3": 2}  # how the kernel decodes a scheme's codes
+QMODES = {"int8": 0, "int4-g128": 1, "int4-g32": 1, "fp8-e4m3": 2, "mxfp4": 3, "nvfp4": 4, "fp8-b128": 5}
+SMODES = {"mxfp4": 1, "nvfp4": 2}  # how a group's scale is stored: 0 a float, 1 an e8m0 byte, 2 an e4m3 byte
+
+
+@triton.jit
+def _group_scales(S, srows, k0, n_groups, stride_sn, SMODE: tl.constexpr, GROUP: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] fp32: scale row srows' scale of each k's group, decoded (SMODE), broadcast over the
+    group's rows; groups past n_groups read 0. k0 is a multiple of BLOCK_K and of GROUP or inside one group."""
+    if BLOCK_K >= GROUP:
+        kg = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        raw = tl.load(S + srows[None, :] * stride_sn + kg[:, None], mask=kg[:, None] < n_groups, other=0)
+    else:  # the block lies inside one group: k0 < n_groups * GROUP, in bounds
+        raw = tl.load(S + srows * stride_sn + k0 // GROUP)[None, :]
+    if SMODE == 1:  # e8m0: a biased power of two (255 is NaN)
+        biased = raw.to(tl.int32)
+        scale = tl.where(biased == 255, float("nan"), tl.exp2(biased.to(tl.float32) - 127.0))
+    elif SMODE == 2:
+        scale = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        scale = raw.to(tl.float32)
+    if BLOCK_K >= GROUP:
+        scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)), (BLOCK_K, BLOCK_N))
+    return scale
+
+
+@triton.jit
+def _e2m1(code):
+    """The values of e2m1 codes (int32 0..15): sign, a 2-bit exponent of bias 1, a mantissa bit."""
+    exponent = (code & 7) >> 1
+    mantissa = (code & 1).to(tl.float32)
+    magnitude = tl.where(exponent == 0, mantissa * 0.5, (2.0 + mantissa) * tl.exp2(exponent.to(tl.float32) - 2.0))
+    return tl.where(code >= 8, -magnitude, magnitude)
 
 
 @triton.jit
 def _weight_tile(Q, S, Z, cols, k0, Kp, stride_qn, stride_sn, QMODE: tl.constexpr, GROUP: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight tile [BLOCK_K, BLOCK_N] of K rows k0.. in fp32: int4 fully dequantized, int8 and fp8 as unscaled
-    codes. Rows past K read the packing's zero padding or nothing (x is zero there); k0 is a multiple of BLOCK_K."""
-    if QMODE == 1:
+    """The weight tile [BLOCK_K, BLOCK_N] of K rows k0.. in fp32: group- and block-scaled codes fully dequantized,
+    int8 and fp8 per channel as unscaled codes (nvfp4 short of its tensor scale). Rows past K read the packing's
+    zero padding or nothing (x is zero there); k0 is a multiple of BLOCK_K."""
+    n_groups = tl.cdiv(Kp, GROUP)
+    if QMODE == 1 or QMODE == 3 or QMODE == 4:
         # each byte once: BLOCK_K / 2 bytes per column, split into the even (low) and odd (high) k
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         byte = tl.load(Q + cols[None, :] * stride_qn + kb[:, None], mask=kb[:, None] < Kp // 2, other=0).to(tl.int32)
         pairs = tl.join(byte & 0xF, byte >> 4)  # [BLOCK_K / 2, BLOCK_N, 2]
-        code = tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N)).to(tl.float32)
-        # one scale and zero per group of K rows, broadcast over its rows
-        if BLOCK_K >= GROUP:
-            kg = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            g_ptrs = cols[None, :] * stride_sn + kg[:, None]
-            g_ok = kg[:, None] < Kp // GROUP
-            scale = tl.load(S + g_ptrs, mask=g_ok, other=0.0).to(tl.float32)
-            zero = tl.load(Z + g_ptrs, mask=g_ok, other=0.0).to(tl.float32)
-            scale = tl.reshape(tl.broadcast_to(scale[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
-                               (BLOCK_K, BLOCK_N))
-            zero = tl.reshape(tl.broadcast_to(zero[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)),
-                              (BLOCK_K, BLOCK_N))
-        else:  # the block lies inside one group
-            g_ptrs = cols * stride_sn + k0 // GROUP  # k0 < K <= Kp: in bounds
-            scale = tl.load(S + g_ptrs).to(tl.float32)[None, :]
-            zero = tl.load(Z + g_ptrs).to(tl.float32)[None, :]
-        w = (code - 8.0) * scale + zero
+        code = tl.reshape(tl.permute(pairs, (0, 2, 1)), (BLOCK_K, BLOCK_N))
+        if QMODE == 1:  # one scale and zero per group of K rows
+            scale = _group_scales(S, cols, k0, n_groups, stride_sn, 0, GROUP, BLOCK_N, BLOCK_K)
+            zero = _group_scales(Z, cols, k0, n_groups, stride_sn, 0, GROUP, BLOCK_N, BLOCK_K)
+            w = (code.to(tl.float32) - 8.0) * scale + zero
+        else:
+            scale = _group_scales(S, cols, k0, n_groups, stride_sn, QMODE - 2, GROUP, BLOCK_N, BLOCK_K)
+            w = _e2m1(code) * scale
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         code = tl.load(Q + cols[None, :] * stride_qn + ks[:, None], mask=ks[:, None] < Kp, other=0)
-        if QMODE == 2:  # fp8 codes arrive as their bytes (a masked load cannot fill fp8)
+        if QMODE == 2 or QMODE == 5:  # fp8 codes arrive as their bytes (a masked load cannot fill fp8)
             code = code.to(tl.float8e4nv, bitcast=True)
         w = code.to(tl.float32)
+        if QMODE == 5:  # one scale per 128 x 128 block: row cols // 128 of the scales
+            w = w * _group_scales(S, cols // 128, k0, n_groups, stride_sn, 0, GROUP, BLOCK_N, BLOCK_K)
     return w
 
 
@@ -103,8 +133,10 @@ def qlinear_kernel(X, Q, S, Z, Dst, M, N, K, Kp, m_bucket, split_k,
             else:
                 w = w.to(a.dtype)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    if QMODE != 1:  # per-channel scale, once per output
+    if QMODE == 0 or QMODE == 2:  # per-channel scale, once per output
         acc = acc * tl.load(S + cols).to(tl.float32)[None, :]
+    if QMODE == 4:  # nvfp4's tensor scale (Z), once per output
+        acc = acc * tl.load(Z)
     out_rows = start_m + tl.arange(0, BLOCK_M)
     out_cols = start_n + tl.arange(0, BLOCK_N)
     d_ptrs = (Dst + split.to(tl.int64) * stride_ds + out_rows.to(tl.int64)[:, None] * stride_dm
@@ -137,10 +169,12 @@ def _launch(req: QLinearRequest, out: torch.Tensor, path: str, split_k: int, til
     else:
         dst = buffers.empty((split_k, req.m, req.n), dtype=torch.float32, device=x.device)
         dst_strides = dst.stride()
-    zeros = qw.zeros if qw.zeros is not None else qw.scales  # never read by the per-channel schemes
+    # Z: int4's zeros or nvfp4's tensor scale; never read by the other schemes
     qdata = qw.qdata.view(torch.uint8) if qw.qdata.dtype == torch.float8_e4m3fn else qw.qdata
+    scales = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else qw.scales  # e8m0 / e4m3 as bytes
+    zeros = next((t for t in (qw.zeros, qw.tensor_scale) if t is not None), scales)
     kp = padded_k(req.k, qw.info)
-    args = (x, qdata, qw.scales, zeros, dst, req.m, req.n, req.k, kp, triton.next_power_of_2(req.m), split_k,
+    args = (x, qdata, scales, zeros, dst, req.m, req.n, req.k, kp, triton.next_power_of_2(req.m), split_k,
             *x.stride(), qw.qdata.stride(0), qw.scales.stride(0), *dst_strides)
     options = dict(QMODE=QMODES[req.scheme], GROUP=qw.group_size or 1, UPCAST=interpreted(),
                    PRECISION="ieee" if req.dtype == torch.float32 else None)

@@ -8,8 +8,11 @@
   K a multiple of 32). Both take scales and zeros as [K / G, N, 2] with w = (q - 8) * scale + zero, the layout of
   phasebench's int4 schemes; the repacking happens when the call is planned, as a model does it at load time. When
   K is not a multiple of the group, x is padded with zeros on each call (counted in its time).
-- fp8-e4m3: unsupported. torch._scaled_mm multiplies fp8 by fp8 (W8A8): it refuses a float activation, and
-  quantizing x would change the math that the gate checks; torch 2.13 has no weight-only fp8 GEMM.
+- fp8-e4m3 and fp8-b128: unsupported. torch._scaled_mm multiplies fp8 by fp8 (W8A8, with per-tensor, per-row or
+  DeepSeek's block scales): it refuses a float activation, and quantizing x would change the math that the gate
+  checks; torch 2.13 has no weight-only fp8 GEMM.
+- mxfp4 and nvfp4: unsupported. torch._scaled_mm's fp4 path multiplies fp4 activations by fp4 weights with their
+  block scales (W4A4, on Blackwell GPUs only); torch 2.13 has no weight-only fp4 GEMM on any device.
 
 What they compute in (their rows' compute roof, `compute` below; docs/quantized.md cites the sources): on the host
 every weight-only kernel turns x and the dequantized weights into fp32 and multiplies in fp32 (AVX-512 FMAs for bf16
@@ -104,6 +107,9 @@ def _plan(req: QLinearRequest) -> PlannedCall:
         return _int8(req)
     if req.scheme.startswith("int4"):
         return _int4_cuda(req) if req.device_type == "cuda" else _int4_host(req)
+    if req.scheme in ("mxfp4", "nvfp4"):
+        raise Unsupported(f"torch has no weight-only {req.scheme} GEMM: torch._scaled_mm takes fp4 activations and "
+                          "weights with block scales (W4A4, Blackwell only) and refuses float activations")
     raise Unsupported(f"torch has no weight-only {req.scheme} GEMM: torch._scaled_mm multiplies fp8 activations "
                       "by fp8 weights (W8A8) and refuses float activations")
 
@@ -120,7 +126,8 @@ def backends(device_type: str) -> str:
 
 TORCH_QLINEAR = add_builtin(Impl(
     name="torch",
-    summary="torch's weight-only GEMMs: _weight_int8pack_mm (int8), _weight_int4pack_mm[_for_cpu] (int4); no fp8",
+    summary="torch's weight-only GEMMs: _weight_int8pack_mm (int8), _weight_int4pack_mm[_for_cpu] (int4); "
+            "no fp8 or fp4",
     devices=frozenset({"cpu", "cuda"}),
     dtypes=frozenset(ACTIVATION_DTYPES),
     plan=_plan,

@@ -83,8 +83,9 @@ class LinearSweep:
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[LinearCase]:
         out = []
         for model, proj, m in itertools.product(models or self.models, self.projections, self.m):
-            n, k = model_config(model).projections()[proj]
-            out.append(LinearCase(m, n, k, self.dtype or dtype, self.phase, model, proj))
+            shapes = model_config(model).projections()
+            if proj in shapes:  # a projection the model lacks (a dense model's experts, a mixture's MLP) is left out
+                out.append(LinearCase(m, *shapes[proj], self.dtype or dtype, self.phase, model, proj))
         return out
 
 

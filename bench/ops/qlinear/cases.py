@@ -92,8 +92,9 @@ class QLinearSweep:
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[QLinearCase]:
         out = []
         for model, proj, m, scheme in itertools.product(models or self.models, self.projections, self.m, self.schemes):
-            n, k = model_config(model).projections()[proj]
-            out.append(QLinearCase(m, n, k, scheme, self.dtype or dtype, self.phase, model, proj))
+            shapes = model_config(model).projections()
+            if proj in shapes:  # as LinearSweep: a projection the model lacks is left out
+                out.append(QLinearCase(m, *shapes[proj], scheme, self.dtype or dtype, self.phase, model, proj))
         return out
 
 

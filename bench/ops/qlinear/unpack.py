@@ -7,6 +7,11 @@ and the impls that share it together, and the gate would pass them.
   (code - 8) * scales[n, k // G] + zeros[n, k // G]; the K padding of the last group dropped.
 - fp8 e4m3 (fn): a byte's bits are a sign, 4 exponent bits (bias 7) and 3 mantissa bits; exponent 0 is subnormal,
   (m / 8) * 2^-6; exponent 15 with mantissa 7 is NaN (no infinities). Decoded from the bits, not by torch's cast.
+- e2m1 (OCP MX fp4): a nibble's bit 3 is the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa; exponent 0
+  is subnormal, m * 0.5; otherwise (1 + m / 2) * 2^(e - 1). k = 2j in byte j's low nibble.
+- e8m0: a byte E is 2^(E - 127), 255 NaN.
+- mxfp4: w[n, k] = e2m1 * e8m0(scales[n, k // 32]); nvfp4: e2m1 * e4m3(scales[n, k // 16]) * tensor_scale;
+  fp8-b128: e4m3 * scales[n // 128, k // 128].
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from __future__ import annotations
 import torch
 
 E4M3_BIAS = 7
+E2M1_BIAS = 1
+E8M0_BIAS = 127
+MX_GROUPS = {"mxfp4": 32, "nvfp4": 16}
+FP8_BLOCK = 128
 INT4_MIDDLE = 8  # the unsigned nibble's middle, subtracted before its scale
 
 
@@ -33,6 +42,37 @@ def e4m3_values(qdata: torch.Tensor) -> torch.Tensor:
     return torch.where((exponent == 15) & (mantissa == 7), torch.nan, sign * value)
 
 
+def e2m1_from_bits(codes: torch.Tensor) -> torch.Tensor:
+    """The float64 values of e2m1 nibbles (0..15), from their bits."""
+    bits = codes.to(torch.int64)
+    sign = torch.where(bits >= 8, -1.0, 1.0).to(torch.float64)
+    exponent, mantissa = (bits // 2) % 4, (bits % 2).to(torch.float64)
+    normal = (1.0 + mantissa / 2) * torch.pow(2.0, (exponent - E2M1_BIAS).to(torch.float64))
+    return sign * torch.where(exponent == 0, mantissa / 2, normal)
+
+
+def e8m0_values(scales: torch.Tensor) -> torch.Tensor:
+    """The float64 powers of two of e8m0 bytes."""
+    biased = scales.view(torch.uint8).to(torch.int64)
+    return torch.where(biased == 255, torch.nan, torch.pow(2.0, (biased - E8M0_BIAS).to(torch.float64)))
+
+
+def _microscaled(qweight, rows: slice, k: int) -> torch.Tensor:
+    group = MX_GROUPS[qweight.scheme]
+    values = e2m1_from_bits(int4_codes(qweight.qdata[rows]))
+    raw = qweight.scales[rows]
+    scales = e8m0_values(raw) if qweight.scheme == "mxfp4" else e4m3_values(raw) * float(qweight.tensor_scale)
+    per_k = torch.arange(values.shape[1], device=values.device) // group
+    return (values * scales[:, per_k])[:, :k]
+
+
+def _fp8_blocks(qweight, rows: slice, k: int) -> torch.Tensor:
+    n_index = torch.arange(qweight.shape[0], device=qweight.qdata.device)[rows] // FP8_BLOCK
+    k_index = torch.arange(k, device=qweight.qdata.device) // FP8_BLOCK
+    scales = qweight.scales.to(torch.float64)[n_index][:, k_index]
+    return e4m3_values(qweight.qdata[rows]) * scales
+
+
 def unpack(qweight, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Output channels start:stop of a packed weight as float64 [rows, K], from the scheme's documented layout."""
     n, k = qweight.shape
@@ -40,6 +80,10 @@ def unpack(qweight, start: int = 0, stop: int | None = None) -> torch.Tensor:
     scales = qweight.scales[rows].to(torch.float64)
     if qweight.scheme == "int8":
         return qweight.qdata[rows].to(torch.float64) * scales[:, None]
+    if qweight.scheme in MX_GROUPS:
+        return _microscaled(qweight, rows, k)
+    if qweight.scheme == "fp8-b128":
+        return _fp8_blocks(qweight, rows, k)
     if qweight.scheme == "fp8-e4m3":
         return e4m3_values(qweight.qdata[rows]) * scales[:, None]
     if not qweight.scheme.startswith("int4-g"):

@@ -57,7 +57,7 @@ def test_decode_quant_pairs_each_scheme_with_the_unquantized_projection():
     quant = [c for c in cases if c.op == "qlinear"]
     assert len(quant) == len(QUANT_SCHEMES) * len(dense) and len(cases) <= 100  # a sane host sweep
     assert {(c.m, c.n, c.k) for c in quant} == {(c.m, c.n, c.k) for c in dense}
-    assert sorted({c.m for c in dense}) == [1, 4, 16, 64]
+    assert sorted({c.m for c in dense}) == [1, 4, 16]
     gpu = suite_cases("decode-quant", "cuda", "bfloat16")
     assert sorted({c.m for c in gpu}) == [1, 2, 4, 8, 16, 32, 64] and {c.projection for c in gpu} >= {"lm_head"}
     assert {c.model for c in suite_cases("decode-quant", "cpu", "float32", ("mistral-7b",))} == {"mistral-7b"}

@@ -104,3 +104,46 @@ def test_a_layout_bug_shared_by_the_kernels_helpers_is_incorrect(monkeypatch):
         assert gate(state, call, "follows_dequantize").ok
     finally:
         OPS["qlinear"].pop("follows_dequantize", None)
+
+
+def test_e2m1_and_e8m0_decode_from_their_bits():
+    from phasebench.bench.ops.qlinear.unpack import e2m1_from_bits, e8m0_values
+
+    table = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    assert e2m1_from_bits(torch.arange(16)).tolist() == table + [-v for v in table]
+    biased = torch.tensor([0, 1, 126, 127, 130, 254, 255], dtype=torch.uint8)
+    got = e8m0_values(biased.view(torch.float8_e8m0fnu))
+    assert got[:-1].tolist() == [2.0 ** (b - 127) for b in biased[:-1].tolist()] and math.isnan(got[-1])
+
+
+@pytest.mark.parametrize("scheme, group", [("mxfp4", 32), ("nvfp4", 16)])
+def test_fp4_unpacks_as_the_layout_says(scheme, group):
+    n, k = 3, 45
+    kp = -(-k // group) * group
+    codes = torch.randint(0, 16, (n, kp), generator=GEN)
+    qdata = (codes[:, 0::2] + 16 * codes[:, 1::2]).to(torch.uint8)
+    table = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    value = [[(-1) ** (c >= 8) * table[c % 8] for c in row] for row in codes.tolist()]
+    if scheme == "mxfp4":
+        biased = torch.randint(120, 134, (n, kp // group), generator=GEN)
+        scale = [[2.0 ** (b - 127) for b in row] for row in biased.tolist()]
+        qw = QuantizedWeight(qdata, biased.to(torch.uint8).view(torch.float8_e8m0fnu), None, scheme, (n, k))
+    else:
+        raw = drawn((n, kp // group), torch.float32).to(torch.float8_e4m3fn)
+        tensor_scale = torch.tensor(0.37)
+        scale = [[v * 0.37 for v in row] for row in e4m3_values(raw).tolist()]
+        qw = QuantizedWeight(qdata, raw, None, scheme, (n, k), tensor_scale)
+    want = torch.tensor([[value[i][j] * scale[i][j // group] for j in range(k)] for i in range(n)], dtype=torch.float64)
+    assert torch.allclose(unpack(qw), want, rtol=1e-7, atol=0)
+    assert torch.allclose(qw.dequantize(torch.float64), want, rtol=1e-7, atol=0)
+
+
+def test_fp8_blocks_unpack_as_the_layout_says():
+    n, k = 130, 260  # two block rows (the second of 2 rows), three block columns (the last of 4)
+    codes = drawn((n, k), torch.float32).to(torch.float8_e4m3fn)
+    scales = drawn((2, 3), torch.float32)
+    qw = QuantizedWeight(codes, scales, None, "fp8-b128", (n, k))
+    values = e4m3_values(codes)
+    want = torch.tensor([[values[i, j].item() * scales[i // 128, j // 128].item() for j in range(k)]
+                         for i in range(n)], dtype=torch.float64)
+    assert torch.allclose(unpack(qw), want, rtol=1e-12, atol=0) and torch.equal(unpack(qw, 128, 130), unpack(qw)[128:])
