@@ -16,7 +16,7 @@ ELEMENTWISE_FIELDS = ("kind", "cache_len")  # beside m, n and the attention fiel
 MOE_FIELDS = ("experts", "top_k", "routing")  # beside m, n, k
 # parse_case_key's (None where n/a)
 ALL_FIELDS = ("op", *FIELDS, "kv_tokens", "page_size", *LINEAR_FIELDS, *ELEMENTWISE_FIELDS, "scheme", "window_left",
-              "sinks", "head_dim_v", *MOE_FIELDS)
+              "sinks", "head_dim_v", *MOE_FIELDS, "kv_dtype")
 
 _INT_FIELDS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim")
 _IMPL = re.compile(r"[A-Za-z0-9_.-]+")  # delimited by '/', so '-' and '.' are safe here
@@ -25,12 +25,12 @@ _KEY = re.compile(
     r"(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
     r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-hkv(?P<kv_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)"
     r"-d(?P<head_dim>\d+)-(?P<dtype>[A-Za-z0-9_]+?)(?P<causal>-causal)?(?:-t(?P<kv_tokens>\d+))?"
-    r"(?:-p(?P<page_size>\d+))?(?:-w(?P<window_left>\d+))?(?P<sinks>-sinks)?"
+    r"(?:-p(?P<page_size>\d+))?(?:-kv(?P<kv_dtype>fp8))?(?:-w(?P<window_left>\d+))?(?P<sinks>-sinks)?"
 )
 _MLA_KEY = re.compile(
     r"mla/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/"
     r"b(?P<batch>\d+)-hq(?P<q_heads>\d+)-q(?P<q_len>\d+)-k(?P<kv_len>\d+)-d(?P<head_dim>\d+)-v(?P<head_dim_v>\d+)"
-    r"-(?P<dtype>[A-Za-z0-9_]+?)(?:-t(?P<kv_tokens>\d+))?(?:-p(?P<page_size>\d+))?"
+    r"-(?P<dtype>[A-Za-z0-9_]+?)(?:-t(?P<kv_tokens>\d+))?(?:-p(?P<page_size>\d+))?(?:-kv(?P<kv_dtype>fp8))?"
 )
 _LINEAR_KEY = re.compile(
     r"linear/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
@@ -80,11 +80,13 @@ def case_key(impl, phase, batch, q_heads, kv_heads, q_len, kv_len, head_dim, dty
 
 
 def _cache_suffix(case) -> str:
-    """'-t1125' for a ragged batch (the KV positions it uses: told apart from the dense case of its length) and
-    '-p16' for a paged cache."""
+    """'-t1125' for a ragged batch (the KV positions it uses: told apart from the dense case of its length),
+    '-p16' for a paged cache and '-kvfp8' for an fp8 one."""
     seqlens = getattr(case, "seqlens", None)
     page = getattr(case, "page_size", 0)
-    return (f"-t{sum(seqlens)}" if seqlens is not None else "") + (f"-p{int(page)}" if page else "")
+    kv_dtype = getattr(case, "kv_dtype", "")
+    return ((f"-t{sum(seqlens)}" if seqlens is not None else "") + (f"-p{int(page)}" if page else "")
+            + (f"-kv{_word('kv_dtype', kv_dtype)}" if kv_dtype else ""))
 
 
 def case_key_for(case, impl: str) -> str:
@@ -176,6 +178,7 @@ def parse_case_key(name) -> dict | None:
         out["page_size"] = int(out["page_size"] or 0)
         out["window_left"] = int(out["window_left"]) if out["window_left"] else -1
         out["sinks"] = out["sinks"] is not None
+        out["kv_dtype"] = out["kv_dtype"] or ""
         return out
     m = _MLA_KEY.fullmatch(name)
     if m is not None:
@@ -184,6 +187,7 @@ def parse_case_key(name) -> dict | None:
             out[field] = int(out[field])
         out["kv_tokens"] = int(out["kv_tokens"]) if out["kv_tokens"] else out["batch"] * out["kv_len"]
         out["page_size"] = int(out["page_size"] or 0)
+        out["kv_dtype"] = out["kv_dtype"] or ""
         return out
     m = _LINEAR_KEY.fullmatch(name)
     if m is not None:

@@ -50,6 +50,8 @@ from .roof import COPY, MEMORY
 #    graphs it compiled and whether Inductor's cache served them; the seconds its plan built operands beforehand, a
 #    flex block mask; the graphs compiled while it was sampled, a recompile that flags it noisy); blank for impls that
 #    compile nothing and in older files.
+#    kv_dtype (an attention or MLA case whose KV cache, or latent, is stored as fp8 e4m3 with float32 scales: "fp8";
+#    blank for a cache in the row's dtype, for every other operator and in older files).
 SCHEMA_VERSION = 9
 ABOVE_ROOF_PCT = 100.0  # a row past this share of the roof its state implies is a finding (a bug detector)
 
@@ -76,6 +78,7 @@ RESULT_COLUMNS = (
     "window_left",  # a sliding window: query i sees keys j >= i - window_left (FlashInfer's); -1 for none
     "sinks",  # a learned logit per query head joins the softmax denominator (gpt-oss)
     "head_dim_v",  # the value head dim where it differs from head_dim (op mla: 512 of the 576-wide latent); blank else
+    "kv_dtype",  # the KV cache's (MLA: the latent's) storage where it is not the row's dtype: fp8; blank else
     *LINEAR_COLUMNS,  # a linear case: x [m, k] times w [n, k]; projection names the layer (qkv, o, ...)
     "scheme",  # a quantized linear case's weight packing (int8, int4-g128, ...); blank for unquantized weights
     *ELEMENTWISE_COLUMNS,  # an elementwise case: its kind (rmsnorm, rotary, ...) over [m, n]; the KV cache rows
@@ -133,8 +136,8 @@ RUN_COLUMNS = (
 
 # The fields that identify a case (together with device and dtype when comparing impls).
 CASE_FIELDS = ("op", "phase", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "seqlens",
-               "page_size", "window_left", "sinks", "head_dim_v", "m", "n", "k", "projection", "scheme", "kind",
-               "cache_len", "experts", "top_k", "routing", "routing_seed")
+               "page_size", "window_left", "sinks", "head_dim_v", "kv_dtype", "m", "n", "k", "projection", "scheme",
+               "kind", "cache_len", "experts", "top_k", "routing", "routing_seed")
 
 # A results table without these cannot be analysed at all.
 REQUIRED_COLUMNS = (
@@ -148,7 +151,8 @@ MODES = ("compiled", "interpreter")
 
 RESULT_STRING_COLUMNS = (
     "run_id", "time", "device", "device_kind", "suite", "model", "op", "impl", "backend", "mode",
-    "phase", "shape", "dtype", "seqlens", "projection", "scheme", "kind", "routing", "timer", "noise_reason",
+    "phase", "shape", "dtype", "seqlens", "kv_dtype", "projection", "scheme", "kind", "routing", "timer",
+    "noise_reason",
     "compute_dtype", "bound", "roof_model", "status", "reason", "cache_state", "cold_how", "roof_level", "level_note",
     "round_latencies_ms", "roof_moment", "roof_verdict",
     "stop_reason", "compile_cache",
@@ -179,7 +183,7 @@ SAMPLES_COLUMN = "samples_ms"
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
 KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", "window_left", "sinks",
-               "head_dim_v", *QLINEAR_COLUMNS, "kind", "cache_len", "experts", "top_k", "routing", "routing_seed",
+               "head_dim_v", "kv_dtype", *QLINEAR_COLUMNS, "kind", "cache_len", "experts", "top_k", "routing", "routing_seed",
                "device", "mode", "timer")
 # Values that key as blank: what rows written before their column, and rows of other operators, hold
 _BLANK_KEYS = {"page_size": "0", "window_left": "-1", "sinks": "False"}

@@ -113,6 +113,22 @@ SUITES["sink-prefill"] = {
 SUITES["decode-kinds"] = {dev: [*SUITES["mla-decode"][dev], *SUITES["window-decode"][dev],
                                 Sweep(("llama-3-8b",), KIND_BATCH[dev], kv=KIND_CONTEXT[dev])]
                           for dev in ("cuda", "cpu")}
+# An fp8 KV cache (e4m3, a float32 scale per KV head; the MLA latent's one scale) beside the same cache in the dtype,
+# case for case: decode at long contexts (the host keeps to 1K keys: Triton's interpreter takes seconds a call there,
+# 10 s at 16K), a paged cache, verify's few query tokens and MLA's latent. Run it with impls that read fp8 (naive,
+# triton): SDPA and flex rows are skipped with their reason. `phasebench phases --kv-dtype fp8 --context 16384` times
+# a 16K-key decode step on the host.
+FP8_KV = ("", "fp8")
+SUITES["fp8-kv-decode"] = {
+    "cuda": [Sweep(("llama-3-8b",), (1, 16, 64), kv=(4 * K, 16 * K, 64 * K), kv_dtypes=FP8_KV),
+             Sweep(("llama-3-8b",), (16,), kv=(16 * K,), pages=(16, 64), kv_dtypes=FP8_KV),
+             Sweep(("llama-3-8b",), (8,), chunk=(4,), prefix=(16 * K,), kv_dtypes=FP8_KV),
+             MLASweep(("deepseek-v3",), (16,), (4 * K, 16 * K), kv_dtypes=FP8_KV)],
+    "cpu": [Sweep(("llama-3-8b",), (1, 4), kv=(K,), kv_dtypes=FP8_KV),
+            Sweep(("llama-3-8b",), (2,), kv=(K,), pages=(16,), kv_dtypes=FP8_KV),
+            Sweep(("llama-3-8b",), (1,), chunk=(4,), prefix=(K - 4,), kv_dtypes=FP8_KV),
+            MLASweep(("deepseek-v2-lite",), (1,), (K,), kv_dtypes=FP8_KV)],
+}
 # Routed experts (moe): decode batches from 1 to 256 tokens, where the experts a step reads grow with the batch until
 # every one is touched, and prefill's thousands of tokens; uniform routing for every preset, skewed (Zipf, exponent
 # 1.2) and balanced for Qwen3's 128 experts. The host runs an awkward small mixture (12 experts, top 3, hidden 200,

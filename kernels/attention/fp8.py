@@ -1,5 +1,5 @@
 """FP8 KV caches (e4m3, as vLLM's kv_cache_dtype=fp8 and FlashInfer's decode take them): the checks of the codes and
-their scales, the dequantization naive attention runs, and the reason the SDPA and flex routes refuse them.
+their scales, the dequantization naive attention runs (K in its scores' precision, V in q's dtype), and the reason the SDPA and flex routes refuse them.
 
 K and V (MLA: the latent) hold torch.float8_e4m3fn codes; a key's value is float(code) x its scale, a float32 tensor of
 shape [] (one scale per tensor) or [Hkv] (one per KV head), k_scale for K and v_scale for V. A paged cache's pools hold
@@ -87,9 +87,11 @@ def dequantize(cache: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, hea
 
 
 def dequantized(req):
-    """An AttentionRequest over an fp8 cache as the same request over K and V in q's dtype (no scales): what naive
-    attention computes on. A contiguous cache or gathered pages (BHSD); a pool is decoded whole."""
+    """An AttentionRequest over an fp8 cache as the same request without scales, what naive attention computes on: K
+    decoded in its scores' precision (fp32, fp64 for an fp64 q: rounded to bf16, a key would move a logit of 100 by
+    0.2), V decoded and rounded to q's dtype, the dtype of its P.V product. A contiguous cache or gathered pages
+    (BHSD); a pool is decoded whole."""
     heads_dim = 2 if req.paged else 1
-    k = dequantize(req.k, req.k_scale, req.dtype, heads_dim)
-    v = k if req.v is req.k and req.v_scale is req.k_scale else dequantize(req.v, req.v_scale, req.dtype, heads_dim)
+    k = dequantize(req.k, req.k_scale, torch.promote_types(req.dtype, torch.float32), heads_dim)
+    v = dequantize(req.v, req.v_scale, req.dtype, heads_dim)
     return dataclasses.replace(req, k=k, v=v, k_scale=None, v_scale=None)

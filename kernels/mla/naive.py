@@ -1,31 +1,39 @@
 """Naive MLA decode: the attention module's naive math (fp32 scores and softmax, materialised) over the latent as
-key and its first v_dim dims as value; a paged latent cache is gathered first, an fp8 latent dequantized to q's dtype
-(after the gather), inside the call."""
+key and its first v_dim dims as value; a paged latent cache is gathered first, an fp8 latent dequantized (after the
+gather: the key in fp32, the value in q's dtype), inside the call."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from ..attention.fp8 import dequantize
 from ..attention.naive import naive_attention, scores_fp32
 from ..attention.paged import gatherer
+from ..attention.request import AttentionRequest
 from ..registry import Impl, PlannedCall, add_builtin
 from .request import MLARequest, value_request
 
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
-def _plan(req: MLARequest) -> PlannedCall:
-    def decoded(latent: torch.Tensor) -> torch.Tensor:  # fp8 codes x the latent's scale, rounded to q's dtype
-        return dequantize(latent, req.latent_scale, req.dtype, 1) if req.kv_fp8 else latent
+def _request(req: MLARequest, latent: torch.Tensor) -> AttentionRequest:
+    """The attention request over a contiguous latent; an fp8 one decoded as attention's naive decodes K and V: the
+    key in the scores' precision (fp32), the value (its first v_dim dims) rounded to q's dtype."""
+    if not req.kv_fp8:
+        return value_request(req, latent)
+    key = dequantize(latent, req.latent_scale, torch.promote_types(req.dtype, torch.float32), 1)
+    return dataclasses.replace(value_request(req, key), v=key[..., :req.v_dim].to(req.dtype))
 
+
+def _plan(req: MLARequest) -> PlannedCall:
     label = "fp8-dequant+" if req.kv_fp8 else ""
     if req.paged:
         gather = gatherer(req.attention)  # one latent pool: gathered once
         return PlannedCall("naive", f"gather+{label}torch-matmul",
-                           lambda: naive_attention(value_request(req, decoded(gather()[0]))))
-    return PlannedCall("naive", f"{label}torch-matmul",
-                       lambda: naive_attention(value_request(req, decoded(req.latent))))
+                           lambda: naive_attention(_request(req, gather()[0])))
+    return PlannedCall("naive", f"{label}torch-matmul", lambda: naive_attention(_request(req, req.latent)))
 
 
 NAIVE_MLA = add_builtin(Impl(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from ...spec.models import MODELS, key_values, kind_config, model_config  # noqa: F401  (MODELS: re-exported)
 
 DTYPES = ("float32", "float16", "bfloat16")
+KV_DTYPES = ("", "fp8")  # the KV cache's storage: "" the case's dtype, "fp8" e4m3 codes with float32 scales
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class AttentionCase:
     page_size: int = 0  # tokens per page of a paged KV cache read through a block table; 0: contiguous
     window_left: int = -1  # FlashInfer's sliding window: a query at position i sees keys j >= i - window_left
     sinks: bool = False  # a learned logit per query head joins the softmax denominator (gpt-oss)
+    kv_dtype: str = ""  # the KV cache's storage: "" (the case's dtype) or "fp8" (e4m3, a float32 scale per KV head)
 
     op = "attention"
 
@@ -56,11 +58,13 @@ class AttentionCase:
             raise ValueError(f"window_left: must be an int >= -1 (-1: no window), got {self.window_left!r}")
         if not isinstance(self.sinks, bool):
             raise ValueError(f"sinks: must be a bool, got {self.sinks!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype: must be '' (the case's dtype) or 'fp8', got {self.kv_dtype!r}")
 
     def __repr__(self) -> str:
-        # the dataclass repr, page_size, window_left and sinks shown only when set: repr seeds a case's inputs
-        # (sweep.measure.case_seed) and names it in a sweep's id, so other cases keep the seeds they had before them
-        unset = {"page_size": 0, "window_left": -1, "sinks": False}
+        # the dataclass repr, page_size, window_left, sinks and kv_dtype shown only when set: repr seeds a case's
+        # inputs (sweep.measure.case_seed) and names it in a sweep's id, so other cases keep the seeds they had before
+        unset = {"page_size": 0, "window_left": -1, "sinks": False, "kv_dtype": ""}
         shown = (f for f in fields(self) if f.name not in unset or getattr(self, f.name) != unset[f.name])
         return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
@@ -110,7 +114,8 @@ class AttentionCase:
         kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
         return (f"b{self.batch} h{self.q_heads}/{self.kv_heads} q{self.q_len} {kv} "
                 f"d{self.head_dim}{' causal' if self.causal else ''}{f' page{self.page_size}' if self.paged else ''}"
-                f"{f' w{self.window_left}' if self.windowed else ''}{' sinks' if self.sinks else ''}")
+                f"{f' w{self.window_left}' if self.windowed else ''}{' sinks' if self.sinks else ''}"
+                f"{f' kv-{self.kv_dtype}' if self.kv_dtype else ''}")
 
     @property
     def seqlens_text(self) -> str:
@@ -121,8 +126,8 @@ class AttentionCase:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def row_fields(self) -> dict:
-        """The case's columns in a result row."""
-        out = {k: v for k, v in self.fields().items() if k != "seqlens"}
+        """The case's columns in a result row (kv_dtype only where set: blank in the rows of a cache in the dtype)."""
+        out = {k: v for k, v in self.fields().items() if k != "seqlens" and (k != "kv_dtype" or v)}
         return {**out, "op": self.op, "phase": self.phase, "seqlens": self.seqlens_text,
                 "kv_tokens": sum(self.lengths)}
 
@@ -139,6 +144,7 @@ class Sweep:
     prefix: tuple[int, ...] = ()         # ... against this many cached keys (kv_len = prefix + chunk)
     kv: tuple[int, ...] = ()             # decode: q_len 1 against kv_len
     pages: tuple[int, ...] = (0,)        # page sizes of the KV cache (0: contiguous)
+    kv_dtypes: tuple[str, ...] = ("",)   # KV cache storage ("": the dtype, "fp8"), the same shapes for each
 
     def lengths(self) -> list[tuple[int, int]]:
         pairs = [(s, s) for s in self.seq]
@@ -148,11 +154,11 @@ class Sweep:
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[AttentionCase]:
         out = []
-        for model, batch, causal, (q_len, kv_len), page in itertools.product(
-                models or self.models, self.batch, self.causal, self.lengths(), self.pages):
+        for model, batch, causal, (q_len, kv_len), page, kv_dtype in itertools.product(
+                models or self.models, self.batch, self.causal, self.lengths(), self.pages, self.kv_dtypes):
             m = model_config(model)
             out.append(AttentionCase(batch, m.q_heads, m.kv_heads, q_len, kv_len, m.head_dim, causal, dtype, model,
-                                     page_size=page))
+                                     page_size=page, kv_dtype=kv_dtype))
         return out
 
 

@@ -7,6 +7,18 @@ from .pages import table_read_bytes
 
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 SINK_BYTES = 4  # one float32 sink logit per query head
+FP8_BYTES = 1  # an e4m3 code
+SCALE_BYTES = 4  # a float32 scale of an fp8 cache
+
+
+def kv_element_bytes(case) -> int:
+    """Bytes of one stored K/V (or latent) element: one for an fp8 cache, else the case's dtype's."""
+    return FP8_BYTES if getattr(case, "kv_dtype", "") == "fp8" else ELEMENT_BYTES[case.dtype]
+
+
+def scale_bytes(case) -> int:
+    """The float32 scales an fp8 cache's call reads: K's and V's, one per KV head (the bench's inputs); 0 else."""
+    return 2 * SCALE_BYTES * case.kv_heads if getattr(case, "kv_dtype", "") == "fp8" else 0
 
 
 def _sum_min(low: int, high: int, cap: int) -> int:
@@ -48,9 +60,9 @@ def flops(case: AttentionCase) -> float:
 
 def kv_read_bytes(case: AttentionCase) -> float:
     """The K and V bytes a call reads: the keys some query's window reaches (case.keys_read) of each sequence's length,
-    by kv heads."""
-    return float(ELEMENT_BYTES[case.dtype] * 2 * case.kv_heads * sum(case.keys_read(n) for n in case.lengths)
-                 * case.head_dim)
+    by kv heads; an fp8 cache one byte an element, and its scales."""
+    return float(kv_element_bytes(case) * 2 * case.kv_heads * sum(case.keys_read(n) for n in case.lengths)
+                 * case.head_dim + scale_bytes(case))
 
 
 def moved_bytes(case: AttentionCase) -> tuple[float, float]:
@@ -62,7 +74,8 @@ def moved_bytes(case: AttentionCase) -> tuple[float, float]:
     the same case at every page size moves the same K/V bytes and their GB/s compare directly.
 
     A sliding window reads only the keys some query's window reaches (case.keys_read), and sinks add their float32
-    logit per query head."""
+    logit per query head. An fp8 cache (kv_dtype "fp8") reads one byte per K/V element plus its float32 scales; q and
+    o keep the case's dtype."""
     elem, d = ELEMENT_BYTES[case.dtype], case.head_dim
     queries = case.batch * case.q_heads * case.q_len * d  # q in, o out: the same shape
     sinks = SINK_BYTES * case.q_heads if case.sinks else 0

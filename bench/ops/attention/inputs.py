@@ -17,6 +17,7 @@ from .pages import held_slots, make_pages
 # q x 30 gives logits of about +-100 at a few thousand keys, past exp's float32/bfloat16 range (88.7) and far
 # past float16's (11.1).
 LOGIT_SCALE = 30.0
+E4M3_NAN_CODE = 0x7F  # float8_e4m3fn's NaN (exponent and mantissa all ones)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class CaseInputs:
     cache_seqlens: torch.Tensor | None = None  # int32 [B] for a ragged case
     block_table: torch.Tensor | None = None  # int32 [B, max_pages] for a paged case (k, v are then its pools)
     sinks: torch.Tensor | None = None  # float32 [Hq] for a case with sinks
+    k_scale: torch.Tensor | None = None  # an fp8 case's float32 scales [Hkv] (k and v then hold e4m3 codes)
+    v_scale: torch.Tensor | None = None
 
 
 def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> CaseInputs:
@@ -43,9 +46,31 @@ def make_inputs(case: AttentionCase, device: torch.device, seed: int = 0) -> Cas
     if case.paged:  # with cache_seqlens always, as a server calls it: kv_len need not fill the last page
         k, v, table = make_pages(case, gen, dtype, device)
         lens = torch.tensor(case.lengths, dtype=torch.int32, device=device)
-        return CaseInputs(q, k, v, cache_seqlens=lens, block_table=table, sinks=draw_sinks(case, gen, device))
+        return fp8_cache(case, CaseInputs(q, k, v, cache_seqlens=lens, block_table=table,
+                                          sinks=draw_sinks(case, gen, device)))
     k, v = draw(case.kv_heads, case.kv_len), draw(case.kv_heads, case.kv_len)
-    return CaseInputs(q, k, v, lens, sinks=draw_sinks(case, gen, device))
+    return fp8_cache(case, CaseInputs(q, k, v, lens, sinks=draw_sinks(case, gen, device)))
+
+
+def quantize_e4m3(t: torch.Tensor, heads_dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn codes of `t` and their float32 scale amax / 448 (vLLM's calibration): one per index of
+    `heads_dim` (a KV head), or one for the tensor (None)."""
+    dims = [d for d in range(t.dim()) if d != heads_dim]
+    amax = t.float().abs().amax(dim=dims) if heads_dim is not None else t.float().abs().amax()
+    scale = (amax.clamp_min(torch.finfo(torch.float32).tiny) / 448.0).float()
+    shape = [1] * t.dim()
+    if heads_dim is not None:
+        shape[heads_dim] = -1
+    return (t.float() / scale.view(shape)).to(torch.float8_e4m3fn), scale
+
+
+def fp8_cache(case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+    """An fp8 case's K and V (contiguous or pools) quantized to e4m3 with a scale per KV head; others unchanged."""
+    if case.kv_dtype != "fp8":
+        return inputs
+    heads_dim = 2 if case.paged else 1
+    (k, k_scale), (v, v_scale) = (quantize_e4m3(t, heads_dim) for t in (inputs.k, inputs.v))
+    return dataclasses.replace(inputs, k=k, v=v, k_scale=k_scale, v_scale=v_scale)
 
 
 def draw_sinks(case: AttentionCase, gen: torch.Generator, device: torch.device) -> torch.Tensor | None:
@@ -72,7 +97,11 @@ def fill_past_the_end(case: AttentionCase, caches, block_table: torch.Tensor | N
     else:
         return
     for t in caches:
-        t.masked_fill_(unread, value)
+        if t.dtype == torch.float8_e4m3fn:  # fp8 has no masked_fill: its NaN code (0x7f) written as a byte
+            t.view(torch.uint8).masked_fill_(unread, E4M3_NAN_CODE if value != value else int(torch.tensor(
+                value).to(torch.float8_e4m3fn).view(torch.uint8)))
+        else:
+            t.masked_fill_(unread, value)
 
 
 def poison_unread(case: AttentionCase, inputs: CaseInputs) -> None:

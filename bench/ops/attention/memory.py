@@ -10,7 +10,7 @@ from ....kernels.attention.triton_attention import uses_split_kv
 from ....kernels.attention.triton_decode import MAX_SPLITS, choose_splits
 from ...instruments.memory.device_memory import CHECK_COPIES, UNKNOWN_INPUT_COPIES, fit_reason
 from .cases import AttentionCase
-from .cost import ELEMENT_BYTES
+from .cost import ELEMENT_BYTES, kv_element_bytes, scale_bytes
 from .pages import gather_bytes, pool_bytes
 from .reference import reference_dtype, reference_scratch_bytes
 
@@ -41,13 +41,13 @@ def output_bytes(case: AttentionCase) -> int:
 
 
 def input_bytes(case: AttentionCase) -> int:
-    """q, k and v as allocated (K/V at the cache length kv_len, or a paged case's pools and block table), plus
-    cache_seqlens for a ragged case."""
-    kv = 2 * case.batch * case.kv_heads * case.kv_len * case.head_dim * _elem(case)
+    """q, k and v as allocated (K/V at the cache length kv_len, or a paged case's pools and block table; an fp8
+    cache's codes and scales), plus cache_seqlens for a ragged case."""
+    kv = 2 * case.batch * case.kv_heads * case.kv_len * case.head_dim * kv_element_bytes(case)
     if case.paged:
-        kv = pool_bytes(case, _elem(case))
+        kv = pool_bytes(case, kv_element_bytes(case))
     lens = 4 * case.batch if _seqlens(case) is not None else 0
-    return _rows(case) * case.head_dim * _elem(case) + kv + lens
+    return _rows(case) * case.head_dim * _elem(case) + kv + lens + scale_bytes(case)
 
 
 def reference_output_bytes(case: AttentionCase, device: torch.device) -> int:
@@ -70,12 +70,20 @@ def _naive(case: AttentionCase, device: torch.device) -> int:
     upcast = 4 * case.head_dim * (_rows(case) + case.batch * case.kv_heads * case.kv_len) if elem < 4 else 0
     mask_rows = case.batch if _seqlens(case) is not None else 1
     mask = 3 * mask_rows * case.q_len * case.kv_len  # the bool keep mask, its inverse, one intermediate
-    return _pairs(case) * per_pair + upcast + mask + _gather(case)
+    return _pairs(case) * per_pair + upcast + mask + _gather(case) + _fp8_decode(case)
 
 
 def _gather(case: AttentionCase) -> int:
     """A paged case on a gather route (naive, SDPA): contiguous K/V copied in the call, and the row index."""
-    return gather_bytes(case, _elem(case)) if case.paged else 0
+    return gather_bytes(case, kv_element_bytes(case)) if case.paged else 0
+
+
+def _fp8_decode(case: AttentionCase) -> int:
+    """naive's dequantization of an fp8 cache: each of K and V as fp32 codes, their product with the scales, then
+    the copy in the dtype (kernels/attention/fp8.py); 0 for a cache in the dtype."""
+    if getattr(case, "kv_dtype", "") != "fp8":
+        return 0
+    return 2 * case.batch * case.kv_heads * case.kv_len * case.head_dim * (8 + _elem(case))
 
 
 def _sdpa_common(case: AttentionCase, device: torch.device) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..qlinear.unpack import e4m3_values
 from .cases import AttentionCase
 from .cost import ELEMENT_BYTES
 from .inputs import CaseInputs, sequence_lengths
@@ -51,6 +52,23 @@ def reference_scratch_bytes(case: AttentionCase, device: torch.device) -> int:
     return _kv_chunk_bytes(case, keys, elem) + rows * _row_bytes(case, keys, elem)
 
 
+def kv_values(inputs: CaseInputs, case: AttentionCase, start: int, stop: int, dtype: torch.dtype,
+              rounding: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of keys [start, stop) in BHSD order in `dtype`. An fp8 cache's codes are decoded from their bits (the
+    gate's own e4m3_values, not torch's cast) times their scales (per KV head [Hkv], or one [] for the tensor); with
+    `rounding` (the baseline), V's values are rounded to it first, as a kernel whose P.V product runs in that dtype
+    holds them (K stays in the scores' precision)."""
+    k, v = keys_in_order(inputs, case, start, stop)
+    if getattr(inputs, "k_scale", None) is None:
+        return k.to(dtype), v.to(dtype)
+    out = []
+    for codes, scale, rounded in ((k, inputs.k_scale, None), (v, inputs.v_scale, rounding)):
+        scale = scale.to(torch.float64)
+        value = e4m3_values(codes) * (scale.view(1, -1, 1, 1) if scale.dim() == 1 else scale)
+        out.append((value if rounded is None else value.to(rounded)).to(dtype))
+    return out[0], out[1]
+
+
 def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.device, dtype: torch.dtype,
                       rounding: torch.dtype | None = None, scale: float | None = None) -> torch.Tensor:
     """Attention computed in `dtype` (TF32 off on a GPU), in bounded memory.
@@ -65,7 +83,7 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
     A sliding window (case.window_left) masks keys j < the query's position - window_left and starts each query
     chunk at the first key its window reaches; sinks (inputs.sinks, one logit per query head) join the running sum
     once every key is in. The value may be narrower than the key (MLA: inputs.v a view of the latent's first dims);
-    `scale` defaults to head_dim ** -0.5.
+    `scale` defaults to head_dim ** -0.5. An fp8 cache (inputs.k_scale) is decoded by kv_values.
     """
     b, hq, hkv, sq, sk, d = case.batch, case.q_heads, case.kv_heads, case.q_len, case.kv_len, case.head_dim
     group, scale, dv = hq // hkv, scale or d ** -0.5, inputs.v.shape[-1]
@@ -93,7 +111,7 @@ def blocked_attention(case: AttentionCase, inputs: CaseInputs, device: torch.dev
             edge = longest - sq + stop - 1 - window if window >= 0 else 0
             for k0 in range((first // keys) * keys, end, keys):
                 k1 = min(k0 + keys, end)
-                k, v = (t.to(dtype) for t in keys_in_order(inputs, case, k0, k1))
+                k, v = kv_values(inputs, case, k0, k1, dtype, rounding)
                 s = torch.matmul(q, k.transpose(-1, -2)).view(b, hkv, group, r, k1 - k0).mul_(scale)
                 del k
                 # a chunk every row of every sequence sees in full needs no mask

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 from ...spec.models import MODELS, kind_config
 from ..attention.cases import DTYPES, AttentionCase
-from ..attention.cost import ELEMENT_BYTES
+from ..attention.cost import ELEMENT_BYTES, SCALE_BYTES, kv_element_bytes
 from ..attention.pages import table_read_bytes
 
 DEFAULT_SCALE = (128 + 64) ** -0.5  # DeepSeek's 1/sqrt(qk_nope + qk_rope) for a case of no preset
@@ -29,6 +29,7 @@ class MLACase:
     page_size: int = 0  # tokens per page of a paged latent cache; 0: contiguous
     head_dim: int = 576  # the latent: kv_lora_rank + qk_rope_head_dim
     head_dim_v: int = 512  # kv_lora_rank
+    kv_dtype: str = ""  # the latent cache's storage: "" (the case's dtype) or "fp8" (e4m3, one float32 scale)
 
     op = "mla"
     kv_heads = 1  # one latent head, shared by every query head
@@ -44,12 +45,17 @@ class MLACase:
                 or not 0 < self.head_dim_v < self.head_dim:
             raise ValueError(f"head_dim_v: must be an int in [1, head_dim={self.head_dim}), got {self.head_dim_v!r}")
 
+    def __repr__(self) -> str:
+        # the dataclass repr, kv_dtype shown only when set: repr seeds a case's inputs, so other cases keep theirs
+        shown = (f for f in fields(self) if f.name != "kv_dtype" or self.kv_dtype)
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
     @property
     def attention(self) -> AttentionCase:
         """The same shape as an attention case over the latent (one kv head, causal): what the shared pages, gathers
         and the blocked reference read."""
         return AttentionCase(self.batch, self.q_heads, 1, self.q_len, self.kv_len, self.head_dim, True, self.dtype,
-                             self.model, self.seqlens, self.page_size)
+                             self.model, self.seqlens, self.page_size, kv_dtype=self.kv_dtype)
 
     @property
     def scale(self) -> float:
@@ -73,11 +79,12 @@ class MLACase:
         """Short shape text for tables: b8 h128 q1 k4096 d576/512 mla."""
         kv = f"k{self.kv_len}" if self.seqlens is None else f"k{sum(self.seqlens) // self.batch}avg{self.kv_len}max"
         return (f"b{self.batch} h{self.q_heads} q{self.q_len} {kv} d{self.head_dim}/{self.head_dim_v} mla"
-                f"{f' page{self.page_size}' if self.paged else ''}")
+                f"{f' page{self.page_size}' if self.paged else ''}{f' kv-{self.kv_dtype}' if self.kv_dtype else ''}")
 
     def row_fields(self) -> dict:
         """The case's columns in a result row (kv_heads 1 and causal, as the attention rows carry them)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seqlens"}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name != "seqlens" and (f.name != "kv_dtype" or self.kv_dtype)}  # kv_dtype only where set
         return {**out, "op": self.op, "phase": self.phase, "kv_heads": 1, "causal": True,
                 "seqlens": self.attention.seqlens_text, "kv_tokens": sum(self.lengths)}
 
@@ -89,8 +96,10 @@ def flops(case: MLACase) -> float:
 
 
 def latent_read_bytes(case: MLACase) -> float:
-    """The latent bytes a call reads: sum(seqlens) x D, whatever the cache or the pool holds past each length."""
-    return float(ELEMENT_BYTES[case.dtype] * sum(case.lengths) * case.head_dim)
+    """The latent bytes a call reads: sum(seqlens) x D, whatever the cache or the pool holds past each length; an fp8
+    latent one byte an element and its one float32 scale."""
+    scale = SCALE_BYTES if case.kv_dtype == "fp8" else 0
+    return float(kv_element_bytes(case) * sum(case.lengths) * case.head_dim + scale)
 
 
 def moved_bytes(case: MLACase) -> tuple[float, float]:
@@ -115,14 +124,15 @@ class MLASweep:
     kv: tuple[int, ...]
     q_lens: tuple[int, ...] = (1,)
     pages: tuple[int, ...] = (0,)
+    kv_dtypes: tuple[str, ...] = ("",)  # latent storage ("": the dtype, "fp8"), the same shapes for each
 
     def cases(self, dtype: str, models: tuple[str, ...] | None = None) -> list[MLACase]:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
         out = []
-        for model, batch, kv_len, q_len, page in itertools.product(models or self.models, self.batch, self.kv,
-                                                                  self.q_lens, self.pages):
+        for model, batch, kv_len, q_len, page, kv_dtype in itertools.product(
+                models or self.models, self.batch, self.kv, self.q_lens, self.pages, self.kv_dtypes):
             m = kind_config(model, "mla")
             out.append(MLACase(batch, m.q_heads, q_len, kv_len, dtype, m.name, page_size=page, head_dim=m.latent_dim,
-                               head_dim_v=m.kv_lora_rank))
+                               head_dim_v=m.kv_lora_rank, kv_dtype=kv_dtype))
         return out
