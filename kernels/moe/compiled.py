@@ -1,7 +1,8 @@
 """The compiled routed experts: the gather + bmm form a user writes for torch.compile (static shapes, no host sync):
 each (token, expert) slot gathers its expert's weights and runs a batched GEMV, then the weighted slots are summed
 per token in fp32. Every slot reads its expert's weights whole, so the form reads top_k x M experts' bytes where a
-grouped kernel reads the touched experts once; past GATHER_BYTES of gathered weights it is unsupported."""
+grouped kernel reads the touched experts once; past GATHER_BYTES of gathered weights it is unsupported, and so are
+packed (quantized) experts."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def _gather_bmm(x, w_gate_up, w_down, topk_weights, topk_ids):
 
 
 def _plan(req: MoeRequest) -> PlannedCall:
+    if req.scheme:
+        raise Unsupported(f"compiled's gather + bmm gathers every slot's expert weights as float tensors: {req.scheme} "
+                          "experts would be dequantized whole on every call (naive dequantizes the touched experts, "
+                          "triton decodes them in its K loop)")
     gathered = req.slots * 3 * req.n * req.k * req.x.element_size()
     if gathered > GATHER_BYTES:
         raise Unsupported(f"compiled's gather + bmm would gather {gathered / 2**30:.1f} GiB of expert weights "

@@ -1,5 +1,5 @@
-"""Validation of a routed-experts call (x [M, K], experts w_gate_up [E, 2N, K] and w_down [E, K, N], a token's top-k
-experts and their weights) and of the router's top-k, each into one request; a one-line ValueError otherwise."""
+"""Validation of a routed-experts call (x [M, K], experts w_gate_up [E, 2N, K] and w_down [E, K, N], float or packed
+stacks of one scheme, a token's top-k experts and their weights) and of the router's top-k, each into one request."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..qlinear.request import check_qweight
+from ..qlinear.schemes import QuantizedWeight
 from ..registry import add_operator
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -17,11 +19,12 @@ REQUEST_DTYPES = (*MOE_DTYPES, torch.float64)  # float64: the naive impl's, for 
 @dataclass(frozen=True)
 class MoeRequest:
     """A validated call: x [M, K], w_gate_up [E, 2N, K] (the gate's N rows, then the up projection's), w_down
-    [E, K, N], topk_weights float32 [M, top_k], topk_ids int32 [M, top_k]; output [M, K] in x's dtype."""
+    [E, K, N] (float tensors, or QuantizedWeight stacks of one scheme), topk_weights float32 [M, top_k], topk_ids
+    int32 [M, top_k]; output [M, K] in x's dtype."""
 
     x: torch.Tensor
-    w_gate_up: torch.Tensor
-    w_down: torch.Tensor
+    w_gate_up: torch.Tensor | QuantizedWeight
+    w_down: torch.Tensor | QuantizedWeight
     topk_weights: torch.Tensor
     topk_ids: torch.Tensor
 
@@ -53,6 +56,18 @@ class MoeRequest:
         return self.m * self.top_k
 
     @property
+    def scheme(self) -> str:
+        """The experts' packing (qlinear's schemes), "" for float weights."""
+        return self.w_gate_up.scheme if isinstance(self.w_gate_up, QuantizedWeight) else ""
+
+    def expert_weights(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert `expert`'s (gate_up [2N, K], down [K, N]) in x's dtype: views of float stacks, packed ones
+        dequantized (that expert only)."""
+        if not self.scheme:
+            return self.w_gate_up[expert], self.w_down[expert]
+        return tuple(w.expert(expert).dequantize(self.dtype) for w in (self.w_gate_up, self.w_down))
+
+    @property
     def device_type(self) -> str:
         return self.x.device.type
 
@@ -77,10 +92,16 @@ def validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids) -> MoeRequest:
     if x.stride(-1) != 1:
         raise ValueError(f"x: its last dimension must be contiguous (stride 1), got strides {x.stride()}")
     m, k = x.shape
-    _tensor("w_gate_up", w_gate_up, 3, "[E, 2N, K] tensor")
-    _tensor("w_down", w_down, 3, "[E, K, N] tensor")
+    packed = _check_stacks(w_gate_up, w_down)
     experts, n = w_down.shape[0], w_down.shape[2]
     for name, w, shape in (("w_gate_up", w_gate_up, (experts, 2 * n, k)), ("w_down", w_down, (experts, k, n))):
+        if packed:
+            if w.device != x.device:
+                raise ValueError(f"{name}: device must match x ({x.device}), got {w.device}")
+            if tuple(w.shape) != shape:
+                raise ValueError(f"{name}: must be {list(shape)} for x [{m}, {k}] and w_down {list(w_down.shape)}, "
+                                 f"got {list(w.shape)}")
+            continue
         if w.dtype != x.dtype:
             raise ValueError(f"{name}: dtype must match x ({x.dtype}), got {w.dtype}")
         if w.device != x.device:
@@ -112,6 +133,25 @@ def validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids) -> MoeRequest:
     if low < 0 or high >= experts:
         raise ValueError(f"topk_ids: ids must be in 0..{experts - 1}, got {low if low < 0 else high}")
     return MoeRequest(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def _check_stacks(w_gate_up, w_down) -> bool:
+    """Both float stacks (False) or both QuantizedWeight stacks of one scheme with their layouts (True)."""
+    if not isinstance(w_gate_up, QuantizedWeight) and not isinstance(w_down, QuantizedWeight):
+        _tensor("w_gate_up", w_gate_up, 3, "[E, 2N, K] tensor")
+        _tensor("w_down", w_down, 3, "[E, K, N] tensor")
+        return False
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if not isinstance(w, QuantizedWeight):
+            raise ValueError(f"{name}: must be a QuantizedWeight stack as the other expert stack is, "
+                             f"got {type(w).__name__}")
+        try:
+            check_qweight(w, experts=True)
+        except ValueError as err:
+            raise ValueError(f"{name}: {str(err).removeprefix('qweight: ')}") from None
+    if w_down.scheme != w_gate_up.scheme:
+        raise ValueError(f"w_down: must be packed as w_gate_up is ({w_gate_up.scheme}), got {w_down.scheme}")
+    return True
 
 
 def validate_route(router_logits, top_k, scoring="softmax", scale=1.0) -> None:

@@ -7,7 +7,8 @@ expert's gate and up rows in two fp32 accumulators and writes SiLU(gate) * up on
 of the intermediate [M * top_k, N]. down_kernel multiplies those rows by the expert's w_down, scales each by its
 slot's routing weight and writes fp32 rows [M * top_k, K]; the top_k rows of a token are summed in slot order and
 rounded once to x's dtype. Blocks past the used rows return at once; padding rows are read as token 0 and never
-stored.
+stored. Packed experts (QuantizedWeight stacks, every qlinear scheme) are decoded tile by tile in the K loops, at the
+block's expert, never written out (triton_qmoe.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..triton_cast import cast_out
 from ..triton_mode import compute, interpreted, mode, why_unavailable
 from .request import MoeRequest, validate_moe
 from .sorting import Blocks, align_blocks
+from .triton_qmoe import channel_scale, dot_tile, expert_operands, expert_tile
 
 MIN_BLOCK = 16  # tl.dot needs at least 16 rows
 MAX_BLOCK_M = 64
@@ -29,8 +31,9 @@ BACKEND = "triton-fused-moe"
 
 
 @triton.jit
-def gate_up_kernel(X, W, Inter, Slots, BlockExpert, Used, N, K, top_k, num_slots,
-                   stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_im, stride_in,
+def gate_up_kernel(X, W, S, Z, Inter, Slots, BlockExpert, Used, N, K, Kp, top_k, num_slots,
+                   stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_ze,
+                   stride_im, stride_in, QMODE: tl.constexpr, GROUP: tl.constexpr,
                    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: SiLU(x W_gate.T) * (x W_up.T) of BLOCK_N intermediate columns for one block of slots."""
@@ -43,35 +46,34 @@ def gate_up_kernel(X, W, Inter, Slots, BlockExpert, Used, N, K, top_k, num_slots
     token = tl.where(valid, slot // top_k, 0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_g = tl.minimum(cols, N - 1).to(tl.int64)  # clamped: columns past N are computed, never stored
-    w_base = W + expert * stride_we
+    w_e, s_e, z_e = W + expert * stride_we, S + expert * stride_se, Z + expert * stride_ze  # the block's expert
     offs_k = tl.arange(0, BLOCK_K)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + offs_k
-        k_ok = ks < K
-        a = tl.load(X + token[:, None] * stride_xm + ks[None, :] * stride_xk, mask=k_ok[None, :], other=0.0)
-        g_ptrs = w_base + rows_g[None, :] * stride_wn + ks[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
-        wg = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-        wu = tl.load(g_ptrs + N * stride_wn, mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            wg = wg.to(tl.float32)
-            wu = wu.to(tl.float32)
-        acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
+        a = tl.load(X + token[:, None] * stride_xm + ks[None, :] * stride_xk, mask=ks[None, :] < K, other=0.0)
+        wg = expert_tile(w_e, s_e, z_e, rows_g, k0, K, Kp, stride_wn, stride_wk, stride_sn, QMODE, GROUP,
+                         BLOCK_N, BLOCK_K)
+        wu = expert_tile(w_e, s_e, z_e, rows_g + N, k0, K, Kp, stride_wn, stride_wk, stride_sn, QMODE, GROUP,
+                         BLOCK_N, BLOCK_K)
+        acc_g = dot_tile(a, wg, acc_g, UPCAST, PRECISION)
+        acc_u = dot_tile(a, wu, acc_u, UPCAST, PRECISION)
+    acc_g = channel_scale(acc_g, s_e, z_e, rows_g, QMODE)
+    acc_u = channel_scale(acc_u, s_e, z_e, rows_g + N, QMODE)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     i_ptrs = Inter + slot.to(tl.int64)[:, None] * stride_im + cols[None, :] * stride_in
     tl.store(i_ptrs, cast_out(h, Inter.dtype.element_ty, UPCAST), mask=valid[:, None] & (cols[None, :] < N))
 
 
 @triton.jit
-def down_kernel(Inter, W, Part, Slots, BlockExpert, Used, Weights, N, K, num_slots,
-                stride_im, stride_in, stride_de, stride_dh, stride_dr, stride_pm, stride_pk,
+def down_kernel(Inter, W, S, Z, Part, Slots, BlockExpert, Used, Weights, N, K, Np, num_slots,
+                stride_im, stride_in, stride_de, stride_dh, stride_dr, stride_se, stride_sn, stride_ze,
+                stride_pm, stride_pk, QMODE: tl.constexpr, GROUP: tl.constexpr,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: BLOCK_N hidden columns of routing weight x (intermediate @ W_down.T) for one block of slots,
-    in fp32; BLOCK_K steps along the intermediate size N."""
+    in fp32; BLOCK_K steps along the intermediate size N (Np: N as packed)."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(Used):
         return
@@ -81,19 +83,17 @@ def down_kernel(Inter, W, Part, Slots, BlockExpert, Used, Weights, N, K, num_slo
     row = tl.where(valid, slot, 0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = tl.minimum(cols, K - 1).to(tl.int64)
-    w_base = W + expert * stride_de  # w_down [E, K, N]: strides of the expert, the hidden row, the reduction
+    # w_down [E, K, N]: strides of the expert, the hidden row, the reduction
+    w_e, s_e, z_e = W + expert * stride_de, S + expert * stride_se, Z + expert * stride_ze
     offs_n = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for n0 in range(0, N, BLOCK_K):
         ns = n0 + offs_n
-        n_ok = ns < N
-        a = tl.load(Inter + row[:, None] * stride_im + ns[None, :] * stride_in, mask=n_ok[None, :], other=0.0)
-        w = tl.load(w_base + w_rows[None, :] * stride_dh + ns[:, None] * stride_dr, mask=n_ok[:, None], other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    acc = acc * tl.load(Weights + row)[:, None]
+        a = tl.load(Inter + row[:, None] * stride_im + ns[None, :] * stride_in, mask=ns[None, :] < N, other=0.0)
+        w = expert_tile(w_e, s_e, z_e, w_rows, n0, N, Np, stride_dh, stride_dr, stride_sn, QMODE, GROUP,
+                        BLOCK_N, BLOCK_K)
+        acc = dot_tile(a, w, acc, UPCAST, PRECISION)
+    acc = channel_scale(acc, s_e, z_e, w_rows, QMODE) * tl.load(Weights + row)[:, None]
     p_ptrs = Part + row[:, None] * stride_pm + cols[None, :] * stride_pk
     tl.store(p_ptrs, acc, mask=valid[:, None] & (cols[None, :] < K))
 
@@ -105,8 +105,8 @@ TILES = [(64, 64, 4, 4), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (32
 DOWN_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in TILES]
 GATE_UP_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=2 if bn == bk == 128 else s)
                    for bn, bk, w, s in TILES]
-gate_up_tuned = triton.autotune(GATE_UP_CONFIGS, key=["N", "K", "BLOCK_M"])(gate_up_kernel)
-down_tuned = triton.autotune(DOWN_CONFIGS, key=["N", "K", "BLOCK_M"])(down_kernel)
+gate_up_tuned = triton.autotune(GATE_UP_CONFIGS, key=["N", "K", "BLOCK_M", "QMODE"])(gate_up_kernel)
+down_tuned = triton.autotune(DOWN_CONFIGS, key=["N", "K", "BLOCK_M", "QMODE"])(down_kernel)
 # The interpreter's cost is per tile step: large fixed tiles keep host runs short (tests force small ones).
 INTERPRETER_TILES = {"BLOCK_N": 128, "BLOCK_K": 256}
 
@@ -131,13 +131,14 @@ def _run(req: MoeRequest, block_m: int, tiles: dict | None = None) -> torch.Tens
     inter = buffers.empty((req.slots, req.n), dtype=req.dtype, device=device)
     part = buffers.empty((req.slots, req.k), dtype=torch.float32, device=device)
     options = dict(UPCAST=interpreted(), PRECISION="ieee" if req.dtype == torch.float32 else None, BLOCK_M=block_m)
-    wgu, wd = req.w_gate_up, req.w_down
+    (wgu, sgu, zgu, kp, *gu_strides), gu_modes = expert_operands(req.w_gate_up, req.k)
+    (wd, sd, zd, np_, *d_strides), d_modes = expert_operands(req.w_down, req.n)
     _launch(gate_up_kernel, gate_up_tuned, blocks.blocks, req.n,
-            (req.x, wgu, inter, blocks.slots, blocks.block_expert, blocks.used, req.n, req.k, req.top_k, req.slots,
-             *req.x.stride(), *wgu.stride(), *inter.stride()), options, tiles)
+            (req.x, wgu, sgu, zgu, inter, blocks.slots, blocks.block_expert, blocks.used, req.n, req.k, kp, req.top_k,
+             req.slots, *req.x.stride(), *gu_strides, *inter.stride()), {**options, **gu_modes}, tiles)
     _launch(down_kernel, down_tuned, blocks.blocks, req.k,
-            (inter, wd, part, blocks.slots, blocks.block_expert, blocks.used, req.topk_weights, req.n, req.k,
-             req.slots, *inter.stride(), *wd.stride(), *part.stride()), options, tiles)
+            (inter, wd, sd, zd, part, blocks.slots, blocks.block_expert, blocks.used, req.topk_weights, req.n, req.k,
+             np_, req.slots, *inter.stride(), *d_strides, *part.stride()), {**options, **d_modes}, tiles)
     return part.view(req.m, req.top_k, req.k).sum(dim=1).to(req.dtype)
 
 

@@ -3,7 +3,8 @@
 What serves it (torch 2.13): on CUDA in bfloat16 on sm_90 and sm_100, CUTLASS's grouped GEMM (no host sync); in any
 other dtype or GPU, and on the host in every dtype, its fallback, one mm per expert group over `offs` read back to
 the host. Its operands' strides must be multiples of 16 bytes (K and N multiples of 8 in 16-bit dtypes, of 4 in
-fp32): other shapes are unsupported rather than padded on every call.
+fp32): other shapes are unsupported rather than padded on every call. Packed (quantized) experts are unsupported:
+torch 2.13 has no grouped weight-only GEMM.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def grouped_moe(req: MoeRequest) -> torch.Tensor:
 
 
 def _plan(req: MoeRequest) -> PlannedCall:
+    if req.scheme:
+        raise Unsupported(f"torch has no grouped weight-only GEMM: torch._grouped_mm multiplies float (or fp8 by fp8, "
+                          f"W8A8) operands and takes no {req.scheme} expert stack")
     if not hasattr(torch, "_grouped_mm"):
         raise Unsupported(f"torch {torch.__version__} has no torch._grouped_mm")
     unit = ALIGN_BYTES // req.x.element_size()

@@ -162,6 +162,14 @@ def backend_name(path: str) -> str:
     return f"{BACKENDS[path]}:{mode()}"
 
 
+def packed_operands(qw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Q, S, Z) as the kernels read them: fp8 codes and 1-byte scales (e8m0, e4m3) viewed as bytes (a masked load
+    cannot fill fp8), Z int4's zeros or nvfp4's tensor scale (never read by the other schemes: S stands in)."""
+    qdata = qw.qdata.view(torch.uint8) if qw.qdata.dtype == torch.float8_e4m3fn else qw.qdata
+    scales = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else qw.scales
+    return qdata, scales, next((t for t in (qw.zeros, qw.tensor_scale) if t is not None), scales)
+
+
 def _launch(req: QLinearRequest, out: torch.Tensor, path: str, split_k: int, tiles: dict | None) -> None:
     x, qw = req.x, req.qweight
     if split_k == 1:
@@ -169,10 +177,7 @@ def _launch(req: QLinearRequest, out: torch.Tensor, path: str, split_k: int, til
     else:
         dst = buffers.empty((split_k, req.m, req.n), dtype=torch.float32, device=x.device)
         dst_strides = dst.stride()
-    # Z: int4's zeros or nvfp4's tensor scale; never read by the other schemes
-    qdata = qw.qdata.view(torch.uint8) if qw.qdata.dtype == torch.float8_e4m3fn else qw.qdata
-    scales = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else qw.scales  # e8m0 / e4m3 as bytes
-    zeros = next((t for t in (qw.zeros, qw.tensor_scale) if t is not None), scales)
+    qdata, scales, zeros = packed_operands(qw)
     kp = padded_k(req.k, qw.info)
     args = (x, qdata, scales, zeros, dst, req.m, req.n, req.k, kp, triton.next_power_of_2(req.m), split_k,
             *x.stride(), qw.qdata.stride(0), qw.scales.stride(0), *dst_strides)
