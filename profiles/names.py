@@ -47,6 +47,7 @@ _ELEMENTWISE_KEY = re.compile(
 _MOE_KEY = re.compile(
     r"moe/(?P<impl>[A-Za-z0-9_.-]+)/(?P<phase>[A-Za-z0-9_]+)/m(?P<m>\d+)-n(?P<n>\d+)-k(?P<k>\d+)"
     r"-e(?P<experts>\d+)-top(?P<top_k>\d+)-(?P<routing>[a-z]+(?:-\d+(?:\.\d+)?)?)-(?P<dtype>[A-Za-z0-9_]+)"
+    r"(?:-(?P<scheme>[A-Za-z0-9][A-Za-z0-9-]*))?"
 )
 # (tag, field) of the dimensions an elementwise key carries after m and n, where the case has them
 _ELEMENTWISE_DIMS = (("hkv", "kv_heads"), ("d", "head_dim"), ("c", "cache_len"))
@@ -136,7 +137,8 @@ def qlinear_key_for(case, impl: str) -> str:
 
 
 def moe_key_for(case, impl: str) -> str:
-    """The NVTX name of a routed-experts case: 'moe/<impl>/<phase>/m8-n768-k2048-e128-top8-uniform-bfloat16'."""
+    """The NVTX name of a routed-experts case: 'moe/<impl>/<phase>/m8-n768-k2048-e128-top8-uniform-bfloat16', its
+    experts' scheme after the dtype where they are packed ('...-bfloat16-mxfp4')."""
     for field in ("experts", "top_k"):
         value = getattr(case, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -146,7 +148,10 @@ def moe_key_for(case, impl: str) -> str:
         raise ValueError(f"routing={case.routing!r}: must be a name such as uniform or zipf-1.2")
     dense = linear_key_for(case, impl).removeprefix("linear/")
     head, _, dtype = dense.rpartition("-")
-    return f"moe/{head}-e{case.experts}-top{case.top_k}-{routing}-{dtype}"
+    scheme = str(getattr(case, "scheme", "") or "")
+    if scheme and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", scheme):
+        raise ValueError(f"scheme={case.scheme!r}: must be letters, digits or '-'")
+    return f"moe/{head}-e{case.experts}-top{case.top_k}-{routing}-{dtype}{'-' + scheme if scheme else ''}"
 
 
 def elementwise_key_for(case, impl: str) -> str:

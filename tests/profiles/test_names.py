@@ -131,3 +131,6 @@ def test_moe_keys_round_trip():
         ("moe", 128, 8, "zipf-1.2", "bfloat16", 8)
     with pytest.raises(ValueError, match="routing="):
         moe_key_for(SimpleNamespace(**{**vars(case), "routing": "zipf 1"}), "triton")
+    packed = moe_key_for(SimpleNamespace(**{**vars(case), "scheme": "int4-g128"}), "triton")
+    assert packed == key + "-int4-g128" and parse_case_key(packed)["scheme"] == "int4-g128"
+    assert parse_case_key(key)["scheme"] is None and parse_case_key(packed)["dtype"] == "bfloat16"

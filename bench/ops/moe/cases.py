@@ -1,5 +1,6 @@
-"""Routed-experts cases (x [M, K] through each token's top-k of E experts of intermediate N), their cost model (the
-experts a call touches), and their sweeps over a model's mixture-of-experts layer."""
+"""Routed-experts cases (x [M, K] through each token's top-k of E experts of intermediate N, float or packed by a
+weight scheme), their cost model (the experts a call touches), and their sweeps over a model's mixture-of-experts
+layer."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import itertools
 from dataclasses import dataclass, fields
 
 from ...spec.models import model_config, parse_model
+from ...spec.quant import quant_scheme
 from ...spec.routing import check_routing, touched_experts
 from ..linear.cases import ELEMENT_BYTES, LINEAR_PHASES
 
@@ -31,6 +33,7 @@ class MoeCase:
     model: str = ""
     projection: str = "experts"
     routing_seed: int = 0
+    scheme: str = ""
 
     op = "moe"
 
@@ -46,6 +49,17 @@ class MoeCase:
             raise ValueError(f"dtype: must be one of {', '.join(ELEMENT_BYTES)}, got {self.dtype!r}")
         if self.phase not in LINEAR_PHASES:
             raise ValueError(f"phase: must be one of {', '.join(LINEAR_PHASES)}, got {self.phase!r}")
+        if self.scheme:
+            info = quant_scheme(self.scheme)
+            if info.bits == 4 and min(self.n, self.k) < info.group:
+                raise ValueError(f"scheme: {self.scheme} packs groups of {info.group} along K and N (w_down reduces "
+                                 f"over N), got k {self.k}, n {self.n}")
+
+    def __repr__(self) -> str:
+        # the dataclass repr with scheme shown only when set: repr seeds a case's inputs (sweep.measure.case_seed),
+        # so float cases keep the seeds they had before it
+        shown = (f for f in fields(self) if f.name != "scheme" or self.scheme)
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @functools.cached_property
     def touched_experts(self) -> int:
@@ -55,20 +69,33 @@ class MoeCase:
     @property
     def shape_label(self) -> str:
         """Short shape text for tables: experts m8 n768 k2048 e128/8 uniform (touched 53)."""
+        packed = f" {self.scheme} {self.bits_per_weight:.3g}b" if self.scheme else ""
         return (f"{self.projection + ' ' if self.projection else ''}m{self.m} n{self.n} k{self.k} "
-                f"e{self.experts}/{self.top_k} {self.routing} (touched {self.touched_experts})")
+                f"e{self.experts}/{self.top_k}{packed} {self.routing} (touched {self.touched_experts})")
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per expert weight, scales included (the float dtype's bits when unpacked)."""
+        return 8 * expert_weights(self, 1) / (3 * self.n * self.k)
 
     def fields(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def row_fields(self) -> dict:
-        """The case's columns in a result row, the touched experts with them."""
-        return {**self.fields(), "op": self.op, "touched_experts": self.touched_experts}
+        """The case's columns in a result row, the touched experts with them (scheme only where set)."""
+        out = {k: v for k, v in self.fields().items() if k != "scheme" or v}
+        return {**out, "op": self.op, "touched_experts": self.touched_experts}
 
 
 def expert_weights(case: MoeCase, experts: int) -> float:
-    """Weights of `experts` experts (gate, up and down, 3 N K each) in bytes."""
-    return float(ELEMENT_BYTES[case.dtype] * experts * 3 * case.n * case.k)
+    """Weights of `experts` experts (gate, up and down, 3 N K each) in bytes; packed: each expert's w_gate_up
+    [2N, K] and w_down [K, N] as stored, codes plus scales (in the activation dtype for int8, int4 and fp8-e4m3),
+    zeros and tensor scale."""
+    elem = ELEMENT_BYTES[case.dtype]
+    if not case.scheme:
+        return float(elem * experts * 3 * case.n * case.k)
+    info = quant_scheme(case.scheme)
+    return float(experts * (info.stored_bytes(2 * case.n, case.k, elem) + info.stored_bytes(case.k, case.n, elem)))
 
 
 def flops(case: MoeCase) -> float:
@@ -79,8 +106,8 @@ def flops(case: MoeCase) -> float:
 
 
 def moved_bytes(case: MoeCase) -> tuple[float, float]:
-    """(bytes read, bytes written): the weights of the experts the call touches (never the others), x, and the
-    routing weights and ids, read once; the output written once."""
+    """(bytes read, bytes written): the weights of the experts the call touches (never the others; packed bytes plus
+    scales where a scheme packs them), x, and the routing weights and ids, read once; the output written once."""
     elem = ELEMENT_BYTES[case.dtype]
     read = expert_weights(case, case.touched_experts) + elem * case.m * case.k + ROUTING_BYTES * case.m * case.top_k
     return float(read), float(elem * case.m * case.k)

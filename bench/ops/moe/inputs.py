@@ -1,6 +1,6 @@
-"""The seeded inputs of a routed-experts case: activations, the experts' weights (outputs of order one), and the
-routing: the case's drawn experts per token (bench.spec.routing) turned into router logits that `route` picks them
-from, so the weights are a real softmax's."""
+"""The seeded inputs of a routed-experts case: activations, the experts' weights (outputs of order one; packed as
+one stack per projection where the case names a scheme), and the routing: the case's drawn experts per token
+(bench.spec.routing) turned into router logits that `route` picks them from, so the weights are a real softmax's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ....kernels import route
+from ....kernels import QuantizedWeight, quantize, route
 from ...instruments.roofline import TORCH_DTYPES
 from ...spec.routing import draw_routing
 from .cases import MoeCase, expert_weights
@@ -18,16 +18,17 @@ CHOSEN_LOGITS = (2.0, 3.0)  # the drawn experts' logits lie in [2, 3), every oth
 
 @dataclass(frozen=True, eq=False)
 class ExpertWeights:
-    """Every expert's weights: w_gate_up [E, 2N, K] (gate rows first) and w_down [E, K, N]. `nbytes` counts the
-    experts a call reads (`touched`), which is what the cold-operand rotation must push out of the cache."""
+    """Every expert's weights: w_gate_up [E, 2N, K] (gate rows first) and w_down [E, K, N], float tensors or packed
+    stacks. `nbytes` counts the experts a call reads (`touched`), which is what the cold-operand rotation must push
+    out of the cache."""
 
-    w_gate_up: torch.Tensor
-    w_down: torch.Tensor
+    w_gate_up: torch.Tensor | QuantizedWeight
+    w_down: torch.Tensor | QuantizedWeight
     touched: int
 
     @property
     def nbytes(self) -> int:
-        per_expert = (self.w_gate_up.nbytes + self.w_down.nbytes) // self.w_gate_up.shape[0]
+        per_expert = (self.w_gate_up.nbytes + self.w_down.nbytes) // self.w_gate_up.shape[0]  # nvfp4: exact too
         return per_expert * self.touched
 
     @property
@@ -48,11 +49,11 @@ class MoeInputs:
     topk_ids: torch.Tensor
 
     @property
-    def w_gate_up(self) -> torch.Tensor:
+    def w_gate_up(self) -> torch.Tensor | QuantizedWeight:
         return self.experts.w_gate_up
 
     @property
-    def w_down(self) -> torch.Tensor:
+    def w_down(self) -> torch.Tensor | QuantizedWeight:
         return self.experts.w_down
 
 
@@ -67,17 +68,41 @@ def router_logits(case: MoeCase, device: torch.device, gen: torch.Generator) -> 
 
 def make_inputs(case: MoeCase, device: torch.device, seed: int = 0) -> MoeInputs:
     """Standard-normal activations; standard-normal expert weights scaled by K**-0.5 (gate, up) and N**-0.5 (down),
-    drawn in fp32 and rounded to the case's dtype; routing weights from `route` (softmax, top k, not renormalized)."""
+    drawn in fp32 and rounded to the case's dtype, then packed by its scheme (the same draws as the float case);
+    routing weights from `route` (softmax, top k, not renormalized)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = TORCH_DTYPES[case.dtype]
     x = torch.randn((case.m, case.k), generator=gen, device=device, dtype=dtype)
-    w_gate_up = torch.empty((case.experts, 2 * case.n, case.k), device=device, dtype=dtype)
-    w_down = torch.empty((case.experts, case.k, case.n), device=device, dtype=dtype)
-    for e in range(case.experts):  # one expert at a time: the fp32 draw never holds a whole layer
-        w_gate_up[e] = torch.randn((2 * case.n, case.k), generator=gen, device=device).mul_(case.k ** -0.5)
-        w_down[e] = torch.randn((case.k, case.n), generator=gen, device=device).mul_(case.n ** -0.5)
+    shapes = ((2 * case.n, case.k), (case.k, case.n))
+    if case.scheme:
+        packed = ([], [])
+        for _ in range(case.experts):  # one expert at a time: the fp32 draw never holds a whole layer
+            for stack, shape in zip(packed, shapes):
+                w = torch.randn(shape, generator=gen, device=device).mul_(shape[1] ** -0.5).to(dtype)
+                stack.append(quantize(w, case.scheme))
+        w_gate_up, w_down = (stacked(stack) for stack in packed)
+    else:
+        w_gate_up, w_down = (torch.empty((case.experts, *shape), device=device, dtype=dtype) for shape in shapes)
+        for e in range(case.experts):
+            for stack, shape in zip((w_gate_up, w_down), shapes):
+                stack[e] = torch.randn(shape, generator=gen, device=device).mul_(shape[1] ** -0.5)
     topk_weights, topk_ids = route(router_logits(case, device, gen), case.top_k)
     return MoeInputs(x, ExpertWeights(w_gate_up, w_down, case.touched_experts), topk_weights, topk_ids)
+
+
+def stacked(matrices: list[QuantizedWeight]) -> QuantizedWeight:
+    """Packed matrices as one stack, each of its tensors with a leading E (the layout `quantize` gives a stack),
+    each expert's tensors freed as they are copied in."""
+    first = matrices[0]
+    names = [name for name in ("qdata", "scales", "zeros", "tensor_scale") if getattr(first, name) is not None]
+    out = {name: torch.empty((len(matrices), *getattr(first, name).shape), dtype=getattr(first, name).dtype,
+                             device=first.device) for name in names}
+    for e, matrix in enumerate(matrices):
+        for name in names:
+            out[name][e] = getattr(matrix, name)
+        matrices[e] = None
+    return QuantizedWeight(out["qdata"], out["scales"], out.get("zeros"), first.scheme, (len(matrices), *first.shape),
+                           out.get("tensor_scale"))
 
 
 def weight_bytes(case: MoeCase) -> float:

@@ -20,10 +20,12 @@ def _inputs(case: MoeCase) -> int:
 
 def case_bytes(case: MoeCase, device: torch.device) -> int:
     """The inputs (every expert's weights), one expert's fp32 draw, and the reference and baseline: one expert's
-    upcast weights and a bounded block of its rows each, and their outputs."""
+    upcast weights and a bounded block of its rows each, and their outputs. Packed experts add quantize's fp32
+    temporaries of one expert and the unpacking's fp64 ones (codes, values, each weight's scale)."""
     ref = torch.finfo(reference_dtype(device)).bits // 8
     expert = 3 * case.n * case.k
-    return (_inputs(case) + 4 * expert + (ref + 4) * (expert + case.m * case.k) + 2 * REFERENCE_BYTES)
+    packing = (4 * 4 + 4 * 8) * expert if case.scheme else 0
+    return _inputs(case) + 4 * expert + (ref + 4) * (expert + case.m * case.k) + 2 * REFERENCE_BYTES + packing
 
 
 def _slots(case: MoeCase) -> int:
@@ -33,7 +35,9 @@ def _slots(case: MoeCase) -> int:
 SCRATCH = {
     # one expert's gathered tokens (at most M): x rows, gate/up, the activation, its output and its fp32 copy; the
     # fp32 sum
-    "naive": lambda case: _elem(case) * case.m * (2 * case.k + 4 * case.n) + 4 * case.m * case.k * 3,
+    # packed: one expert dequantized to x's dtype, computed in fp32 (two copies)
+    "naive": lambda case: (_elem(case) * case.m * (2 * case.k + 4 * case.n) + 4 * case.m * case.k * 3
+                           + ((_elem(case) + 8) * 3 * case.n * case.k if case.scheme else 0)),
     # every slot's x row, gate/up, SiLU and product, output, and the fp32 weighted rows (twice, with the upcast)
     "torch": lambda case: _elem(case) * _slots(case) * (2 * case.k + 5 * case.n) + 8 * _slots(case) * case.k,
     # the intermediate in x's dtype, the fp32 rows per slot and their sum, the padded slot order
