@@ -33,6 +33,9 @@ def add_case_arguments(verb: argparse.ArgumentParser) -> None:
                       help="import MODULE (or a .py file) first, so the kernels it registers can be named with --impl")
     verb.add_argument("--shape", action="append", metavar="K=V,...",
                       help="a case by hand, e.g. batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=65536,head_dim=128")
+    verb.add_argument("--weights", metavar="SCHEME",
+                      help="pack the routed experts of the suite's moe cases with SCHEME (int8, int4-g128, int4-g32, "
+                           "fp8, mxfp4, nvfp4, fp8-b128); their rows carry it in `scheme` and read its packed bytes")
 
 
 def add_isolation_arguments(verb) -> None:
@@ -75,7 +78,7 @@ def ci_target_of(args) -> float | None:
 def selection_of(args) -> Selection:
     """The case selection a verb's options give (a verb without one of them selects its default)."""
     return Selection(**{name: getattr(args, name, None) for name in ("op", "impl", "model", "device", "dtype",
-                                                                       "shape", "plugin")},
+                                                                       "shape", "plugin", "weights")},
                      suite=getattr(args, "suite", None) or "quick")
 
 

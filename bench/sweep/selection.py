@@ -17,7 +17,8 @@ class Selection:
     """What a run measures: a suite's cases (or `shape`s written by hand, `K=V,...` as `--shape` takes them) of
     the operators `op` (all when empty) for the model presets `model` (the suite's when empty), in `dtype` (None:
     the device's default) on `device` (None: the best here), with the implementations `impl` (all available
-    when empty), after importing the `plugin` modules (names or .py paths) that register kernels."""
+    when empty), after importing the `plugin` modules (names or .py paths) that register kernels; `weights` (a
+    `--weights` choice) packs the routed experts of the moe cases with that scheme."""
 
     suite: str = "quick"
     op: tuple[str, ...] = ()
@@ -27,6 +28,7 @@ class Selection:
     dtype: str | None = None
     shape: tuple[str, ...] = ()
     plugin: tuple[str, ...] = ()
+    weights: str | None = None
 
     def __post_init__(self):  # lists (argparse's nargs) or None (an option not given) become tuples
         for name in ("op", "impl", "model", "shape", "plugin"):
@@ -38,7 +40,7 @@ class Selection:
         for flag in ("impl", "model", "op"):
             if getattr(self, flag):
                 argv += [f"--{flag}", *getattr(self, flag)]
-        for flag in ("device", "dtype"):
+        for flag in ("device", "dtype", "weights"):
             if getattr(self, flag):
                 argv += [f"--{flag}", getattr(self, flag)]
         for shape in self.shape:
@@ -104,9 +106,26 @@ def build_cases(selection: Selection, device) -> tuple[list, str]:
             cases = [parse_linear_shape(text, dtype, model) if text.startswith("m=") or ",m=" in text
                      else parse_shape(text, dtype, model) for text in selection.shape]
             return [c for c in cases if not ops or c.op in ops], "custom"
-        return suite_cases(selection.suite, device.type, dtype, tuple(models) or None, ops or None), selection.suite
+        cases = suite_cases(selection.suite, device.type, dtype, tuple(models) or None, ops or None)
+        return with_weights(cases, selection.weights, selection.suite), selection.suite
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def with_weights(cases: list, weights: str | None, suite: str) -> list:
+    """The cases with their routed experts packed by the `--weights` choice (moe cases only; None: as they are); a
+    one-line UsageError for an unknown choice or a selection without a moe case."""
+    if not weights:
+        return cases
+    from ..spec.quant import WEIGHT_CHOICES
+
+    if weights not in WEIGHT_CHOICES:
+        raise UsageError(f"weights: unknown scheme {weights!r}, choose from {', '.join(WEIGHT_CHOICES)}")
+    if not any(c.op == "moe" for c in cases):
+        raise UsageError(f"weights: packs the routed experts of moe cases, and suite {suite} selects none here "
+                         "(moe-decode and moe-prefill have them)")
+    scheme = WEIGHT_CHOICES[weights]
+    return [dataclasses.replace(c, scheme=scheme) if c.op == "moe" else c for c in cases]
 
 
 def case_ops(cases) -> tuple[str, ...]:

@@ -72,3 +72,19 @@ def test_portable_names_plugin_files_by_absolute_path_and_keeps_module_names(tmp
     selection = Selection(plugin=("my_kernels.py", "some.module"))
     assert selection.portable().plugin == (str(tmp_path / "my_kernels.py"), "some.module")
     assert dataclasses.replace(selection.portable(), plugin=selection.plugin) == selection
+
+
+def test_weights_pack_the_moe_cases_and_travel_on_the_command_line():
+    cases, _ = build_cases(Selection(suite="moe-decode", model=("gpt-oss-20b",), weights="mxfp4"), CPU)
+    floats, _ = build_cases(Selection(suite="moe-decode", model=("gpt-oss-20b",)), CPU)
+    assert cases and {c.scheme for c in cases} == {"mxfp4"} and {c.scheme for c in floats} == {""}
+    assert [dataclasses.replace(c, scheme="") for c in cases] == floats
+    fp8, _ = build_cases(Selection(suite="moe-decode", weights="fp8"), CPU)  # phases' short name
+    assert {c.scheme for c in fp8} == {"fp8-e4m3"}
+    selection = selection_of(build_parser().parse_args(["run", "--suite", "moe-decode", "--weights", "nvfp4"]))
+    assert selection.weights == "nvfp4" and selection_of(build_parser().parse_args(["run", *selection.argv()])) == \
+        selection
+    with pytest.raises(UsageError, match=r"^weights: unknown scheme 'int3', choose from int8, "):
+        build_cases(Selection(suite="moe-decode", weights="int3"), CPU)
+    with pytest.raises(UsageError, match=r"^weights: packs the routed experts of moe cases, and suite quick selects"):
+        build_cases(Selection(suite="quick", weights="mxfp4"), CPU)
