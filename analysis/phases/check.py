@@ -59,6 +59,7 @@ class ReferencePlan:
     attention_impl: str = "flash"  # window and sink layers' attention in phasebench's pass (the composition's impl)
     mla_impl: str = "torch"  # MLA's absorbed decode in phasebench's pass (the composition's mla impl)
     iteration_scenarios: tuple[tuple[str, int, int], ...] = ()  # (phase, batch, tokens) the tables publish
+    experts: str = ""  # a mixture's routed experts packed by this scheme ("": the activation dtype)
 
     @property
     def scenarios(self) -> list[tuple[str, int, int]]:
@@ -93,7 +94,7 @@ class ReferencePlan:
         steps = [step for layers in (self.layers, 2 * self.layers) for step in (
             step_defs.prefill_step(self.cut(layers), self.prompt),
             *(step_defs.decode_step(self.cut(layers), b, self.context, self.page_size) for b in self.batches))]
-        return step_defs.distinct_uses(step_defs.with_weights(step, self.weights) for step in steps)
+        return step_defs.distinct_uses(step_defs.with_weights(step, self.weights, self.experts) for step in steps)
 
 
 def error_columns(prefix: str, composed: tuple, measured: tuple, goal: float) -> dict:
@@ -291,7 +292,8 @@ def plan_of(meta: dict) -> ReferencePlan:
                          attention_impl=impls.get("attention", "flash"), mla_impl=impls.get("mla", "torch"),
                          iteration_scenarios=(*(("prefill", 1, int(p)) for p in meta.get("prompts", ())),
                                               *(("decode", int(b), int(meta["context"]))
-                                                for b in meta.get("batches", ()))))
+                                                for b in meta.get("batches", ()))),
+                         experts=str(meta.get("experts") or ""))
 
 
 def where(row) -> str:

@@ -81,11 +81,12 @@ class Measured:
     """The ok, timed rows of one device, mode and timer, indexed by (op, impl, case fields) for the lookups: quiet
     and unprofiled rows only (the noisy and profiled ones are kept apart, to be counted as left out). With `weights`
     (a scheme such as int4-g128), every step composed from it takes its layers' projections from the qlinear rows
-    of that scheme: measured, never scaled from the unquantized rows."""
+    of that scheme, and with `experts` its routed experts from the moe rows of that scheme: measured, never scaled
+    from the unquantized rows."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
-                 weights: str = "", iterations: dict | None = None, keep_noisy: bool = False):
-        self.model, self.dtype, self.weights = model, dtype, weights
+                 weights: str = "", iterations: dict | None = None, keep_noisy: bool = False, experts: str = ""):
+        self.model, self.dtype, self.weights, self.experts = model, dtype, weights, experts
         # (phase, batch, tokens) -> (ms, low, high): the per-iteration cost measured for a published step
         # (analysis.phases.check.iteration_costs), added once to that step
         self.iterations = dict(iterations or {})
@@ -166,7 +167,7 @@ def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
     """Sum count x latency over a step's ops (the projections packed as measured.weights says); ops with no measured
     row are named in `missing`."""
     items, missing, noisy = [], [], 0
-    uses = step_defs.with_weights(uses, measured.weights)
+    uses = step_defs.with_weights(uses, measured.weights, measured.experts)
     for use in uses:
         noisy += measured.left_out_rows(use)
         found = measured.latency(use)

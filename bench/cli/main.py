@@ -53,7 +53,9 @@ def package_version() -> str:
 
 
 def described(m) -> str:
-    """What a preset's line adds to its dims: its mixture and its attention kind."""
+    """What a preset's line adds to its dims: its mixture, its attention kind and the format it is served in."""
+    from ..spec.quant import served_format
+
     out = ""
     if m.is_moe:
         out += f" ({m.experts} experts of that intermediate, top {m.top_k}" + (
@@ -64,7 +66,9 @@ def described(m) -> str:
                 + (f", q_lora {m.q_lora_rank}" if m.q_lora_rank else ""))
     elif m.attention == "window":
         out += f"; window_left {m.window_left} on every other layer"
-    return out + (", sinks" if m.sinks else "")
+    out += ", sinks" if m.sinks else ""
+    served = served_format(m.name)
+    return out + (f"; served: {served.label}" if served.projections or served.experts else "")
 
 
 def cmd_list(args) -> int:

@@ -36,20 +36,33 @@ def parse_op_impls(items) -> dict[str, str]:
     return out
 
 
-def weights_scheme(args, device, impls: dict) -> str:
-    """The scheme of --weights ("" without it); torch has no weight-only fp8 GEMM, so fp8 takes Triton on a GPU and
-    naive on the host unless --impl names a qlinear impl. Only phasebench's decoder checks quantized weights."""
-    from ..spec.quant import WEIGHT_CHOICES
+NO_VENDOR_SCHEMES = ("fp8-e4m3", "fp8-b128", "mxfp4", "nvfp4")  # torch has no weight-only GEMM of these
+
+
+def served_weights(args, device, impls: dict, model):
+    """The ServedFormat the composition takes: the preset's own (bench.spec.quant.SERVED_FORMATS) without
+    --weights, none with `--weights none`, else the scheme for the projections and a mixture's routed experts.
+    Schemes torch has no weight-only GEMM for take Triton on a GPU and naive on the host, and packed experts the
+    same moe impls, unless --impl names them. Only phasebench's decoder checks quantized weights."""
+    from ..spec.quant import WEIGHT_CHOICES, ServedFormat, served_format
 
     if not args.weights:
-        return ""
-    scheme = WEIGHT_CHOICES[args.weights]
-    if "transformers" in (args.reference or ()):
-        raise UsageError("reference: transformers' Llama has unquantized weights; with --weights only phasebench's "
-                         "decoder checks the composition")
-    if scheme == "fp8-e4m3" and not any(item.startswith("qlinear=") for item in args.impl or ()):
-        impls["qlinear"] = "triton" if device.type == "cuda" else "naive"
-    return scheme
+        served = served_format(model.name)
+    elif args.weights == "none":
+        served = ServedFormat()
+    else:
+        scheme = WEIGHT_CHOICES[args.weights]
+        served = ServedFormat(scheme, scheme if model.is_moe else "")
+    if (served.projections or served.experts) and "transformers" in (args.reference or ()):
+        raise UsageError(f"reference: transformers' models have unquantized weights; {model.name} is composed with "
+                         f"{served.label}: with --weights none, or without --reference transformers")
+    named = {item.partition("=")[0] for item in args.impl or ()}
+    fallback = "triton" if device.type == "cuda" else "naive"
+    if served.projections in NO_VENDOR_SCHEMES and "qlinear" not in named:
+        impls["qlinear"] = fallback
+    if served.experts and "moe" not in named:  # torch's _grouped_mm takes float experts only
+        impls["moe"] = fallback
+    return served
 
 
 def served_here(model, impls: dict, device, dtype: str | None) -> None:
@@ -105,9 +118,6 @@ def cmd_phases(args) -> int:
         model = model_config(args.model)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if (model.is_moe or model.attention == "mla") and args.weights:
-        what = "routed experts" if model.is_moe else "MLA projections (absorbed in decode)"
-        raise UsageError(f"weights: {model.name}'s {what} are not quantized by the composition; run without --weights")
     if model.attention != "gqa" and args.speculate:
         raise UsageError(f"speculate: the speculative loop runs GQA decoders; {model.name} has "
                          f"{model.attention.upper()} attention")
@@ -121,7 +131,7 @@ def cmd_phases(args) -> int:
     from ...analysis.phases import model as pm
 
     impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
-    weights = weights_scheme(args, device, impls)
+    served = served_weights(args, device, impls, model)
     served_here(model, impls, device, args.dtype)
     if "transformers" in references:
         from ..phases.hf_reference import architecture, transformers_module
@@ -146,7 +156,7 @@ def cmd_phases(args) -> int:
                                 references=references,
                                 reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
-    cfg.weights, cfg.speculate = weights, speculate
+    cfg.weights, cfg.experts, cfg.speculate = served.projections, served.experts, speculate
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.rounds = args.rounds
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm, ci_target=ci_target)
@@ -163,7 +173,8 @@ def cmd_phases(args) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
     paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
-    packed = f", projections {weights} by qlinear {impls['qlinear']}" if weights else ""
+    packed = "".join((f", projections {served.projections} by qlinear {impls['qlinear']}" if served.projections
+                      else "", f", experts {served.experts} by moe {impls['moe']}" if served.experts else ""))
     print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
     from ...analysis.phases.speculative_figures import speculative_summary, write_speculative_figures
@@ -215,10 +226,12 @@ def add_phases_verb(verbs) -> None:
     phases.add_argument("--acceptance", nargs="+", type=float, metavar="A",
                         help="i.i.d. acceptance rates α in (0, 1) (default 0.5 0.6 0.7 0.8 0.9)")
     phases.add_argument("--impl", nargs="+", metavar="OP=IMPL", help="e.g. attention=triton linear=triton")
-    phases.add_argument("--weights", choices=("int8", "int4-g128", "int4-g32", "fp8"),
-                        help="the layers' projections weight-only quantized: measured qlinear rows of the scheme "
-                             "(impl: qlinear=torch, fp8 naive on the host and triton on a GPU); the lm_head stays "
-                             "in the activation dtype")
+    phases.add_argument("--weights", choices=("int8", "int4-g128", "int4-g32", "fp8", "mxfp4", "nvfp4", "fp8-b128",
+                                              "none"),
+                        help="the layers' projections and a mixture's routed experts weight-only quantized: measured "
+                             "qlinear and moe rows of the scheme (default: the preset's served format, `phasebench "
+                             "list`; none: unquantized); the router, MLA's kv_b and the lm_head stay in the "
+                             "activation dtype")
     phases.add_argument("--page-size", type=int, metavar="P",
                         help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
                              "contiguous); the prompt's own attention stays contiguous")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import MoeRequest, get_impl, route
+from ...kernels import MoeRequest, get_impl, quantize, route
 from ..spec.models import DecoderConfig
 
 
@@ -36,6 +36,13 @@ class MoeBlock(nn.Module):
         """The routed experts' weights, drawn as the decoder draws a projection's (std = fan-in ** -0.5)."""
         fill_random(self.w_gate_up, self.w_gate_up.shape[-1] ** -0.5, gen)
         fill_random(self.w_down, self.w_down.shape[-1] ** -0.5, gen)
+
+    def pack(self, scheme: str) -> None:
+        """The routed experts packed by `scheme` (expert stacks: kernels.quantize), as a served checkpoint holds
+        them; the float copies are dropped."""
+        gate_up, down = quantize(self.w_gate_up.data, scheme), quantize(self.w_down.data, scheme)
+        del self.w_gate_up, self.w_down
+        self.w_gate_up, self.w_down = gate_up, down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -75,8 +82,10 @@ def mlp_projections(layer) -> list[tuple[str, nn.Module]]:
 def experts_op(args) -> dict:
     """What a forward hook on Experts records of one call (the fields of a moe case but the routing)."""
     x, w_gate_up, _, _, ids = args
+    scheme = getattr(w_gate_up, "scheme", "")  # packed experts (a QuantizedWeight stack)
     return {"op": "moe", "name": "experts", "scope": "layer", "m": x.shape[0], "n": w_gate_up.shape[1] // 2,
-            "k": x.shape[1], "experts": w_gate_up.shape[0], "top_k": ids.shape[1]}
+            "k": x.shape[1], "experts": w_gate_up.shape[0], "top_k": ids.shape[1], **({"scheme": scheme} if scheme
+                                                                                       else {})}
 
 
 def bare_linear(k: int, n: int, device, dtype) -> nn.Linear:

@@ -41,6 +41,7 @@ def _decoder(kind: str, plan: ReferencePlan):
                             max_tokens=max(t + (p == "decode") for p, _, t in (*plan.scenarios, *plan.zero_layer_only)),
                             max_batch=max(b for _, b, _ in (*plan.scenarios, *plan.zero_layer_only)),
                             weights=plan.weights, weights_impl=plan.weights_impl, moe_impl=plan.moe_impl,
+                            experts=plan.experts,
                             impls={"attention": plan.attention_impl, "mla": plan.mla_impl})
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from ...kernels import qlinear, quantize
 from ..instruments.timing import TimerConfig, Timing, time_call
 from ..spec.models import DecoderConfig
+from ..spec.steps import KEPT_FLOAT
 from .attention_blocks import Attention, MLAAttention, RMSNorm, rotary, rotate_half, sdpa_has_gqa  # noqa: F401
 from .moe_block import MoeBlock, experts_op, mlp_projections
 from .moe_block import bare_linear as _linear
@@ -105,14 +106,15 @@ class DecoderLayer(nn.Module):
 
 class ReferenceDecoder(nn.Module):
     """`layers` decoder layers of `config`'s dimensions with seeded random weights (the layers' projections packed
-    by the `weights` scheme when given, run by qlinear's `weights_impl`), a final norm, the lm_head and a greedy
+    by the `weights` scheme when given, run by qlinear's `weights_impl`, less the router and MLA's kv_b; a
+    mixture's routed experts packed by `experts`, run by `moe_impl`), a final norm, the lm_head and a greedy
     pick. The token embedding is skipped: the input is seeded random hidden states [B, T, hidden]. `impls`: the
     attention impl of window and sink layers and the mla impl of MLA's decode (the composition's).
     device='meta' builds it without memory, for tracing shapes."""
 
     def __init__(self, config: DecoderConfig, layers: int, device, dtype: torch.dtype, max_tokens: int,
                  max_batch: int, seed: int = 0, weights: str = "", weights_impl: str = "torch", moe_impl="torch",
-                 impls: dict | None = None):
+                 impls: dict | None = None, experts: str = ""):
         super().__init__()
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= config.layers:
             raise ValueError(f"layers: must be an int in 1..{config.layers} for {config.name}, got {layers!r}")
@@ -121,9 +123,6 @@ class ReferenceDecoder(nn.Module):
                 raise ValueError(f"{name}: must be a positive int, got {value!r}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
-        if weights and (config.is_moe or config.attention == "mla"):
-            raise ValueError(f"weights: {config.name}'s routed experts and MLA's absorbed projections are never "
-                             "quantized here: run unquantized")
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.max_tokens, self.max_batch, self.seed = max_tokens, max_batch, seed
         self.layers = nn.ModuleList(DecoderLayer(config, max_batch, max_tokens, self.device, dtype, moe_impl, i, impls)
@@ -136,10 +135,14 @@ class ReferenceDecoder(nn.Module):
         self._cache_filled = False
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self._init_weights()
-        if weights:  # the layers' projections packed by the scheme (the lm_head stays, as in the composition)
-            for layer in self.layers:
-                for name in ("qkv", "o", "gate_up", "down"):
-                    setattr(layer, name, QuantizedLinear(getattr(layer, name).weight, weights, weights_impl))
+        for layer in self.layers:  # packed as the composition packs them (the lm_head stays: bench.spec.steps)
+            if weights:
+                for parent in (layer, layer.mla, layer.mixture):
+                    for name, module in list(getattr(parent, "_modules", {}).items()):
+                        if isinstance(module, nn.Linear) and name not in KEPT_FLOAT:
+                            setattr(parent, name, QuantizedLinear(module.weight, weights, weights_impl))
+            if experts and layer.mixture is not None:
+                layer.mixture.pack(experts)
 
     @property
     def is_meta(self) -> bool:

@@ -98,6 +98,7 @@ class PhasesConfig:
     page_size: int = 0  # decode and chunk attention read the KV cache in pages of this many tokens (0: contiguous)
     reference_rounds: int = check.ROUNDS  # rounds of the check's ops, interleaved with the reference's brackets
     weights: str = ""  # the layers' projections packed by this scheme (qlinear rows; "": unquantized)
+    experts: str = ""  # a mixture's routed experts packed by this scheme (moe rows of that scheme; "": unquantized)
     speculate: SpeculateConfig | None = None  # compose speculative decoding (at the reference batches) and check it
 
     @classmethod
@@ -126,8 +127,8 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
         out += [step_defs.verify_step(m, b, cfg.context, g, cfg.page_size) for b in cfg.reference_batches
                 for g in cfg.speculate.gammas]
     out += hybrid_check.hybrid_steps(m, measured_hybrid(cfg), cfg.page_size)
-    steps = [step_defs.with_weights(step, cfg.weights) for step in out]
-    if cfg.weights:  # the float decode steps too, for TPOT's gain over float weights in the same run
+    steps = [step_defs.with_weights(step, cfg.weights, cfg.experts) for step in out]
+    if cfg.weights or cfg.experts:  # the float decode steps too, for TPOT's gain over float weights in the same run
         steps += [step_defs.decode_step(m, b, cfg.context, cfg.page_size) for b in cfg.batches]
     return steps
 
@@ -136,7 +137,7 @@ def measured_hybrid(cfg: PhasesConfig, quiet: bool = True) -> pd.DataFrame:
     """The hybrid iterations `phasebench interference` timed for this model, dtype and device, through any number
     of its layers (each checked against the model cut to them; unquantized and contiguous: the interference
     decoder's weights and cache are)."""
-    if cfg.weights or cfg.page_size:
+    if cfg.weights or cfg.experts or cfg.page_size:
         return pd.DataFrame()
     return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
                                     device=device_name(cfg.device), layers=cfg.model.layers, quiet=quiet)
@@ -177,11 +178,11 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
     """The phase tables from measured rows and the per-iteration costs the check measured (analysis does the
     arithmetic; no measurement here)."""
     measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights,
-                           iterations=iterations)
+                           iterations=iterations, experts=cfg.experts)
     page = cfg.page_size
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
     hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
-    if cfg.weights:
+    if cfg.weights or cfg.experts:
         plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page))
@@ -213,7 +214,7 @@ def reference_plan(cfg: PhasesConfig) -> phase_check.ReferencePlan:
                                      tuple(cfg.reference_batches), cfg.context, tuple(cfg.references), cfg.page_size,
                                      cfg.weights, cfg.impls.get("qlinear", pm.DEFAULT_IMPLS["qlinear"]),
                                      *(cfg.impls.get(op, pm.DEFAULT_IMPLS[op]) for op in ("moe", "attention", "mla")),
-                                     iteration_scenarios=published_scenarios(cfg))
+                                     iteration_scenarios=published_scenarios(cfg), experts=cfg.experts)
 
 
 def published_scenarios(cfg: PhasesConfig) -> tuple[tuple[str, int, int], ...]:
@@ -234,7 +235,7 @@ def reference_check(cfg: PhasesConfig, timer: TimerConfig, impls: dict, publishe
                                      rounds=cfg.reference_rounds, time_budget_s=budget, started=cfg.started,
                                      on_row=cfg.on_row)
     frame = functools.partial(pm.Measured, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls,
-                              weights=cfg.weights)
+                              weights=cfg.weights, experts=cfg.experts)
     per_round = [frame(part, keep_noisy=True) for part in check.rounds_of(rows, cases, impls, cfg.reference_rounds)]
     shown = frame(published)  # the tables' own rows, indexed once for both
     table, details = phase_check.check_table(brackets, plan, published=shown, per_round=per_round)
@@ -272,6 +273,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
         "weights": cfg.weights,
+        "experts": cfg.experts,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,
         "references": cfg.references, "reference_rounds": cfg.reference_rounds, "measured_cases": len(cases),
         "rounds": cfg.rounds, "intervals": INTERVALS[cfg.rounds > 1],

@@ -59,3 +59,37 @@ def quant_scheme(name) -> QuantScheme:
         return QUANT_SCHEMES[name]
     except (KeyError, TypeError):
         raise ValueError(f"scheme: unknown scheme {name!r}, choose from {', '.join(QUANT_SCHEMES)}") from None
+
+
+@dataclass(frozen=True)
+class ServedFormat:
+    """How a model's weights are served: its layers' projections packed by `projections`, its routed experts by
+    `experts` ("": the activation dtype); the router, MLA's kv_b (and its absorbed halves) and the lm_head stay in
+    the activation dtype (bench.spec.steps.KEPT_FLOAT)."""
+
+    projections: str = ""
+    experts: str = ""
+
+    def __post_init__(self):
+        for name in ("projections", "experts"):
+            if getattr(self, name):
+                quant_scheme(getattr(self, name))
+
+    @property
+    def label(self) -> str:
+        """`experts mxfp4`, `projections and experts fp8-b128`, or `unquantized`."""
+        if self.projections and self.projections == self.experts:
+            return f"projections and experts {self.projections}"
+        parts = [f"{name} {getattr(self, name)}" for name in ("projections", "experts") if getattr(self, name)]
+        return ", ".join(parts) or "unquantized"
+
+
+# the formats the presets' checkpoints ship in (gpt-oss: MXFP4 experts, attention in bf16; DeepSeek-V3: fp8 with a
+# 128 x 128 block scale on every linear layer but the router, kv_b and the lm_head); the others: unquantized
+SERVED_FORMATS = {"gpt-oss-20b": ServedFormat(experts="mxfp4"), "gpt-oss-120b": ServedFormat(experts="mxfp4"),
+                  "deepseek-v3": ServedFormat("fp8-b128", "fp8-b128")}
+
+
+def served_format(model: str) -> ServedFormat:
+    """The format a preset is served in (unquantized for the others and custom models)."""
+    return SERVED_FORMATS.get(model, ServedFormat())

@@ -208,13 +208,28 @@ def chunked_prefill_steps(config: DecoderConfig, prompt: int, chunk: int, decode
     return steps
 
 
-def with_weights(uses: list[OpUse], scheme: str) -> list[OpUse]:
-    """The step with its decoder layers' projections (part "weights") packed by `scheme` (qlinear uses of the same
-    fields plus scheme); the lm_head keeps the activation dtype, as serving stacks mostly leave it. "": unchanged."""
-    if not scheme:
+# projections a served format keeps in the activation dtype: the router (gpt-oss, DeepSeek-V3 and vLLM keep it in
+# bf16), and MLA's kv_b with its absorbed halves (vLLM dequantizes kv_b at load to absorb it)
+KEPT_FLOAT = frozenset({"router", "kv_b", "q_absorb", "v_up"})
+
+
+def with_weights(uses: list[OpUse], scheme: str, experts: str = "") -> list[OpUse]:
+    """The step with its decoder layers' projections (part "weights", less KEPT_FLOAT) packed by `scheme` (qlinear
+    uses of the same fields plus scheme) and its routed experts by `experts` (moe uses plus scheme); the lm_head
+    keeps the activation dtype, as serving stacks mostly leave it. "": unchanged."""
+    if not scheme and not experts:
         return uses
-    return [dataclasses.replace(u, op="qlinear", fields=tuple(sorted((*u.fields, ("scheme", scheme)))))
-            if u.op == "linear" and u.part == "weights" else u for u in uses]
+    out = []
+    for u in uses:
+        if scheme and u.op == "linear" and u.part == "weights" and u.label not in KEPT_FLOAT:
+            u = dataclasses.replace(u, op="qlinear", fields=tuple(sorted((*u.fields, ("scheme", scheme)))))
+        elif experts and u.op == "moe":
+            u = dataclasses.replace(u, fields=tuple(sorted((*u.fields, ("scheme", experts)))))
+        out.append(u)
+    return out
+
+
+KV_DTYPE_MAX_Q_LEN = 16  # attention calls of at most this many query tokens after a cached prefix read the cache as is
 
 
 def distinct_uses(steps) -> list[OpUse]:

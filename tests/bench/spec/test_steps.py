@@ -230,3 +230,29 @@ def test_a_draft_defaults_to_the_family_preset_and_must_be_smaller_with_the_same
         draft_config(MODELS["llama-3.2-1b"], "llama-3-8b")
     with pytest.raises(ValueError, match=r"^draft: unknown model 'nope'"):
         draft_config(TINY, "nope")
+
+
+def test_with_weights_packs_a_mixtures_experts_and_keeps_the_router_and_kv_b():
+    from phasebench.bench.spec.models import model_config
+
+    for name in ("gpt-oss-20b", "deepseek-v3"):
+        step = steps.decode_step(model_config(name), 4, 1000)
+        packed = steps.with_weights(step, "fp8-b128", "mxfp4")
+        moe = [u for u in packed if u.op == "moe"]
+        assert moe and all(u.field_dict["scheme"] == "mxfp4" for u in moe)
+        linear = {u.label for u in packed if u.op == "linear"}
+        assert linear & steps.KEPT_FLOAT == {u.label for u in step if u.op == "linear"} & steps.KEPT_FLOAT
+        assert "router" in linear and all(u.field_dict["scheme"] == "fp8-b128" for u in packed if u.op == "qlinear")
+        experts_only = steps.with_weights(step, "", "mxfp4")
+        assert [u.op for u in experts_only] == [u.op for u in step]  # the projections stay linear
+    assert steps.with_weights(step, "", "") == step
+
+
+def test_served_formats_of_the_presets():
+    from phasebench.bench.spec.quant import ServedFormat, served_format
+
+    assert served_format("gpt-oss-20b") == ServedFormat(experts="mxfp4")
+    assert served_format("deepseek-v3").label == "projections and experts fp8-b128"
+    assert served_format("llama-3-8b").label == "unquantized"
+    with pytest.raises(ValueError, match="unknown scheme"):
+        ServedFormat(experts="fp3")
