@@ -256,21 +256,27 @@ def _describe_roof(gbps: float, tflops: float) -> str:
 
 # Decode of the kinds of attention current models run, at the same context on one roofline: GQA over a full cache,
 # a sliding window with sinks (gpt-oss's window layers) and MLA over a latent cache (DeepSeek).
-KINDS = ("GQA", "window", "MLA")
-KIND_MARKERS = {"GQA": "^", "window": "v", "MLA": "D"}
+# An fp8 KV cache (kv_dtype fp8: one byte an element) is a kind of its own, so its point sits beside the same decode
+# in the dtype: half the bytes, twice the intensity, further up the read slope.
+FP8_KV = " fp8 KV"
+KINDS = ("GQA", "GQA" + FP8_KV, "window", "window" + FP8_KV, "MLA", "MLA" + FP8_KV)
+KIND_MARKERS = {"GQA": "^", "window": "v", "MLA": "D", **{k + FP8_KV: m for k, m in (("GQA", ">"), ("window", "<"),
+                                                                                    ("MLA", "d"))}}
 KIND_COLUMNS = ("kind", "model", "batch", "q_len", "kv_len", "impl", "intensity", "tflops", "gbps", "roof_tflops",
                 "pct_roofline", "bound", "above_roof", "latency_ms", "latency_ci_low_ms", "latency_ci_high_ms",
                 "cache_state")
 CAPTION = ("Decode attention of three kinds at the same cache length, each point a measured row (colour: impl, "
            "marker: kind): GQA reads every key of every kv head; a sliding-window layer reads the last window of "
            "them, whatever the context; MLA reads one latent per token for all the query heads, so its intensity "
-           "grows with the heads (DeepSeek-V3's 128 against V2-Lite's 16). Grey dashes are each row's own roof (its "
-           "read and write floor at the measured ceilings, capped by the matmul peak), the lines the measured read "
-           "roof of each dtype.")
+           "grows with the heads (DeepSeek-V3's 128 against V2-Lite's 16); an fp8 KV cache (its own marker) reads "
+           "one byte an element, so its point moves up the read slope from the same decode in the dtype. Grey dashes "
+           "are each row's own roof (its read and write floor at the measured ceilings, capped by the matmul peak), "
+           "the lines the measured read roof of each dtype.")
 
 
 def decode_kind(rows: pd.DataFrame) -> pd.Series:
-    """'MLA' (op mla), 'window' (a decode attention row with a sliding window), 'GQA' (one without), '' otherwise."""
+    """'MLA' (op mla), 'window' (a decode attention row with a sliding window), 'GQA' (one without), '' otherwise;
+    ' fp8 KV' after it for a row whose cache (or latent) is fp8."""
     op = rows["op"].fillna("attention").replace("", "attention") if "op" in rows.columns else \
         pd.Series("attention", index=rows.index)
     window = floats(rows["window_left"]) if "window_left" in rows.columns else np.full(len(rows), -1.0)
@@ -278,7 +284,8 @@ def decode_kind(rows: pd.DataFrame) -> pd.Series:
     attention = (op == "attention").to_numpy() & decode
     kind = np.where(op.to_numpy() == "mla", "MLA", np.where(attention & (np.nan_to_num(window, nan=-1) >= 0),
                                                             "window", np.where(attention, "GQA", "")))
-    return pd.Series(kind, index=rows.index)
+    fp8 = (rows["kv_dtype"].fillna("") == "fp8").to_numpy() if "kv_dtype" in rows.columns else False
+    return pd.Series(np.where(fp8 & (kind != ""), np.char.add(kind.astype(str), FP8_KV), kind), index=rows.index)
 
 
 def decode_kinds_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -293,8 +300,9 @@ def decode_kinds_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = rows[rows["kind"] != ""]
     shared = []
     for _, group in (rows.groupby(keys, dropna=False) if keys else [((), rows)]):
-        present = group["kind"].nunique()
-        counts = group.groupby("kv_len")["kind"].nunique()
+        base = group["kind"].str.replace(FP8_KV, "", regex=False)  # an fp8 row shows at the contexts of its kind
+        present = base.nunique()
+        counts = group.assign(kind=base).groupby("kv_len")["kind"].nunique()
         shared.append(group[group["kv_len"].isin(counts[counts == present].index)])
     rows = pd.concat(shared) if shared else rows.iloc[0:0]
     rows = rows.assign(_kind=rows["kind"].map(KINDS.index))

@@ -24,7 +24,9 @@ DEFAULT_IMPLS = {"attention": "flash", "linear": "torch", "elementwise": "torch"
                  "mla": "torch"}
 PARTS = (*step_defs.PARTS, "iteration")  # the ops' parts, and what a step costs beyond them (a zero-layer pass)
 ONCE = ("head", "iteration")  # the parts a step runs once, whatever its layer count
-UNSET = {"window_left": -1, "sinks": False}  # attention fields a use names only where set, as rows of any age do
+KV_DTYPE_BYTES = {"fp8": 1}  # bytes of a cache element stored as a kv_dtype (e4m3)
+# attention fields a use names only where set, as rows of any age do
+UNSET = {"window_left": -1, "sinks": False, "kv_dtype": ""}
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 
@@ -85,8 +87,10 @@ class Measured:
     from the unquantized rows."""
 
     def __init__(self, df: pd.DataFrame, *, model: str, dtype: str, impls: dict[str, str] | None = None,
-                 weights: str = "", iterations: dict | None = None, keep_noisy: bool = False, experts: str = ""):
+                 weights: str = "", iterations: dict | None = None, keep_noisy: bool = False,
+                 kv_dtype: str = "", experts: str = ""):
         self.model, self.dtype, self.weights, self.experts = model, dtype, weights, experts
+        self.kv_dtype = kv_dtype  # the KV cache storage of the decode calls (steps.with_kv_dtype; "": the dtype)
         # (phase, batch, tokens) -> (ms, low, high): the per-iteration cost measured for a published step
         # (analysis.phases.check.iteration_costs), added once to that step
         self.iterations = dict(iterations or {})
@@ -164,10 +168,10 @@ ITEM_COLUMNS = ["op", "label", "part", "count", "latency_ms", "ms", "key", "late
 
 
 def step_time(measured: Measured, uses: list[step_defs.OpUse]) -> StepTime:
-    """Sum count x latency over a step's ops (the projections packed as measured.weights says); ops with no measured
-    row are named in `missing`."""
+    """Sum count x latency over a step's ops (the projections packed as measured.weights says, the cache read as
+    measured.kv_dtype says); ops with no measured row are named in `missing`."""
     items, missing, noisy = [], [], 0
-    uses = step_defs.with_weights(uses, measured.weights, measured.experts)
+    uses = step_defs.with_kv_dtype(step_defs.with_weights(uses, measured.weights, measured.experts), measured.kv_dtype)
     for use in uses:
         noisy += measured.left_out_rows(use)
         found = measured.latency(use)
@@ -255,7 +259,9 @@ def batch_sweep(measured: Measured, config: DecoderConfig, batches, context: int
     KV-cache bytes a token costs at that context (`kv_bytes_per_token`, by the model's attention kind) and the batch's
     cache (`kv_cache_bytes`)."""
     rows, steps = [], {}
-    per_token = config.kv_bytes_per_token(DTYPE_BYTES[measured.dtype], context + 1)
+    # an fp8 cache: one byte an element (its float32 scales, one per KV head and layer, left out)
+    per_token = config.kv_bytes_per_token(KV_DTYPE_BYTES.get(measured.kv_dtype, DTYPE_BYTES[measured.dtype]),
+                                          context + 1)
     for batch in batches:
         t = with_iteration(measured, tpot(measured, config, batch, context, page_size), ("decode", batch, context))
         mixture = {"experts": config.experts, "top_k": config.top_k,
@@ -304,19 +310,20 @@ def monotone_notes(steps: dict[int, StepTime]) -> list[str]:
     return [notes[b] for b in steps]
 
 
-def beside_unquantized(decode: pd.DataFrame, unquantized: pd.DataFrame) -> pd.DataFrame:
-    """A batch sweep with quantized projections beside the same run's sweep with float ones: the latter's TPOT per
-    batch (`unquantized_tpot_ms`) and the gain (`weights_speedup`: unquantized TPOT / quantized TPOT)."""
-    names = {"tpot_ms": "unquantized_tpot_ms", "tpot_low_ms": "_base_low", "tpot_high_ms": "_base_high"}
-    base = unquantized[["batch", *(c for c in names if c in unquantized)]].rename(columns=names)
-    out = decode.merge(base, on="batch", how="left")
-    out["weights_speedup"] = out["unquantized_tpot_ms"] / out["tpot_ms"]
+def beside_unquantized(decode: pd.DataFrame, unquantized: pd.DataFrame, base: str = "unquantized",
+                       gain: str = "weights") -> pd.DataFrame:
+    """A batch sweep with quantized projections (or an fp8 KV cache) beside the same run's sweep without: the latter's
+    TPOT per batch (`{base}_tpot_ms`) and the gain (`{gain}_speedup`: its TPOT / this one's, with its interval)."""
+    names = {"tpot_ms": f"{base}_tpot_ms", "tpot_low_ms": "_base_low", "tpot_high_ms": "_base_high"}
+    plain = unquantized[["batch", *(c for c in names if c in unquantized)]].rename(columns=names)
+    out = decode.merge(plain, on="batch", how="left")
+    out[f"{gain}_speedup"] = out[f"{base}_tpot_ms"] / out["tpot_ms"]
     ends = [ratio_interval((b, bl, bh), (q, ql, qh))[1:] for b, bl, bh, q, ql, qh in zip(
-        *(out.get(c, pd.Series(np.nan, index=out.index)) for c in ("unquantized_tpot_ms", "_base_low", "_base_high",
+        *(out.get(c, pd.Series(np.nan, index=out.index)) for c in (f"{base}_tpot_ms", "_base_low", "_base_high",
                                                                     "tpot_ms", "tpot_low_ms", "tpot_high_ms")),
         strict=True)]
-    out["weights_speedup_low"] = [e[0] for e in ends]
-    out["weights_speedup_high"] = [e[1] for e in ends]
+    out[f"{gain}_speedup_low"] = [e[0] for e in ends]
+    out[f"{gain}_speedup_high"] = [e[1] for e in ends]
     return out.drop(columns=[c for c in ("_base_low", "_base_high") if c in out])
 
 

@@ -65,6 +65,21 @@ def served_weights(args, device, impls: dict, model):
     return served
 
 
+KV_DTYPES = ("fp8",)  # --kv-dtype choices: the KV cache (MLA: the latent) stored as e4m3 with float32 scales
+
+
+def kv_dtype_of(args, model, device, impls: dict) -> str:
+    """The KV cache's storage of --kv-dtype ("" without it: the model's dtype). SDPA and flex read no fp8 cache, so
+    attention (and MLA's decode) take Triton on a GPU and naive on the host unless --impl names them."""
+    if not args.kv_dtype:
+        return ""
+    named = {item.partition("=")[0] for item in args.impl or ()}
+    for op in ("attention", "mla"):
+        if op not in named:
+            impls[op] = "triton" if device.type == "cuda" else "naive"
+    return args.kv_dtype
+
+
 def served_here(model, impls: dict, device, dtype: str | None) -> None:
     """A one-line UsageError where the composition's attention or mla impl cannot serve the model's kind here (a
     window or sinks, MLA decode), before anything is measured."""
@@ -132,6 +147,7 @@ def cmd_phases(args) -> int:
 
     impls = {**pm.DEFAULT_IMPLS, **parse_op_impls(args.impl)}
     served = served_weights(args, device, impls, model)
+    kv_dtype = kv_dtype_of(args, model, device, impls)
     served_here(model, impls, device, args.dtype)
     if "transformers" in references:
         from ..phases.hf_reference import architecture, transformers_module
@@ -157,6 +173,7 @@ def cmd_phases(args) -> int:
                                 reference_rounds=args.reference_rounds or (1 if args.time_budget else None))
     cfg.impls, cfg.on_row, cfg.isolation = impls, Progress(), isolation
     cfg.weights, cfg.experts, cfg.speculate = served.projections, served.experts, speculate
+    cfg.kv_dtype = kv_dtype
     cfg.time_budget_s, cfg.started, cfg.retry_noisy = args.time_budget, STARTED, args.retry_noisy
     cfg.rounds = args.rounds
     cfg.timer = ops_timer(device, args.sample_time, warm=args.warm, ci_target=ci_target)
@@ -175,7 +192,14 @@ def cmd_phases(args) -> int:
     paged = f", KV cache in pages of {cfg.page_size}" if cfg.page_size else ""
     packed = "".join((f", projections {served.projections} by qlinear {impls['qlinear']}" if served.projections
                       else "", f", experts {served.experts} by moe {impls['moe']}" if served.experts else ""))
-    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}) -> {out}", file=sys.stderr)
+    kv = f", KV cache {cfg.kv_dtype} by attention {impls['attention']}" if cfg.kv_dtype else ""
+    print(f"phasebench phases: {model.name} on {device} ({cfg.dtype}{paged}{packed}{kv}) -> {out}",
+          file=sys.stderr)
+    if cfg.kv_dtype:
+        print(f"note: the check's real forward pass (phasebench's decoder) keeps its KV cache in {cfg.dtype}: it "
+              f"checks the composition over {cfg.dtype} KV rows; the {cfg.kv_dtype}-KV tables are composed, not "
+              "checked",
+              file=sys.stderr)
     from ...analysis.phases.figures import phases_summary, write_phase_figures
     from ...analysis.phases.speculative_figures import speculative_summary, write_speculative_figures
     from ..spec.store.folder_lock import holding
@@ -232,6 +256,12 @@ def add_phases_verb(verbs) -> None:
                              "qlinear and moe rows of the scheme (default: the preset's served format, `phasebench "
                              "list`; none: unquantized); the router, MLA's kv_b and the lm_head stay in the "
                              "activation dtype")
+    phases.add_argument("--kv-dtype", choices=KV_DTYPES,
+                        help="the decode steps read the KV cache (an MLA model's latent) stored as fp8 e4m3 with a "
+                             "float32 scale per KV head (default: the model's dtype); attention and mla take naive "
+                             "on the host and triton on a GPU unless --impl names them; the decode table sets the "
+                             "TPOT over a cache in the dtype beside it. The check's real forward pass keeps its cache "
+                             "in the dtype")
     phases.add_argument("--page-size", type=int, metavar="P",
                         help="decode and chunk attention read a paged KV cache, pages of P tokens (default 0: "
                              "contiguous); the prompt's own attention stays contiguous")

@@ -100,6 +100,7 @@ class PhasesConfig:
     weights: str = ""  # the layers' projections packed by this scheme (qlinear rows; "": unquantized)
     experts: str = ""  # a mixture's routed experts packed by this scheme (moe rows of that scheme; "": unquantized)
     speculate: SpeculateConfig | None = None  # compose speculative decoding (at the reference batches) and check it
+    kv_dtype: str = ""  # the decode calls read the KV cache (MLA: the latent) stored as this ("": the model's dtype)
 
     @classmethod
     def defaults(cls, model: DecoderConfig, device: torch.device, out_dir: Path, **given) -> PhasesConfig:
@@ -127,9 +128,13 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
         out += [step_defs.verify_step(m, b, cfg.context, g, cfg.page_size) for b in cfg.reference_batches
                 for g in cfg.speculate.gammas]
     out += hybrid_check.hybrid_steps(m, measured_hybrid(cfg), cfg.page_size)
-    steps = [step_defs.with_weights(step, cfg.weights, cfg.experts) for step in out]
+    steps = [step_defs.with_kv_dtype(step_defs.with_weights(step, cfg.weights, cfg.experts), cfg.kv_dtype)
+             for step in out]
     if cfg.weights or cfg.experts:  # the float decode steps too, for TPOT's gain over float weights in the same run
         steps += [step_defs.decode_step(m, b, cfg.context, cfg.page_size) for b in cfg.batches]
+    if cfg.kv_dtype:  # the decode steps over a cache in the dtype too, for TPOT's gain in the same run
+        steps += [step_defs.with_weights(step_defs.decode_step(m, b, cfg.context, cfg.page_size), cfg.weights)
+                  for b in cfg.batches]
     return steps
 
 
@@ -137,7 +142,7 @@ def measured_hybrid(cfg: PhasesConfig, quiet: bool = True) -> pd.DataFrame:
     """The hybrid iterations `phasebench interference` timed for this model, dtype and device, through any number
     of its layers (each checked against the model cut to them; unquantized and contiguous: the interference
     decoder's weights and cache are)."""
-    if cfg.weights or cfg.experts or cfg.page_size:
+    if cfg.weights or cfg.experts or cfg.page_size or cfg.kv_dtype:  # the interference decoder: a dtype cache
         return pd.DataFrame()
     return hybrid_check.hybrid_rows(cfg.interference, model=cfg.model.name, dtype=cfg.dtype,
                                     device=device_name(cfg.device), layers=cfg.model.layers, quiet=quiet)
@@ -178,7 +183,7 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
     """The phase tables from measured rows and the per-iteration costs the check measured (analysis does the
     arithmetic; no measurement here)."""
     measured = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights,
-                           iterations=iterations, experts=cfg.experts)
+                           iterations=iterations, experts=cfg.experts, kv_dtype=cfg.kv_dtype)
     page = cfg.page_size
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
     hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
@@ -186,6 +191,11 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
         plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page))
+    if cfg.kv_dtype:  # beside the same steps over a cache in the dtype: dtype_kv_tpot_ms and kv_dtype_speedup
+        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
+        decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
+                                                              page_size=page), base="dtype_kv", gain="kv_dtype")
+    decode = decode.assign(kv_dtype=cfg.kv_dtype or cfg.dtype)
     return {
         "prefill": pm.prefill_table(measured, cfg.model, cfg.prompts),
         "decode": decode,
@@ -272,6 +282,7 @@ def _run_phases(cfg: PhasesConfig, reuse: pd.DataFrame | None) -> dict[str, pd.D
         "model": dataclasses.asdict(cfg.model), "device": str(cfg.device), "dtype": cfg.dtype, "impls": cfg.impls,
         "prompts": cfg.prompts, "batches": cfg.batches, "context": cfg.context, "chunks": cfg.chunks,
         "chunk_batch": cfg.chunk_batch, "chunk_prompt": cfg.chunk_prompt, "page_size": cfg.page_size,
+        "kv_dtype": cfg.kv_dtype or cfg.dtype, "kv_dtype_checked": not cfg.kv_dtype,
         "weights": cfg.weights,
         "experts": cfg.experts,
         "reference_layers": cfg.reference_layers, "reference_batches": cfg.reference_batches,

@@ -183,8 +183,8 @@ SAMPLES_COLUMN = "samples_ms"
 # Every field that changes a measurement: two rows that agree on all of them measured the same thing.
 # phase too: a linear or elementwise case records the phase it stands for, so the same shape may be two cases
 KEY_COLUMNS = ("op", "impl", "model", "phase", *CASE_COLUMNS, "seqlens", "page_size", "window_left", "sinks",
-               "head_dim_v", "kv_dtype", *QLINEAR_COLUMNS, "kind", "cache_len", "experts", "top_k", "routing", "routing_seed",
-               "device", "mode", "timer")
+               "head_dim_v", "kv_dtype", *QLINEAR_COLUMNS, "kind", "cache_len", "experts", "top_k", "routing",
+               "routing_seed", "device", "mode", "timer")
 # Values that key as blank: what rows written before their column, and rows of other operators, hold
 _BLANK_KEYS = {"page_size": "0", "window_left": "-1", "sinks": "False"}
 

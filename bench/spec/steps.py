@@ -232,6 +232,23 @@ def with_weights(uses: list[OpUse], scheme: str, experts: str = "") -> list[OpUs
 KV_DTYPE_MAX_Q_LEN = 16  # attention calls of at most this many query tokens after a cached prefix read the cache as is
 
 
+def with_kv_dtype(uses: list[OpUse], kv_dtype: str) -> list[OpUse]:
+    """The step with the calls that read a cached prefix in place stored as `kv_dtype` (fp8): attention of at most
+    KV_DTYPE_MAX_Q_LEN query tokens against a longer cache (decode, verify, a hybrid step's decode part) and MLA's
+    absorbed decode over its latent. A prompt's or a chunk's attention keeps the dtype (served engines upcast a
+    chunk's prefix or attend to its fresh K/V); the cache append is timed in the dtype. "": unchanged."""
+    if not kv_dtype:
+        return uses
+    out = []
+    for u in uses:
+        fields = u.field_dict
+        reads_cache = u.op == "mla" or (u.op == "attention" and fields["q_len"] <= KV_DTYPE_MAX_Q_LEN
+                                        and fields["kv_len"] > fields["q_len"])
+        out.append(dataclasses.replace(u, fields=tuple(sorted((*u.fields, ("kv_dtype", kv_dtype)))))
+                   if reads_cache else u)
+    return out
+
+
 def distinct_uses(steps) -> list[OpUse]:
     """Each (op, fields) once, across any number of steps: the cases to measure."""
     seen, out = set(), []

@@ -1,5 +1,6 @@
 """FP8 KV caches (e4m3, as vLLM's kv_cache_dtype=fp8 and FlashInfer's decode take them): the checks of the codes and
-their scales, the dequantization naive attention runs (K in its scores' precision, V in q's dtype), and the reason the SDPA and flex routes refuse them.
+their scales, the dequantization naive attention runs (K in its scores' precision, V in q's dtype), and the reason the
+SDPA and flex routes refuse them.
 
 K and V (MLA: the latent) hold torch.float8_e4m3fn codes; a key's value is float(code) x its scale, a float32 tensor of
 shape [] (one scale per tensor) or [Hkv] (one per KV head), k_scale for K and v_scale for V. A paged cache's pools hold

@@ -32,8 +32,9 @@ def _launch_options(req: AttentionRequest) -> tuple[int, bool, str]:
     return block_d, upcast, precision
 
 
-FP8_PREFILL_REFUSAL = (f"triton reads an fp8 KV cache in its split-KV decode kernel only (up to {SPLIT_KV_MAX_Q_LEN} query "
-                       f"tokens and {SPLIT_KV_MAX_ROWS} rows per KV head); its prefill kernel reads K/V in q's dtype")
+FP8_PREFILL_REFUSAL = (f"triton reads an fp8 KV cache in its split-KV decode kernel only (up to {SPLIT_KV_MAX_Q_LEN} "
+                       f"query tokens and {SPLIT_KV_MAX_ROWS} rows per KV head); its prefill kernel reads K/V in q's "
+                       "dtype")
 
 
 def triton_attention(req: AttentionRequest) -> torch.Tensor:

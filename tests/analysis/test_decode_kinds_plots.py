@@ -50,3 +50,16 @@ def test_no_decode_row_of_a_kind_says_so():
     prefill = kinds_frame().query("phase == 'prefill'")
     assert decode_kinds_table(prefill).empty
     assert "no ok decode row" in decode_kinds_roofline(prefill).axes[0].texts[0].get_text()
+
+
+def test_fp8_kv_rows_are_kinds_of_their_own_up_the_read_slope():
+    frame = kinds_frame()
+    gqa = frame[(frame["op"] == "attention") & (frame["phase"] == "decode") & (frame["window_left"] < 0)]
+    fp8 = gqa[gqa["kv_len"] == 1024].assign(kv_dtype="fp8", intensity=gqa["intensity"] * 2)  # at 1024 only
+    table = decode_kinds_table(conform(pd.concat([frame, fp8], ignore_index=True)))
+    assert set(table["kv_len"]) == {1024}  # an fp8 row keeps the contexts its kind shares, and removes none
+    assert list(dict.fromkeys(table["kind"])) == ["GQA", "GQA fp8 KV", "window", "MLA"]
+    fp8_rows = table[table["kind"] == "GQA fp8 KV"].set_index(["batch", "impl"])["intensity"]
+    plain = table[table["kind"] == "GQA"].set_index(["batch", "impl"])["intensity"]
+    assert (fp8_rows / plain).round(6).eq(2.0).all()
+    assert decode_kinds_roofline(conform(pd.concat([frame, fp8], ignore_index=True))).axes  # its marker drawn
