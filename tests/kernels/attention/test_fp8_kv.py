@@ -1,16 +1,16 @@
 """FP8 KV caches (e4m3 codes with a scale per tensor or per KV head): naive and triton against a float64 reference
 built from the codes decoded from their bits (not torch's cast) times the scales, contiguous, ragged, paged (pages of
-odd size, NaN in the pages no table names) and verify; MLA's fp8 latent; SDPA's and flex's refusals with their
-reason; the one-line errors of bad scales."""
+odd size, NaN in the pages no table names) and verify; SDPA's and flex's refusals with their reason; the one-line
+errors of bad scales."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from phasebench.bench.ops.qlinear.unpack import e4m3_values
-from phasebench.kernels import Unsupported, attention, backend_for, mla_decode, prepare, prepare_mla
+from phasebench.kernels import Unsupported, attention, backend_for, prepare
 
-from ..reference import assert_matches_reference, max_error, reference, to_pages
+from ..reference import assert_matches_reference, to_pages
 
 FP8 = torch.float8_e4m3fn
 
@@ -118,45 +118,3 @@ def test_bad_fp8_arguments_are_one_line_value_errors(case):
     with pytest.raises(ValueError, match=message) as err:
         attention(q, k, v, impl="naive", **args)
     assert "\n" not in str(err.value), name
-
-
-# MLA: (batch, Hq, q_len, kv_len, D, Dv, seqlens, page)
-MLA_SHAPES = {
-    "mla-decode": (2, 16, 1, 150, 80, 64, None, 0),
-    "mla-mtp-paged-p11-ragged": (2, 16, 2, 97, 80, 64, (97, 12), 11),
-}
-
-
-@pytest.mark.parametrize("impl", ["naive", "triton"])
-@pytest.mark.parametrize("name", MLA_SHAPES)
-def test_fp8_latent_matches_the_decoded_reference(name, impl):
-    b, hq, sq, sk, d, dv, seqlens, page = MLA_SHAPES[name]
-    gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    q = torch.randn((b, hq, sq, d), generator=gen).to(torch.bfloat16)
-    latent, scale = quantize(torch.randn((b, 1, sk, d), generator=gen) * 2.0, per_head=False)
-    exact = decoded(latent, scale)
-    lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
-    extra = {}
-    if page:
-        latent, table = fp8_pages(latent, page, seqlens, seed=3)
-        extra = {"block_table": table}
-    out = mla_decode(q, latent, impl=impl, scale=0.1, v_dim=dv, cache_seqlens=lens, latent_scale=scale, **extra)
-    ref = reference(q, exact, exact[..., :dv], causal=True, scale=0.1, seqlens=seqlens)
-    low = reference(q, exact, exact[..., :dv], causal=True, scale=0.1, seqlens=seqlens, dtype=torch.bfloat16)
-    assert out.shape == (b, hq, sq, dv) and torch.isfinite(out).all()
-    assert max_error(out, ref) <= 2 * max_error(low, ref) + 1e-5
-
-
-@pytest.mark.parametrize("impl,reason", [("torch", "SDPA"), ("flex", "flex_attention")])
-def test_mla_sdpa_and_flex_refuse_an_fp8_latent(impl, reason):
-    latent, scale = quantize(torch.randn(1, 1, 32, 80), per_head=False)
-    with pytest.raises(Unsupported, match=reason):
-        prepare_mla(torch.randn(1, 16, 1, 80), latent, impl=impl, scale=0.1, v_dim=64, latent_scale=scale)
-
-
-@pytest.mark.parametrize("scale,message", [(None, "latent_scale: a float8_e4m3fn cache needs its scale"),
-                                           (torch.ones(1), r"latent_scale: must have shape \[\]")])
-def test_bad_latent_scales_are_one_line_value_errors(scale, message):
-    latent, _ = quantize(torch.randn(1, 1, 32, 80), per_head=False)
-    with pytest.raises(ValueError, match=message):
-        prepare_mla(torch.randn(1, 16, 1, 80), latent, impl="naive", scale=0.1, v_dim=64, latent_scale=scale)
