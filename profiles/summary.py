@@ -89,7 +89,8 @@ def summarize(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     fields = pd.DataFrame([parse_case_key(k) for k in out["key"]], columns=list(ALL_FIELDS))
     out = pd.concat([out[["key"]], fields, out.drop(columns="key")], axis=1)
     # attention fields are empty on linear rows and the other way round: nullable ints
-    ints = [f for f in ALL_FIELDS if f not in ("op", "impl", "phase", "dtype", "causal", "kind", "scheme", "sinks")]
+    ints = [f for f in ALL_FIELDS if f not in ("op", "impl", "phase", "dtype", "causal", "kind", "scheme", "sinks",
+                                               "kv_dtype")]
     out = out.astype({"ranges": "int64", "wall_ns": "int64", "flush_ns": "int64", "kernel_count": "int64",
                       "kernel_time_ns": "int64", "flush_kernel_ns": "int64", **{f: "Int64" for f in ints},
                       "causal": "boolean", "sinks": "boolean"})

@@ -21,7 +21,8 @@ def add_case_arguments(verb: argparse.ArgumentParser) -> None:
     """The case selection's options, for every verb that measures a suite's cases (run, profile)."""
     verb.add_argument("--suite", default="quick",
                       help="quick (default), prefill, chunked, decode, verify, ragged, paged, decode-linear, "
-                           "decode-quant, prefill-linear, moe-decode, moe-prefill, full")
+                           "decode-quant, prefill-linear, moe-decode, moe-prefill, fp8-kv-decode, full (all: "
+                           "`phasebench list`)")
     verb.add_argument("--op", nargs="+", metavar="OP",
                       help="only cases of these operators: attention, linear, qlinear, elementwise, moe")
     verb.add_argument("--impl", nargs="+", metavar="I",

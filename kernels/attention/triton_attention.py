@@ -9,6 +9,7 @@ from .. import buffers, triton_mode
 from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_mode import interpreted, mode
+from .fp8 import triton_refusal
 from .request import AttentionRequest, validate
 from .triton_decode import launch_split_kv
 from .triton_prefill import launch_prefill
@@ -65,6 +66,8 @@ def split_kv_attention(q, k, v, *, causal=False, scale=None, cache_seqlens=None,
 def _plan(req: AttentionRequest) -> PlannedCall:
     if req.kv_fp8 and not uses_split_kv(req):
         raise Unsupported(FP8_PREFILL_REFUSAL)
+    if req.kv_fp8 and (why := triton_refusal(req.q.device)):
+        raise Unsupported(why)
     backend = ("triton-splitkv" if uses_split_kv(req) else "triton-prefill") + ("+paged" if req.paged else "")
     backend += "+fp8kv" if req.kv_fp8 else ""
     return PlannedCall("triton", f"{backend}:{mode()}", lambda: triton_attention(req))

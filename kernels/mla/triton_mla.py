@@ -16,9 +16,10 @@ import triton
 import triton.language as tl
 
 from .. import buffers
-from ..attention.fp8 import codes
+from ..attention.fp8 import codes, triton_refusal
 from ..attention.paged import bhsd_strides
 from ..attention.triton_decode import LOG2E, choose_splits, fp8_codes_to, page_offsets, reduce_partials
+from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import MLARequest
@@ -167,6 +168,8 @@ def mla_decode_triton(req: MLARequest, num_splits: int | None = None) -> torch.T
 
 
 def _plan(req: MLARequest) -> PlannedCall:
+    if req.kv_fp8 and (why := triton_refusal(req.q.device)):
+        raise Unsupported(why)
     suffix = ("+paged" if req.paged else "") + ("+fp8kv" if req.kv_fp8 else "")
     return PlannedCall("triton", f"triton-mla-splitkv{suffix}:{mode()}",
                        lambda: mla_decode_triton(req))
