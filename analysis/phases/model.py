@@ -26,7 +26,7 @@ PARTS = (*step_defs.PARTS, "iteration")  # the ops' parts, and what a step costs
 ONCE = ("head", "iteration")  # the parts a step runs once, whatever its layer count
 KV_DTYPE_BYTES = {"fp8": 1}  # bytes of a cache element stored as a kv_dtype (e4m3)
 # attention fields a use names only where set, as rows of any age do
-UNSET = {"window_left": -1, "sinks": False, "kv_dtype": ""}
+UNSET = {"window_left": -1, "sinks": False, "kv_dtype": "", "scheme": ""}
 SATURATION_MARGIN = 0.05  # throughput "stops growing" once no larger batch adds more than this share
 USER_TARGETS = (3.0, 10.0)  # tokens/s per user: reading speed, and a comfortable chat
 

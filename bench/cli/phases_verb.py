@@ -254,8 +254,8 @@ def add_phases_verb(verbs) -> None:
                                               "none"),
                         help="the layers' projections and a mixture's routed experts weight-only quantized: measured "
                              "qlinear and moe rows of the scheme (default: the preset's served format, `phasebench "
-                             "list`; none: unquantized); the router, MLA's kv_b and the lm_head stay in the "
-                             "activation dtype")
+                             "list`; none: unquantized); the router, MLA's absorbed kv_b halves and the lm_head "
+                             "stay in the activation dtype")
     phases.add_argument("--kv-dtype", choices=KV_DTYPES,
                         help="the decode steps read the KV cache (an MLA model's latent) stored as fp8 e4m3 with a "
                              "float32 scale per KV head (default: the model's dtype); attention and mla take naive "

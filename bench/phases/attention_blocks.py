@@ -144,12 +144,16 @@ class MLAAttention(nn.Module):
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b's halves per head, made contiguous once per weight version (as vLLM does after loading): the key half
-        [H, qk_nope, kv_lora] for the queries, the value half [H, kv_lora, v] for the output."""
-        weight = self.kv_b.weight
-        if self._absorbed is None or self._absorbed[0] != weight._version:
+        [H, qk_nope, kv_lora] for the queries, the value half [H, kv_lora, v] for the output; a packed kv_b (a
+        served format) dequantized to the activation dtype once, as vLLM absorbs it."""
+        weight = getattr(self.kv_b, "weight", None)
+        version = -1 if weight is None else weight._version  # a packed weight never changes
+        if self._absorbed is None or self._absorbed[0] != version:
+            if weight is None:
+                weight = self.kv_b.qweight.dequantize(self.latent_cache.dtype)
             c = self.config
             per_head = weight.view(c.q_heads, c.qk_nope_head_dim + c.head_dim, c.kv_lora_rank)
-            self._absorbed = (weight._version, per_head[:, :c.qk_nope_head_dim].contiguous(),
+            self._absorbed = (version, per_head[:, :c.qk_nope_head_dim].contiguous(),
                               per_head[:, c.qk_nope_head_dim:].transpose(1, 2).contiguous())
         return self._absorbed[1], self._absorbed[2]
 

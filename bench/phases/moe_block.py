@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import MoeRequest, get_impl, quantize, route
+from ..ops.moe.inputs import stacked
 from ..spec.models import DecoderConfig
 
 
@@ -40,7 +41,9 @@ class MoeBlock(nn.Module):
     def pack(self, scheme: str) -> None:
         """The routed experts packed by `scheme` (expert stacks: kernels.quantize), as a served checkpoint holds
         them; the float copies are dropped."""
-        gate_up, down = quantize(self.w_gate_up.data, scheme), quantize(self.w_down.data, scheme)
+        # one expert at a time: quantizing a whole stack at once takes several times its size in temporaries
+        gate_up, down = (stacked([quantize(w[e], scheme) for e in range(w.shape[0])])
+                         for w in (self.w_gate_up.data, self.w_down.data))
         del self.w_gate_up, self.w_down
         self.w_gate_up, self.w_down = gate_up, down
 

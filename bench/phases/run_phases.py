@@ -133,8 +133,8 @@ def scenario_steps(cfg: PhasesConfig) -> list[list[step_defs.OpUse]]:
     if cfg.weights or cfg.experts:  # the float decode steps too, for TPOT's gain over float weights in the same run
         steps += [step_defs.decode_step(m, b, cfg.context, cfg.page_size) for b in cfg.batches]
     if cfg.kv_dtype:  # the decode steps over a cache in the dtype too, for TPOT's gain in the same run
-        steps += [step_defs.with_weights(step_defs.decode_step(m, b, cfg.context, cfg.page_size), cfg.weights)
-                  for b in cfg.batches]
+        steps += [step_defs.with_weights(step_defs.decode_step(m, b, cfg.context, cfg.page_size), cfg.weights,
+                                         cfg.experts) for b in cfg.batches]
     return steps
 
 
@@ -192,7 +192,8 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page))
     if cfg.kv_dtype:  # beside the same steps over a cache in the dtype: dtype_kv_tpot_ms and kv_dtype_speedup
-        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights)
+        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights,
+                            experts=cfg.experts)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page), base="dtype_kv", gain="kv_dtype")
     decode = decode.assign(kv_dtype=cfg.kv_dtype or cfg.dtype)

@@ -63,6 +63,7 @@ def variants(full: bool = False) -> list[Variant]:
     from ...kernels.mla import triton_mla as mlak
     from ...kernels.moe import triton_moe
     from ...kernels.qlinear import triton_qlinear as qlin
+    from ...kernels.qlinear.schemes import SCHEMES
 
     out: dict[tuple, Variant] = {}
 
@@ -99,10 +100,13 @@ def variants(full: bool = False) -> list[Variant]:
         for cfg, w, s in configs:
             add(kernel, dt, flags + ("" if even_k else " ragged-K"), source, cfg, w, s, cx, types)
 
-    def qlinear(scheme, dt, block_m, configs, dst=""):  # packed weights: int8 as i8, int4 and fp8 as bytes
-        types = {"X": f"*{dt}", "Q": "*i8" if scheme == "int8" else "*u8", "S": f"*{dt}", "Z": f"*{dt}",
-                 "Dst": dst or f"*{dt}"}
-        cx = dict(QMODE=qlin.QMODES[scheme], GROUP=int(scheme.partition("-g")[2] or 1), UPCAST=False,
+    def qlinear(scheme, dt, block_m, configs, dst=""):  # packed weights: int8 as i8, int4, fp4 and fp8 as bytes
+        info = SCHEMES[scheme]  # e8m0 and e4m3 scales as bytes, fp8-b128's fp32; nvfp4's tensor scale (Z) fp32
+        width = info.scale_dtype.itemsize if info.scale_dtype is not None else 0
+        scale = {1: "*u8", 4: "*fp32"}.get(width, f"*{dt}")
+        types = {"X": f"*{dt}", "Q": "*i8" if scheme == "int8" else "*u8", "S": scale,
+                 "Z": "*fp32" if info.tensor_scale else f"*{dt}", "Dst": dst or f"*{dt}"}
+        cx = dict(QMODE=qlin.QMODES[scheme], GROUP=info.group or 1, UPCAST=False,
                   PRECISION="ieee" if dt == "fp32" else None)
         for cfg, w, s in configs:
             add("qlinear_kernel", dt, f"{scheme} M{block_m or cfg['BLOCK_M']}" + " split" * bool(dst), "autotune",

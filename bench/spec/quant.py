@@ -64,7 +64,7 @@ def quant_scheme(name) -> QuantScheme:
 @dataclass(frozen=True)
 class ServedFormat:
     """How a model's weights are served: its layers' projections packed by `projections`, its routed experts by
-    `experts` ("": the activation dtype); the router, MLA's kv_b (and its absorbed halves) and the lm_head stay in
+    `experts` ("": the activation dtype); the router, MLA's absorbed halves of kv_b and the lm_head stay in
     the activation dtype (bench.spec.steps.KEPT_FLOAT)."""
 
     projections: str = ""
@@ -85,7 +85,7 @@ class ServedFormat:
 
 
 # the formats the presets' checkpoints ship in (gpt-oss: MXFP4 experts, attention in bf16; DeepSeek-V3: fp8 with a
-# 128 x 128 block scale on every linear layer but the router, kv_b and the lm_head); the others: unquantized
+# 128 x 128 block scale on every linear layer but the router and the lm_head); the others: unquantized
 SERVED_FORMATS = {"gpt-oss-20b": ServedFormat(experts="mxfp4"), "gpt-oss-120b": ServedFormat(experts="mxfp4"),
                   "deepseek-v3": ServedFormat("fp8-b128", "fp8-b128")}
 

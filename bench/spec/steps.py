@@ -209,8 +209,9 @@ def chunked_prefill_steps(config: DecoderConfig, prompt: int, chunk: int, decode
 
 
 # projections a served format keeps in the activation dtype: the router (gpt-oss, DeepSeek-V3 and vLLM keep it in
-# bf16), and MLA's kv_b with its absorbed halves (vLLM dequantizes kv_b at load to absorb it)
-KEPT_FLOAT = frozenset({"router", "kv_b", "q_absorb", "v_up"})
+# bf16), and MLA's absorbed halves of kv_b (vLLM absorbs a bf16 copy of the packed kv_b at load; kv_b itself, which
+# decompresses the latent for a prompt, stays packed)
+KEPT_FLOAT = frozenset({"router", "q_absorb", "v_up"})
 
 
 def with_weights(uses: list[OpUse], scheme: str, experts: str = "") -> list[OpUse]:

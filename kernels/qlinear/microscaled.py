@@ -107,6 +107,11 @@ def quantize_fp8_blocks(wf: torch.Tensor, block: int) -> tuple[torch.Tensor, tor
     return codes.contiguous(), scales.contiguous()
 
 
-def block_scales_per_weight(scales: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
-    """Each weight's block scale [..., N, K] from the block scales [..., N / block, K / block]."""
-    return scales.repeat_interleave(block, dim=-2)[..., :n, :].repeat_interleave(block, dim=-1)[..., :k]
+def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
+    """codes [..., N, K] (floats) times their block's scale from scales [..., N / block, K / block], in `dtype`: the
+    codes padded to whole blocks and viewed as [..., N / block, block, K / block, block], cast, then cut to [N, K]
+    (torch 2.13's host Inductor miscompiles an indexed or repeated scale tensor, and a cast after the cut, where one
+    block row holds a partial K block)."""
+    n, k = codes.shape[-2:]
+    blocks = _blocks_of(codes, block) * scales[..., :, None, :, None]
+    return blocks.flatten(-4, -3).flatten(-2).to(dtype)[..., :n, :k]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .microscaled import (
-    block_scales_per_weight,
+    dequantize_blocks,
     e2m1_values,
     quantize_fp8_blocks,
     quantize_mxfp4,
@@ -186,8 +186,7 @@ class QuantizedWeight:
         *lead, n, k = self.shape
         info, scales = self.info, self.scales.to(math_dtype)
         if info.block_n:
-            per_weight = block_scales_per_weight(scales, n, k, info.block_n)
-            return (self.qdata.to(math_dtype) * per_weight).to(dtype)
+            return dequantize_blocks(self.qdata.to(math_dtype), scales, info.block_n, dtype)
         if not info.group:
             return (self.qdata.to(math_dtype) * scales[..., None]).to(dtype)
         if info.codes == "e2m1":
@@ -199,7 +198,7 @@ class QuantizedWeight:
         w = values.view(*lead, n, -1, info.group).mul_(scales[..., None])
         if self.zeros is not None:
             w = w.add_(self.zeros.to(math_dtype)[..., None])
-        return w.flatten(-2)[..., :k].to(dtype)
+        return w.flatten(-2).to(dtype)[..., :k]  # cast, then cut: Inductor (torch 2.13, host) miscompiles the other order
 
 
 def check_weight(w) -> None:

@@ -47,9 +47,10 @@ def _group_scales(S, srows, k0, n_groups, stride_sn, SMODE: tl.constexpr, GROUP:
         raw = tl.load(S + srows[None, :] * stride_sn + kg[:, None], mask=kg[:, None] < n_groups, other=0)
     else:  # the block lies inside one group: k0 < n_groups * GROUP, in bounds
         raw = tl.load(S + srows * stride_sn + k0 // GROUP)[None, :]
-    if SMODE == 1:  # e8m0: a biased power of two (255 is NaN)
+    if SMODE == 1:  # e8m0: a biased power of two (255 is NaN), built from its fp32 bits: exact (no ex2 approximation)
         biased = raw.to(tl.int32)
-        scale = tl.where(biased == 255, float("nan"), tl.exp2(biased.to(tl.float32) - 127.0))
+        bits = tl.where(biased == 0, 0x400000, tl.where(biased == 255, 0x7FC00000, biased << 23))  # 0: 2^-127
+        scale = bits.to(tl.float32, bitcast=True)
     elif SMODE == 2:
         scale = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:

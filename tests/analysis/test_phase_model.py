@@ -416,3 +416,24 @@ def test_the_checks_rounds_keep_their_noisy_rows_and_the_tables_leave_them_out()
     assert pm.tpot(pm.Measured(rows, model="tiny", dtype="float32"), TINY, 1, 7).missing
     kept = pm.tpot(pm.Measured(rows, model="tiny", dtype="float32", keep_noisy=True), TINY, 1, 7)
     assert kept.complete and kept.total_ms == hand_tpot(1, 7)
+
+
+def test_float_and_packed_experts_of_one_shape_compose_apart():
+    # one frame holds float and mxfp4 moe rows of the same shapes (a served run measures both): a float use must
+    # not match a packed row, nor a packed use a float one
+    import dataclasses
+
+    mix = dataclasses.replace(TINY, name="tiny-mix", experts=5, top_k=2, intermediate=40)
+
+    def latency(use):
+        return 0.5 if use.field_dict.get("scheme") else 2.0 if use.op == "moe" else 0.25
+
+    plain = step_defs.decode_step(mix, 3, 40)
+    packed = step_defs.with_weights(plain, "", "mxfp4")
+    impls = {**pm.DEFAULT_IMPLS, "moe": "naive", "attention": "flash"}
+    rows = op_rows(step_defs.distinct_uses([plain, packed]), latency, config=mix, impls=impls)
+    dense = pm.tpot(pm.Measured(rows, model="tiny-mix", dtype="float32", impls=impls), mix, 3, 40)
+    served = pm.tpot(pm.Measured(rows, model="tiny-mix", dtype="float32", impls=impls, experts="mxfp4"), mix, 3, 40)
+    assert dense.complete and served.complete and served.parts["experts"] > 0
+    assert served.parts["experts"] == pytest.approx(dense.parts["experts"] / 4)
+    assert served.parts["weights"] == dense.parts["weights"]

@@ -35,7 +35,7 @@ class QLinearCase:
             raise ValueError(f"dtype: must be one of {', '.join(ELEMENT_BYTES)}, got {self.dtype!r}")
         if self.phase not in LINEAR_PHASES:
             raise ValueError(f"phase: must be one of {', '.join(LINEAR_PHASES)}, got {self.phase!r}")
-        if info.group and self.k < info.group:
+        if info.group and info.bits == 4 and self.k < info.group:  # the 4-bit packings pad K to whole groups
             raise ValueError(f"k: must be at least the group size {info.group} of {self.scheme}, got {self.k}")
 
     @property

@@ -289,7 +289,7 @@ def test_quantized_weights_replace_the_layer_projections(scheme, impl):
     assert [op["name"] for op in ops if op["op"] == "linear"][:4] == ["qkv", "o", "gate_up", "down"]
 
 
-def test_a_served_mla_mixture_packs_its_projections_and_experts_and_keeps_the_router_and_kv_b():
+def test_a_served_mla_mixture_packs_its_projections_and_experts_and_keeps_the_router_and_absorbed_halves():
     mix = DecoderConfig(hidden=96, intermediate=40, layers=2, q_heads=4, kv_heads=4, head_dim=16, vocab=97,
                         name="tiny-mla-moe", experts=5, top_k=2, shared_intermediate=40, dense_layers=1,
                         dense_intermediate=120, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
@@ -299,7 +299,11 @@ def test_a_served_mla_mixture_packs_its_projections_and_experts_and_keeps_the_ro
                               weights_impl="naive", experts="mxfp4", moe_impl="naive")
     dense, moe = packed.layers
     assert isinstance(dense.dense_gate_up, rd.QuantizedLinear) and isinstance(moe.mla.q_kv_a, rd.QuantizedLinear)
-    assert isinstance(moe.mla.kv_b, torch.nn.Linear) and isinstance(moe.mixture.router, torch.nn.Linear)
+    assert isinstance(moe.mla.kv_b, rd.QuantizedLinear) and isinstance(moe.mixture.router, torch.nn.Linear)
+    w_uk, _ = moe.mla.absorbed_weights()  # decode absorbs kv_b dequantized to the activation dtype, once
+    assert w_uk.dtype == torch.float32 and moe.mla.absorbed_weights()[0] is w_uk
+    assert torch.equal(w_uk.reshape(-1), moe.mla.kv_b.qweight.dequantize(torch.float32).view(4, 32, 32)[:, :16]
+                       .reshape(-1))
     assert isinstance(moe.mixture.gate_up, rd.QuantizedLinear)  # the shared experts: a projection
     assert moe.mixture.w_gate_up.scheme == "mxfp4" and moe.mixture.w_gate_up.shape == (5, 80, 96)
     x = _inputs(2, 7, seed=5).float()[..., :96]

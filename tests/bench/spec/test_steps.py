@@ -232,7 +232,7 @@ def test_a_draft_defaults_to_the_family_preset_and_must_be_smaller_with_the_same
         draft_config(TINY, "nope")
 
 
-def test_with_weights_packs_a_mixtures_experts_and_keeps_the_router_and_kv_b():
+def test_with_weights_packs_a_mixtures_experts_and_keeps_the_router_and_absorbed_halves():
     from phasebench.bench.spec.models import model_config
 
     for name in ("gpt-oss-20b", "deepseek-v3"):

@@ -134,8 +134,6 @@ def test_the_built_in_impls_pass(scheme, m, n, k, dtype, compiled):
         if impl in BROKEN or impl in SERVED_BROKEN or (impl == "compiled") != compiled:
             continue
         info = SCHEMES[scheme]
-        if impl == "compiled" and dtype != "float32" and info.packed and k % info.group:
-            continue  # torch 2.13's host Inductor miscompiles it (tests/kernels/test_compiled_ops.py, strict xfail)
         try:
             found = verdict(case, impl)
         except Unsupported:  # torch: fp8 and fp4, or N not a multiple of 16 for int4
