@@ -43,10 +43,12 @@ def _configs(tuned) -> list[tuple[dict, int, int]]:
     return [(dict(c.kwargs), c.num_warps, c.num_stages) for c in tuned]
 
 
-def _attention_types(dt: str) -> dict:
-    return {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "KV": f"*{dt}", "Out": f"*{dt}", "SEQLENS": "*i32",
+def _attention_types(dt: str, kv_fp8: bool = False) -> dict:
+    """Argument dtypes; an fp8 cache arrives as its bytes, with float32 scales (unread without KV_FP8)."""
+    kv = "*u8" if kv_fp8 else f"*{dt}"
+    return {"Q": f"*{dt}", "K": kv, "V": kv, "KV": kv, "Out": f"*{dt}", "SEQLENS": "*i32",
             "TABLE": "*i32", "SINKS": "*fp32", "qk_scale": "fp32", "PART_M": "*fp32", "PART_L": "*fp32",
-            "PART_ACC": "*fp32"}
+            "PART_ACC": "*fp32", "K_SCALE": "*fp32", "V_SCALE": "*fp32", "LATENT_SCALE": "*fp32"}
 
 
 def _gemv_tiles(block_m: int, configs) -> list[tuple[dict, int, int]]:
@@ -80,19 +82,20 @@ def variants(full: bool = False) -> list[Variant]:
         for cfg, w, s in configs or _configs(pre._prune(pre.TUNING_CONFIGS, {"BLOCK_D": d})):
             add("prefill_kernel", dt, flags, source, cfg, w, s, cx, _attention_types(dt))
 
-    def split_kv(dt, d, rows, causal, source="autotune", configs=None, page=0, window=False):
+    def split_kv(dt, d, rows, causal, source="autotune", configs=None, page=0, window=False, kv_fp8=False):
         cx = dict(HAS_SEQLENS=True, CAUSAL=causal, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_D=d, BLOCK_ROWS=rows,
-                  PAGE_SIZE=page, HAS_WINDOW=window)
-        flags = f"D{d} rows{rows}" + " causal" * causal + " seqlens" + f" page{page}" * bool(page) + " window" * window
+                  PAGE_SIZE=page, HAS_WINDOW=window, KV_FP8=kv_fp8)
+        flags = (f"D{d} rows{rows}" + " causal" * causal + " seqlens" + f" page{page}" * bool(page)
+                 + " window" * window + " fp8kv" * kv_fp8)
         for cfg, w, s in configs or _configs(dec.TUNING_CONFIGS):
-            add("split_kv_kernel", dt, flags, source, cfg, w, s, cx, _attention_types(dt))
+            add("split_kv_kernel", dt, flags, source, cfg, w, s, cx, _attention_types(dt, kv_fp8))
 
-    def mla(dt, page=0, configs=None):  # DeepSeek's latent: 512 dims of value and key, 64 rotary key dims
+    def mla(dt, page=0, configs=None, kv_fp8=False):  # DeepSeek's latent: 512 dims of value and key, 64 rotary
         cx = dict(HAS_SEQLENS=True, UPCAST=False, PRECISION=_PRECISION[dt], BLOCK_DV=512, BLOCK_DR=64,
-                  PAGE_SIZE=page)
+                  PAGE_SIZE=page, KV_FP8=kv_fp8)
+        flags = "DV512 DR64 seqlens" + f" page{page}" * bool(page) + " fp8kv" * kv_fp8
         for cfg, w, s in configs or _configs(mlak.TUNING_CONFIGS):
-            add("mla_split_kernel", dt, "DV512 DR64 seqlens" + f" page{page}" * bool(page), "autotune", cfg, w, s, cx,
-                _attention_types(dt))
+            add("mla_split_kernel", dt, flags, "autotune", cfg, w, s, cx, _attention_types(dt, kv_fp8))
 
     def linear(kernel, dt, flags, configs, source="autotune", dst="", even_k=True):
         types = {"X": f"*{dt}", "W": f"*{dt}", "Out": f"*{dt}", "Dst": dst or f"*{dt}"}
@@ -100,24 +103,33 @@ def variants(full: bool = False) -> list[Variant]:
         for cfg, w, s in configs:
             add(kernel, dt, flags + ("" if even_k else " ragged-K"), source, cfg, w, s, cx, types)
 
-    def qlinear(scheme, dt, block_m, configs, dst=""):  # packed weights: int8 as i8, int4, fp4 and fp8 as bytes
-        info = SCHEMES[scheme]  # e8m0 and e4m3 scales as bytes, fp8-b128's fp32; nvfp4's tensor scale (Z) fp32
+    def qlinear_operands(scheme, dt):  # (Q, S, Z) types: int8 as i8, the others' codes and 1-byte scales as bytes,
+        info = SCHEMES[scheme]  # fp8-b128's scales fp32, nvfp4's tensor scale (Z) fp32
         width = info.scale_dtype.itemsize if info.scale_dtype is not None else 0
-        scale = {1: "*u8", 4: "*fp32"}.get(width, f"*{dt}")
-        types = {"X": f"*{dt}", "Q": "*i8" if scheme == "int8" else "*u8", "S": scale,
-                 "Z": "*fp32" if info.tensor_scale else f"*{dt}", "Dst": dst or f"*{dt}"}
+        return ("*i8" if scheme == "int8" else "*u8", {1: "*u8", 4: "*fp32"}.get(width, f"*{dt}"),
+                "*fp32" if info.tensor_scale else f"*{dt}")
+
+    def qlinear(scheme, dt, block_m, configs, dst=""):
+        info = SCHEMES[scheme]
+        q, scale, zero = qlinear_operands(scheme, dt)
+        types = {"X": f"*{dt}", "Q": q, "S": scale, "Z": zero, "Dst": dst or f"*{dt}"}
         cx = dict(QMODE=qlin.QMODES[scheme], GROUP=info.group or 1, UPCAST=False,
                   PRECISION="ieee" if dt == "fp32" else None)
         for cfg, w, s in configs:
             add("qlinear_kernel", dt, f"{scheme} M{block_m or cfg['BLOCK_M']}" + " split" * bool(dst), "autotune",
                 {**({"BLOCK_M": block_m} if block_m else {}), **cfg}, w, s, cx, types)
 
-    def moe(kernel, dt, block_m, configs):  # routed experts: slot ids and block experts int32, fp32 weights/partials
-        types = {"X": f"*{dt}", "W": f"*{dt}", "Inter": f"*{dt}", "Part": "*fp32", "Weights": "*fp32",
-                 "Slots": "*i32", "BlockExpert": "*i32", "Used": "*i32"}
-        cx = dict(UPCAST=False, PRECISION="ieee" if dt == "fp32" else None, BLOCK_M=block_m)
-        for cfg, w, s in configs:
-            add(kernel, dt, f"M{block_m}", "autotune", cfg, w, s, cx, types)
+    def moe(kernel, dt, block_m, configs, scheme=""):  # routed experts: slot ids and block experts int32, fp32
+        # weights and partials; float experts (QMODE -1: S and Z unread) or packed ones, as qlinear's operands
+        w, scale, zero = (f"*{dt}",) * 3
+        if scheme:
+            w, scale, zero = qlinear_operands(scheme, dt)
+        types = {"X": f"*{dt}", "W": w, "S": scale, "Z": zero, "Inter": f"*{dt}", "Part": "*fp32",
+                 "Weights": "*fp32", "Slots": "*i32", "BlockExpert": "*i32", "Used": "*i32"}
+        cx = dict(UPCAST=False, PRECISION="ieee" if dt == "fp32" else None, BLOCK_M=block_m,
+                  QMODE=qlin.QMODES[scheme] if scheme else -1, GROUP=SCHEMES[scheme].group or 1 if scheme else 1)
+        for cfg, warps, stages in configs:
+            add(kernel, dt, f"M{block_m}" + f" {scheme}" * bool(scheme), "autotune", cfg, warps, stages, cx, types)
 
     gemm, gemv = _configs(lin.GEMM_CONFIGS), _configs(lin.GEMV_CONFIGS)
     one = slice(0, 1)
@@ -127,6 +139,8 @@ def variants(full: bool = False) -> list[Variant]:
             moe(kernel, "bf16", block_m, _configs(tuned))
         moe(kernel, "fp16", 16, _configs(tuned)[one])
         moe(kernel, "fp32", 16, _configs(tuned)[one])
+        for scheme in ("mxfp4", "fp8-b128", "int4-g128"):  # packed experts: gpt-oss's, DeepSeek's, a w4a16 server's
+            moe(kernel, "bf16", 16, _configs(tuned)[one], scheme)
     # quantized weights: each scheme's one-token GEMV (no dot) and 16-row split GEMV, every config for int4-g128
     # (the others one each: they differ only in how a tile is decoded), and the GEMM for int4-g128
     for scheme in qlin.QMODES:
@@ -162,6 +176,10 @@ def variants(full: bool = False) -> list[Variant]:
     mla("bf16", page=64)
     mla("fp16", configs=_configs(mlak.TUNING_CONFIGS)[one])
     mla("fp32", configs=_configs(mlak.TUNING_CONFIGS)[2:3])
+    # an fp8 KV cache (and latent): decode, verify rows in pages, one config each beside the bf16 ones
+    split_kv("bf16", 128, 16, False, configs=_configs(dec.TUNING_CONFIGS)[one], kv_fp8=True)
+    split_kv("bf16", 128, 64, True, page=64, configs=_configs(dec.TUNING_CONFIGS)[one], kv_fp8=True)
+    mla("bf16", configs=_configs(mlak.TUNING_CONFIGS)[one], kv_fp8=True)
     # fp16 takes the same MMA path as bf16; fp32 dots are ieee (FMA), one config each here
     prefill("fp16", 128, False, True, configs=_configs(pre.TUNING_CONFIGS)[one])
     split_kv("fp16", 128, 64, True, configs=_configs(dec.TUNING_CONFIGS)[one])

@@ -198,7 +198,7 @@ class QuantizedWeight:
         w = values.view(*lead, n, -1, info.group).mul_(scales[..., None])
         if self.zeros is not None:
             w = w.add_(self.zeros.to(math_dtype)[..., None])
-        return w.flatten(-2).to(dtype)[..., :k]  # cast, then cut: Inductor (torch 2.13, host) miscompiles the other order
+        return w.flatten(-2).to(dtype)[..., :k]  # cast, then cut: torch 2.13's host Inductor miscompiles the reverse
 
 
 def check_weight(w) -> None:

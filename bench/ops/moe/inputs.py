@@ -77,14 +77,14 @@ def make_inputs(case: MoeCase, device: torch.device, seed: int = 0) -> MoeInputs
     if case.scheme:
         packed = ([], [])
         for _ in range(case.experts):  # one expert at a time: the fp32 draw never holds a whole layer
-            for stack, shape in zip(packed, shapes):
+            for stack, shape in zip(packed, shapes, strict=True):
                 w = torch.randn(shape, generator=gen, device=device).mul_(shape[1] ** -0.5).to(dtype)
                 stack.append(quantize(w, case.scheme))
         w_gate_up, w_down = (stacked(stack) for stack in packed)
     else:
         w_gate_up, w_down = (torch.empty((case.experts, *shape), device=device, dtype=dtype) for shape in shapes)
         for e in range(case.experts):
-            for stack, shape in zip((w_gate_up, w_down), shapes):
+            for stack, shape in zip((w_gate_up, w_down), shapes, strict=True):
                 stack[e] = torch.randn(shape, generator=gen, device=device).mul_(shape[1] ** -0.5)
     topk_weights, topk_ids = route(router_logits(case, device, gen), case.top_k)
     return MoeInputs(x, ExpertWeights(w_gate_up, w_down, case.touched_experts), topk_weights, topk_ids)

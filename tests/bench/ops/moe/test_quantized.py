@@ -60,7 +60,7 @@ def test_the_inputs_pack_the_float_case_draws_as_one_stack(scheme):
     for name in ("w_gate_up", "w_down"):
         ours, whole = getattr(inputs, name), quantize(getattr(floats, name), scheme)
         assert ours.shape == whole.shape and ours.scheme == scheme
-        for got, want in zip(ours.tensors, whole.tensors):
+        for got, want in zip(ours.tensors, whole.tensors, strict=True):
             assert torch.equal(got, want)
     assert torch.equal(inputs.x, floats.x) and torch.equal(inputs.topk_ids, floats.topk_ids)
 
