@@ -12,15 +12,16 @@ from phasebench.kernels.attention import triton_decode  # noqa: E402
 def test_winners_name_the_key_values_dtypes_and_config(monkeypatch):
     tuner = triton_decode.split_kv_kernel_tuned
     assert list(tuner.keys) == ["kv_len", "group", "q_len", "num_splits", "BLOCK_D", "HAS_SEQLENS", "PAGE_SIZE",
-                                "HAS_WINDOW"]
+                                "HAS_WINDOW", "KV_FP8"]
     chosen = triton_decode.TUNING_CONFIGS[2]
     # the tuple the autotuner files a winner under: the key values in order, then each tensor argument's dtype
-    key = (65536, 4, 1, 33, 128, False, 16, True, "torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.int32")
+    key = (65536, 4, 1, 33, 128, False, 16, True, False, "torch.bfloat16", "torch.bfloat16", "torch.bfloat16",
+           "torch.int32")
     monkeypatch.setitem(tuner.cache, key, chosen)
     found = [r for r in autotune.autotune_winners() if r["kernel"] == "split_kv_kernel" and r["key"]["kv_len"] == 65536]
     assert found == [{"kernel": "split_kv_kernel",
                       "key": {"kv_len": 65536, "group": 4, "q_len": 1, "num_splits": 33, "BLOCK_D": 128,
-                              "HAS_SEQLENS": False, "PAGE_SIZE": 16, "HAS_WINDOW": True},
+                              "HAS_SEQLENS": False, "PAGE_SIZE": 16, "HAS_WINDOW": True, "KV_FP8": False},
                       "dtypes": ["torch.bfloat16"] * 3 + ["torch.int32"],
                       "config": {"BLOCK_N": chosen.kwargs["BLOCK_N"], "num_warps": chosen.num_warps,
                                  "num_stages": chosen.num_stages}}]
