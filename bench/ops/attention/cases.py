@@ -220,7 +220,7 @@ class WindowSweep:
 
 
 SHAPE_KEYS = ("batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "causal", "model", "seqlens", "page",
-              "window", "sinks")
+              "window", "sinks", "kv")
 
 
 def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCase:
@@ -230,7 +230,8 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
     defaults to 1 and causal to true. `seqlens=97/1025/3` makes a ragged batch (batch and
     kv_len default to its count and its longest length). `page=16` reads the KV cache in pages
     of 16 tokens through a block table (0, the default: contiguous). `window=127` is a sliding
-    window (FlashInfer's window_left; -1, the default: none), `sinks=1` adds a sink logit per head.
+    window (FlashInfer's window_left; -1, the default: none), `sinks=1` adds a sink logit per head, `kv=fp8`
+    stores the KV cache as e4m3 with a scale per KV head.
     """
     values = key_values(text, SHAPE_KEYS, "shape")
     name = values.pop("model", model)
@@ -249,6 +250,8 @@ def parse_shape(text: str, dtype: str, model: str | None = None) -> AttentionCas
             args.setdefault("kv_len", max(args[key]))
             if "batch" not in values:
                 args["batch"] = len(args[key])
+        elif key == "kv":
+            args["kv_dtype"] = value  # AttentionCase says what it takes
         elif key in ("causal", "sinks"):
             if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError(f"shape: {key} must be 0/1/true/false, got {value!r}")

@@ -92,6 +92,10 @@ def test_parse_shape():
     assert c.phase == "decode" and c.model == ""
     m = parse_shape("q_len=100,kv_len=300,causal=0", "float32", model="qwen2.5-7b")
     assert (m.q_heads, m.kv_heads, m.head_dim, m.causal, m.batch, m.model) == (28, 4, 128, False, 1, "qwen2.5-7b")
+    f = parse_shape("q_len=1,kv_len=16384,kv=fp8", "bfloat16", model="llama-3-8b")
+    assert f.kv_dtype == "fp8" and f.kv_len == 16384 and "kv-fp8" in f.shape_label
+    with pytest.raises(ValueError, match="kv_dtype: must be"):
+        parse_shape("q_len=1,kv_len=9,kv=fp4", "bfloat16", model="llama-3-8b")
 
 
 @pytest.mark.parametrize("text,message", [
