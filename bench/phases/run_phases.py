@@ -188,12 +188,13 @@ def compose(df: pd.DataFrame, cfg: PhasesConfig, iterations: dict | None = None)
     decode = pm.batch_sweep(measured, cfg.model, cfg.batches, cfg.context, page_size=page)
     hybrid = hybrid_check.hybrid_check(measured, cfg.model, measured_hybrid(cfg), page)
     if cfg.weights or cfg.experts:
-        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls)
+        # the same per-iteration cost on both sides: the zero-layer pass a step adds has no weights of its own
+        plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, iterations=iterations)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page))
     if cfg.kv_dtype:  # beside the same steps over a cache in the dtype: dtype_kv_tpot_ms and kv_dtype_speedup
         plain = pm.Measured(df, model=cfg.model.name, dtype=cfg.dtype, impls=cfg.impls, weights=cfg.weights,
-                            experts=cfg.experts)
+                            experts=cfg.experts, iterations=iterations)
         decode = pm.beside_unquantized(decode, pm.batch_sweep(plain, cfg.model, cfg.batches, cfg.context,
                                                               page_size=page), base="dtype_kv", gain="kv_dtype")
     decode = decode.assign(kv_dtype=cfg.kv_dtype or cfg.dtype)

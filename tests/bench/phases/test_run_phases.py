@@ -198,3 +198,29 @@ def test_the_default_reference_depth_passes_a_mixtures_dense_layers(tmp_path):
     for name, layers in (("deepseek-v3", 3), ("deepseek-v2-lite", 2), ("llama-3-8b", 2)):
         cfg = PhasesConfig.defaults(model_config(name), torch.device("cpu"), tmp_path)
         assert cfg.reference_layers == layers
+
+
+def test_the_float_steps_beside_the_served_ones_carry_the_same_per_iteration_cost(tmp_path):
+    # experts packed 4x faster; the zero-layer pass the check measured joins both TPOTs, or the gain is skewed
+    import dataclasses
+
+    from phasebench.analysis.phases import model as pm
+    from phasebench.bench.phases.run_phases import compose, scenario_steps
+    from phasebench.bench.spec import steps as step_defs
+
+    from ...analysis.phase_rows import op_rows
+
+    mix = dataclasses.replace(TINY, name="tiny-served", experts=5, top_k=2, intermediate=40)
+    cfg = PhasesConfig.defaults(mix, torch.device("cpu"), tmp_path, batches=(1, 3), context=40, prompts=(16,),
+                                chunks=(8,), chunk_batch=3, reference_batches=(1,))
+    cfg.experts, cfg.impls = "mxfp4", {**pm.DEFAULT_IMPLS, "moe": "naive"}
+    uses = step_defs.distinct_uses(scenario_steps(cfg))
+    rows = op_rows(uses, lambda u: 0.5 if u.field_dict.get("scheme") else 2.0 if u.op == "moe" else 0.25,
+                   config=mix, impls=cfg.impls)
+    iterations = {("decode", b, 40): (7.0, 6.0, 8.0) for b in (1, 3)}
+    decode = compose(rows, cfg, iterations)["decode"]
+    without = compose(rows, cfg)["decode"]
+    for with_it, bare in zip(decode.itertuples(), without.itertuples(), strict=True):
+        assert with_it.tpot_ms == pytest.approx(bare.tpot_ms + 7.0)
+        assert with_it.unquantized_tpot_ms == pytest.approx(bare.unquantized_tpot_ms + 7.0)
+        assert with_it.unquantized_tpot_ms - with_it.tpot_ms == pytest.approx(mix.layers * 1.5)
