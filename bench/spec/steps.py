@@ -28,14 +28,15 @@ class OpUse:
     part: str
     label: str
     group: str = ""
+    reads_cache: bool = False  # an attention or mla call reading a cached prefix in place (decode, verify)
 
     @property
     def field_dict(self) -> dict:
         return dict(self.fields)
 
 
-def _use(op: str, count: int, part: str, label: str, **fields) -> OpUse:
-    return OpUse(op, tuple(sorted(fields.items())), count, part, label)
+def _use(op: str, count: int, part: str, label: str, reads_cache: bool = False, **fields) -> OpUse:
+    return OpUse(op, tuple(sorted(fields.items())), count, part, label, reads_cache=reads_cache)
 
 
 MLA_ABSORBED_MAX = 2  # an MLA call of at most this many query tokens after a cached prefix runs absorbed (decode)
@@ -128,8 +129,8 @@ def mla_attention(config: DecoderConfig, tokens: int, phase: str, linear_phase: 
         batch, q_len, kv_len = shape["batch"], shape["q_len"], shape["kv_len"]
         if q_len <= MLA_ABSORBED_MAX and kv_len > q_len:
             uses += [linear("q_absorb", batch * q_len),
-                     _use("mla", 1, "attention", "attention", batch=batch, q_heads=config.q_heads, q_len=q_len,
-                          kv_len=kv_len, head_dim=config.latent_dim, head_dim_v=config.kv_lora_rank,
+                     _use("mla", 1, "attention", "attention", reads_cache=True, batch=batch, q_heads=config.q_heads,
+                          q_len=q_len, kv_len=kv_len, head_dim=config.latent_dim, head_dim_v=config.kv_lora_rank,
                           page_size=shape.get("page_size", 0)),
                      linear("v_up", batch * q_len)]
         else:
@@ -162,7 +163,7 @@ def prefill_step(config: DecoderConfig, prompt: int, batch: int = 1) -> list[OpU
 def decode_step(config: DecoderConfig, batch: int, context: int, page_size: int = 0) -> list[OpUse]:
     """One new token for each of `batch` sequences that hold `context` tokens: M = batch; the KV cache read in
     pages of `page_size` tokens (0: contiguous)."""
-    attention = [dict(batch=batch, q_len=1, kv_len=context + 1, page_size=page_size)]
+    attention = [dict(batch=batch, q_len=1, kv_len=context + 1, page_size=page_size, reads_cache=True)]
     return (_layer(config, batch, "decode", "decode", batch * (context + 1), attention)
             + _head(config, batch))
 
@@ -174,7 +175,7 @@ def verify_step(config: DecoderConfig, batch: int, context: int, gamma: int, pag
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma: the draft tokens per iteration must be an int >= 1, got {gamma!r}")
     tokens = gamma + 1
-    attention = [dict(batch=batch, q_len=tokens, kv_len=context + tokens, page_size=page_size)]
+    attention = [dict(batch=batch, q_len=tokens, kv_len=context + tokens, page_size=page_size, reads_cache=True)]
     return (_layer(config, batch * tokens, "chunked_prefill", "decode", batch * (context + tokens), attention)
             + _head(config, batch * tokens))
 
@@ -187,7 +188,8 @@ def hybrid_step(config: DecoderConfig, decode_batch: int, context: int, chunk: i
     the prompt."""
     attention = [dict(batch=1, q_len=chunk, kv_len=prefix + chunk, page_size=page_size)]
     if decode_batch:
-        attention.insert(0, dict(batch=decode_batch, q_len=1, kv_len=context + 1, page_size=page_size))
+        attention.insert(0, dict(batch=decode_batch, q_len=1, kv_len=context + 1, page_size=page_size,
+                                 reads_cache=True))
     tokens = decode_batch + chunk
     cache = decode_batch * (context + 1) + prefix + chunk  # every sequence's cache rows
     rows = decode_batch + (1 if last_chunk else 0)
@@ -230,24 +232,16 @@ def with_weights(uses: list[OpUse], scheme: str, experts: str = "") -> list[OpUs
     return out
 
 
-KV_DTYPE_MAX_Q_LEN = 16  # attention calls of at most this many query tokens after a cached prefix read the cache as is
-
-
 def with_kv_dtype(uses: list[OpUse], kv_dtype: str) -> list[OpUse]:
-    """The step with the calls that read a cached prefix in place stored as `kv_dtype` (fp8): attention of at most
-    KV_DTYPE_MAX_Q_LEN query tokens against a longer cache (decode, verify, a hybrid step's decode part) and MLA's
-    absorbed decode over its latent. A prompt's or a chunk's attention keeps the dtype (served engines upcast a
-    chunk's prefix or attend to its fresh K/V); the cache append is timed in the dtype. "": unchanged."""
+    """The step with the calls that read a cached prefix in place (`reads_cache`: decode and verify attention, a
+    hybrid step's decode part, MLA's absorbed calls over its latent) stored as `kv_dtype` (fp8). A prompt's or a
+    chunk's attention keeps the dtype (served engines upcast a chunk's prefix or attend to its fresh K/V), and so does
+    MLA's decompressed attention (its K and V are kv_b's output, not the cache); the cache append is timed in the
+    dtype. "": unchanged."""
     if not kv_dtype:
         return uses
-    out = []
-    for u in uses:
-        fields = u.field_dict
-        reads_cache = u.op == "mla" or (u.op == "attention" and fields["q_len"] <= KV_DTYPE_MAX_Q_LEN
-                                        and fields["kv_len"] > fields["q_len"])
-        out.append(dataclasses.replace(u, fields=tuple(sorted((*u.fields, ("kv_dtype", kv_dtype)))))
-                   if reads_cache else u)
-    return out
+    return [dataclasses.replace(u, fields=tuple(sorted((*u.fields, ("kv_dtype", kv_dtype))))) if u.reads_cache else u
+            for u in uses]
 
 
 def distinct_uses(steps) -> list[OpUse]:

@@ -8,6 +8,7 @@ import pytest
 from phasebench.analysis.phases import model as pm
 from phasebench.bench.spec import steps as step_defs
 
+from ..bench.spec.test_steps import MLA
 from .phase_rows import TINY, op_rows
 from .test_phase_model import hand_tpot, power_latency
 
@@ -27,6 +28,23 @@ def test_only_the_calls_that_read_the_cache_take_the_kv_dtype():
     chunk = step_defs.with_kv_dtype(step_defs.hybrid_step(TINY, 4, 40, 32, 32, True), "fp8")
     assert [u.field_dict.get("kv_dtype") for u in chunk if u.op == "attention"] == ["fp8", None]
     assert step_defs.with_kv_dtype(decode, "") is decode
+    small_chunk = step_defs.with_kv_dtype(step_defs.hybrid_step(TINY, 4, 40, 5, 11, False), "fp8")
+    assert [u.field_dict.get("kv_dtype") for u in small_chunk if u.op == "attention"] == ["fp8", None]
+    alone = step_defs.with_kv_dtype(step_defs.hybrid_step(TINY, 0, 40, 3, 20, True), "fp8")
+    assert all("kv_dtype" not in u.field_dict for u in alone)  # as few query tokens as a verify, still a chunk
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+def test_mla_reads_its_latent_in_fp8_only_where_it_runs_absorbed(gamma):
+    """A verify of more than MLA_ABSORBED_MAX tokens runs decompressed: its attention reads kv_b's output, not the
+    cache, so it keeps the dtype; the absorbed mla call over the latent takes the kv dtype."""
+    mla = step_defs.with_kv_dtype(step_defs.verify_step(MLA, 3, 40, gamma), "fp8")
+    calls = [(u.op, u.field_dict.get("kv_dtype")) for u in mla if u.op in ("mla", "attention")]
+    absorbed = gamma + 1 <= step_defs.MLA_ABSORBED_MAX
+    assert calls == ([("mla", "fp8")] * 2 if absorbed else [("attention", None)] * 2)
+    decode = step_defs.with_kv_dtype(step_defs.decode_step(MLA, 2, 40), "fp8")
+    assert [(u.op, u.field_dict.get("kv_dtype")) for u in decode if u.op in ("mla", "attention")] == [
+        ("mla", "fp8")] * 2
 
 
 def test_fp8_kv_composes_from_its_own_rows_beside_the_cache_in_the_dtype():
