@@ -52,6 +52,18 @@ def why_unavailable(device_type: str) -> str | None:
     return None
 
 
+FP8_CAPABILITY = (8, 9)  # Triton converts e4m3 (its fp8e4nv) on Ada, Hopper and newer
+
+
+def fp8_refusal(device: torch.device, instead: str) -> str | None:
+    """Why the Triton kernels cannot decode e4m3 bytes (fp8 codes, nvfp4's scales) on `device`, a GPU before sm_89,
+    with what runs `instead`; None elsewhere (the interpreter decodes them on the host)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= FP8_CAPABILITY:
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"triton decodes fp8 e4m3 bytes (fp8e4nv) on sm_89 or newer, this GPU is sm_{major}{minor}: {instead}"
+
+
 def multiprocessor_count(device: torch.device) -> int:
     """Streaming multiprocessors on a CUDA device; host cores stand in for them in the interpreter."""
     if device.type == "cuda":

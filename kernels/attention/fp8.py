@@ -15,6 +15,8 @@ import dataclasses
 
 import torch
 
+from ..triton_mode import fp8_refusal
+
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3 (fn) value: amax / E4M3_MAX is the scale that uses the whole range
 SDPA_REFUSAL = ("PyTorch SDPA (and flash_attn's Python API) takes no float8_e4m3fn K/V with per-tensor or per-head "
@@ -23,16 +25,9 @@ FLEX_REFUSAL = ("flex_attention computes in q's dtype and takes no fp8 K/V with 
                 "would time a copy, not fp8 reads): naive and triton read an fp8 KV cache")
 
 
-TRITON_FP8_CAPABILITY = (8, 9)  # Triton converts e4m3 (its fp8e4nv) on Ada and Hopper and newer
-
-
 def triton_refusal(device: torch.device) -> str | None:
     """Why the Triton kernels cannot decode fp8 codes on `device` (a GPU before sm_89), else None."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= TRITON_FP8_CAPABILITY:
-        return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return (f"triton decodes fp8 e4m3 codes (fp8e4nv) on sm_89 or newer, this GPU is sm_{major}{minor}: naive reads "
-            "the fp8 cache here")
+    return fp8_refusal(device, "naive reads the fp8 cache here")
 
 
 def _bad(arg: str, rule: str) -> ValueError:

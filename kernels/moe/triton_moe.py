@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .. import buffers
+from ..qlinear.triton_qlinear import refuse_e4m3
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
 from ..triton_mode import compute, interpreted, mode, why_unavailable
@@ -148,6 +149,7 @@ def triton_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, block_m: int | N
     the tests do to reach the edges."""
     req = validate_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
     TRITON_MOE.check(req)
+    refuse_e4m3(req.scheme, req.x.device)
     if block_m is None:
         block_m = choose_block_m(req.m, req.top_k, req.experts)
     elif isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < MIN_BLOCK or block_m & (block_m - 1):
@@ -156,6 +158,7 @@ def triton_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, block_m: int | N
 
 
 def _plan(req: MoeRequest) -> PlannedCall:
+    refuse_e4m3(req.scheme, req.x.device)
     block_m = choose_block_m(req.m, req.top_k, req.experts)
     return PlannedCall("triton", f"{BACKEND}:{mode()}", lambda: _run(req, block_m))
 

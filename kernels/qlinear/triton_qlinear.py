@@ -25,15 +25,17 @@ from ..linear.triton_linear import (
     gemv_block_m,
     splitk_reduce_kernel,
 )
+from ..errors import Unsupported
 from ..registry import Impl, PlannedCall, add_builtin
 from ..triton_cast import cast_out
-from ..triton_mode import compute, interpreted, mode, multiprocessor_count, why_unavailable
+from ..triton_mode import compute, fp8_refusal, interpreted, mode, multiprocessor_count, why_unavailable
 from .request import QLinearRequest, validate_qlinear
 from .schemes import padded_k
 
 BACKENDS = {"gemv": "triton-splitk-qgemv", "gemm": "triton-qgemm"}
 PATHS = tuple(BACKENDS)
 QMODES = {"int8": 0, "int4-g128": 1, "int4-g32": 1, "fp8-e4m3": 2, "mxfp4": 3, "nvfp4": 4, "fp8-b128": 5}
+E4M3_BYTES = frozenset({"fp8-e4m3", "nvfp4", "fp8-b128"})  # schemes whose codes or scales decode as e4m3 bytes
 SMODES = {"mxfp4": 1, "nvfp4": 2}  # how a group's scale is stored: 0 a float, 1 an e8m0 byte, 2 an e4m3 byte
 
 
@@ -65,7 +67,8 @@ def _e2m1(code):
     """The values of e2m1 codes (int32 0..15): sign, a 2-bit exponent of bias 1, a mantissa bit."""
     exponent = (code & 7) >> 1
     mantissa = (code & 1).to(tl.float32)
-    magnitude = tl.where(exponent == 0, mantissa * 0.5, (2.0 + mantissa) * tl.exp2(exponent.to(tl.float32) - 2.0))
+    step = tl.where(exponent == 1, 0.5, tl.where(exponent == 2, 1.0, 2.0))  # 2^(exponent - 2), exact (no ex2)
+    magnitude = tl.where(exponent == 0, mantissa * 0.5, (2.0 + mantissa) * step)
     return tl.where(code >= 8, -magnitude, magnitude)
 
 
@@ -219,6 +222,7 @@ def triton_qlinear(x, qweight, *, path: str | None = None, split_k: int | None =
     (BLOCK_N, BLOCK_K, and BLOCK_M for gemm) forced, as the tests do to reach the edges."""
     req = validate_qlinear(x, qweight)
     TRITON_QLINEAR.check(req)
+    refuse_e4m3(req.scheme, req.x.device)
     path = path or choose_path(req.m)
     if path not in PATHS:
         raise ValueError(f"path: must be one of {', '.join(PATHS)} or None, got {path!r}")
@@ -228,7 +232,14 @@ def triton_qlinear(x, qweight, *, path: str | None = None, split_k: int | None =
     return _run(req, path, split_k, tiles)
 
 
+def refuse_e4m3(scheme: str, device: torch.device) -> None:
+    """Unsupported where the scheme's e4m3 bytes cannot be decoded by Triton on this device (before sm_89)."""
+    if scheme in E4M3_BYTES and (why := fp8_refusal(device, f"naive dequantizes {scheme} here")):
+        raise Unsupported(why)
+
+
 def _plan(req: QLinearRequest) -> PlannedCall:
+    refuse_e4m3(req.scheme, req.x.device)
     path = choose_path(req.m)
     return PlannedCall("triton", backend_name(path), lambda: _run(req, path, None))
 

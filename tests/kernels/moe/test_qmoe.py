@@ -113,3 +113,17 @@ def test_bad_stacks_are_one_line():
         with pytest.raises(ValueError, match=match) as err:
             moe(x, wgu, wd, weights, ids, impl="naive")
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("scheme", ["fp8-e4m3", "nvfp4", "fp8-b128"])
+def test_triton_refuses_e4m3_experts_where_it_cannot_decode_them(scheme, monkeypatch):
+    """The fused kernels decode e4m3 bytes only on sm_89 and newer: on an older GPU the plan says so (made to look
+    older here by its reason), never a compile error."""
+    from phasebench.kernels.qlinear import triton_qlinear
+
+    monkeypatch.setattr(triton_qlinear, "fp8_refusal", lambda device, instead: f"an old GPU: {instead}")
+    x, w_gate_up, w_down, weights, ids = draw(3, scheme, BF16, device=TRITON_DEVICE)
+    with pytest.raises(Unsupported, match=f"an old GPU: naive dequantizes {scheme} here"):
+        prepare_moe(x, w_gate_up, w_down, weights, ids, impl="triton")
+    x, w_gate_up, w_down, weights, ids = draw(3, "mxfp4", BF16, device=TRITON_DEVICE)
+    assert prepare_moe(x, w_gate_up, w_down, weights, ids, impl="triton").impl == "triton"

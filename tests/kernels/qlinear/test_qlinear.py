@@ -106,6 +106,51 @@ def test_served_formats_across_blocks_of_rows(scheme, impl):
         check(qlinear(x, qw, impl=impl), x, qw)
 
 
+# row factors: a zero row, rows 1e-5 and 1e-7 of the tensor's amax (nvfp4's e4m3 block scales subnormal, then zero),
+# and rows near 2^-125 (mxfp4's e8m0 at its floor, byte 0 = 2^-127: fp32 subnormals, which a GPU flushes, so host only)
+EDGE_ROWS = (1.0, 0.0, 1e-3, 1e-5, 1e-7) + ((2e-38,) if TRITON_DEVICE == "cpu" else ())
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "fp8-b128"])
+@pytest.mark.parametrize("impl", ["naive", pytest.param("triton", marks=TRITON_MARKS)])
+def test_edge_scale_codes_decode_as_their_bits_say(scheme, impl):
+    """Each output channel against its own magnitude (a whole-output error would hide a tiny row's), the reference
+    from the gate's unpack of the bits, never from dequantize(): zero blocks, subnormal and zero e4m3 scales, e8m0's
+    smallest power of two."""
+    from phasebench.bench.ops.qlinear.unpack import unpack
+
+    device = TRITON_DEVICE if impl == "triton" else "cpu"
+    gen = torch.Generator().manual_seed(11)
+    factors = torch.tensor(EDGE_ROWS).repeat(7)[:37]
+    w = torch.randn(37, 290, generator=gen) * factors[:, None]
+    qw = quantize(w, scheme)
+    raw = qw.scales.view(torch.uint8) if qw.scales.element_size() == 1 else None
+    if scheme == "mxfp4" and device == "cpu":
+        assert raw.eq(0).any()  # e8m0's floor is reached
+    if scheme == "nvfp4":
+        assert raw.eq(0).any() and ((raw & 0x78).eq(0) & (raw & 7).ne(0)).any()  # zero and subnormal block scales
+    x = torch.randn(3, 290, generator=gen)
+    ref = x.double() @ unpack(qw).T
+    out = qlinear(x.to(device), _to(qw, device), impl=impl).double().cpu()
+    zero = ref.abs().amax(0) == 0
+    assert zero[factors == 0].all() and out[:, zero].eq(0).all()
+    err = (out - ref).abs().amax(0)[~zero] / ref.abs().amax(0)[~zero]
+    assert err.max().item() <= 1e-5, f"worst channel relative error {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("scheme", ["fp8-e4m3", "nvfp4", "fp8-b128"])
+def test_triton_refuses_e4m3_bytes_before_sm_89(scheme, monkeypatch):
+    from phasebench.kernels.qlinear import triton_qlinear as module
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(Unsupported, match=f"sm_89 or newer, this GPU is sm_80: naive dequantizes {scheme}"):
+        module.refuse_e4m3(scheme, torch.device("cuda"))
+    module.refuse_e4m3("mxfp4", torch.device("cuda"))  # e2m1 and e8m0 decode from integer bits anywhere
+    module.refuse_e4m3(scheme, torch.device("cpu"))  # the interpreter decodes e4m3 on the host
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    module.refuse_e4m3(scheme, torch.device("cuda"))
+
+
 def test_impls_are_listed():
     names = available_impls("cpu", op="qlinear")
     assert {"naive", "torch"} <= set(names)

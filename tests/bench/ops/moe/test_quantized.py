@@ -1,7 +1,8 @@
 """Routed experts packed by a weight scheme: the case (scheme shown only where set), its cost (the touched experts'
 packed bytes plus scales), its inputs (one stack per projection, the float case's draws packed), and the gate: the
 built-in impls pass against the fp64 mixture of the unpacked experts, and wrong-format kernels registered here as
-plugins are judged incorrect (an expert's scales swapped with another's; mxfp4's nibbles read high first)."""
+plugins are judged incorrect (an expert's scales swapped with another's; mxfp4's nibbles read high first; nvfp4's
+tensor scales dropped)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,13 @@ def _nibbles_swapped(w: QuantizedWeight) -> QuantizedWeight:
     return QuantizedWeight((w.qdata << 4) | (w.qdata >> 4), w.scales, w.zeros, w.scheme, w.shape, w.tensor_scale)
 
 
-BROKEN = {"swaps_expert_scales": _scales_swapped, "high_nibble_first": _nibbles_swapped}
+def _tensor_scale_dropped(w: QuantizedWeight) -> QuantizedWeight:
+    """nvfp4's experts with their fp32 tensor scales read as 1 (the second level of scaling forgotten)."""
+    return QuantizedWeight(w.qdata, w.scales, w.zeros, w.scheme, w.shape, torch.ones_like(w.tensor_scale))
+
+
+BROKEN = {"swaps_expert_scales": _scales_swapped, "high_nibble_first": _nibbles_swapped,
+          "drops_tensor_scale": _tensor_scale_dropped}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +117,8 @@ def broken():
 
 @pytest.mark.parametrize("scheme, bugs", [("mxfp4", ("swaps_expert_scales", "high_nibble_first")),
                                           ("int8", ("swaps_expert_scales",)),
-                                          ("fp8-b128", ("swaps_expert_scales",))])
+                                          ("fp8-b128", ("swaps_expert_scales",)),
+                                          ("nvfp4", ("swaps_expert_scales", "drops_tensor_scale"))])
 def test_each_expert_format_bug_is_incorrect(broken, scheme, bugs):
     case = packed(scheme)
     for name in bugs:
