@@ -85,6 +85,7 @@ def test_a_wide_table_says_its_one_value_columns_once_and_breaks_its_column_name
     assert "In every row" not in table_html(one) and header(table_html(one)) == list(table.columns)
 
 
+@pytest.mark.slow
 def test_a_comparison_only_when_the_runs_share_a_measurement(two_runs, tmp_path, capsys):
     attention, linear, again = two_runs
     frame, why = comparison_of(read_sources(attention, linear))

@@ -126,6 +126,7 @@ register("attention", "wrongscale", doubled_scale, devices=("cpu", "cuda"), dtyp
 """
 
 
+@pytest.mark.slow
 def test_a_plugin_kernel_is_gated_and_timed_like_the_builtins(tmp_path):
     plugin = tmp_path / "my_kernels.py"
     plugin.write_text(PLUGIN)
@@ -147,6 +148,7 @@ def test_a_plugin_that_clashes_with_a_builtin_is_refused(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "'flash' is a built-in attention implementation" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_run_on_a_busy_host_is_flagged_in_rows_table_and_warning(tmp_path):
     # one other busy process on the host: the case the trust issue names (b2 q1 k512 decode)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)

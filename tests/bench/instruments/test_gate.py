@@ -72,6 +72,7 @@ def run_cases(tmp_path, cases, impls):
     return {(r.impl, r.q_len): r for r in df.itertuples()}
 
 
+@pytest.mark.slow
 def test_wrong_kernels_are_incorrect_in_bf16_and_get_no_figures(tmp_path, wrong_kernels):
     # the two wrong kernels that the old fixed 4e-2 bf16 budget let through
     decode = AttentionCase(1, 32, 8, 1, 131072, 128, True, "bfloat16")

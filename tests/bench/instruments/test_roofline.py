@@ -206,6 +206,7 @@ def test_a_cache_level_measured_below_a_farther_one_is_named_in_the_ceilings_war
     assert warning in ceil.to_json()["warnings"] and not any(w.startswith("llc ceilings") for w in ceil.warnings)
 
 
+@pytest.mark.slow
 def test_two_host_runs_each_measure_their_ceilings():
     found = [json.loads(run_cli("ceilings", "--device", "cpu", "--json", unset=(roofline.HOST_KEEP_ENV,)).stdout)
              for _ in range(2)]
@@ -513,6 +514,7 @@ def test_h200_datasheet_ridge_is_about_206():
     assert sheet.peak_tflops["bfloat16"] * 1000 / sheet.peak_gbps == pytest.approx(206, abs=1)
 
 
+@pytest.mark.slow
 def test_ceilings_cli():
     table = run_cli("ceilings", "--device", "cpu", unset=(roofline.HOST_KEEP_ENV,))
     assert table.returncode == 0, table.stderr

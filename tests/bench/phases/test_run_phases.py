@@ -67,6 +67,7 @@ def test_phases_on_a_tiny_model_writes_every_table_and_checks_each_reference(tmp
     assert run["isolation"]["isolated"] and run["suite"] == "phases"
 
 
+@pytest.mark.slow
 def test_a_time_budget_bounds_the_ops_and_keeps_time_for_the_reference(tmp_path):
     """4 s keeps 3 s for the reference and the tables: the start-up has spent the ops' second before the first op."""
     out = tmp_path / "phases"

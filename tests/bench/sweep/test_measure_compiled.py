@@ -52,6 +52,7 @@ def unstable():
         OPS["linear"].pop(name, None)
 
 
+@pytest.mark.slow
 def test_compiled_rows_carry_their_compile_and_a_recompiling_row_is_flagged(tmp_path, unstable):
     case = LinearCase(m=3, n=97, k=1025, dtype="float32", phase="decode")
     flex_case = AttentionCase(1, 4, 2, 33, 70, 32, True, "float32")

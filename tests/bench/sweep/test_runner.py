@@ -418,6 +418,7 @@ def slow_plan(req):
     return PlannedCall("slow", "fake", call)
 
 
+@pytest.mark.slow
 def test_a_time_budget_skips_the_rows_that_would_overrun_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setitem(IMPLS, "slow", fake("slow", slow_plan))
     from phasebench.bench.instruments.roofline import ceilings
@@ -519,6 +520,7 @@ def test_noisy_rows_are_measured_again_and_a_quiet_one_replaces_its_noisy_round(
     assert not rows.loc[17, "noisy"] and rows.loc[18, "round_latencies_ms"] == "9/9"
 
 
+@pytest.mark.slow
 def test_rounds_repeat_every_row_between_calls_on_the_sweep_worker(tmp_path):
     import json
     import os

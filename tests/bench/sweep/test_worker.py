@@ -67,7 +67,7 @@ def _rows(tmp_path) -> pd.DataFrame:
 @pytest.mark.parametrize("how, reason", [
     ("segv", "the worker died of SIGSEGV"),
     ("raise", "RuntimeError: the kernel found a bug in itself"),
-    ("oom", "alloc"),
+    pytest.param("oom", "alloc", marks=pytest.mark.slow),
 ])
 def test_a_broken_kernel_costs_one_failed_row_and_the_sweep_goes_on(tmp_path, how, reason):
     proc, _ = _run(tmp_path, how)
@@ -99,6 +99,7 @@ def test_a_hanging_kernel_is_stopped_at_the_case_timeout_and_resume_retries_it(t
     assert len(df) == 2 * len(SHAPES) and (df.status == "ok").all(), df[["impl", "kv_len", "status"]]
 
 
+@pytest.mark.slow
 def test_without_isolation_a_raising_kernel_is_still_one_failed_row(tmp_path):
     proc, _ = _run(tmp_path, "raise", "--no-isolate")
     assert proc.returncode == 0, proc.stderr[-2000:]
