@@ -107,6 +107,7 @@ def test_a_comparison_only_when_the_runs_share_a_measurement(two_runs, tmp_path,
     assert '<p class="empty"><b>Only in new</b>: none.</p>' in page
 
 
+@pytest.mark.slow
 def test_compare_forces_the_section_and_needs_two_result_sets(two_runs, tmp_path, capsys):
     attention, linear, _ = two_runs
     assert main(["report", str(attention), str(linear), "--compare", "--out", str(tmp_path / "forced")]) == 0
@@ -118,6 +119,7 @@ def test_compare_forces_the_section_and_needs_two_result_sets(two_runs, tmp_path
     assert "needs exactly two" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_run_folders_phases_folders_and_pytest_benchmark_json_together(tmp_path, rng, helpers):
     run = helpers.write_run(tmp_path / "run", helpers.make_rows(rng, run_id="r1"))
     bench = helpers.write_pytest_benchmark(tmp_path / "bench.json", helpers.make_rows(rng, not_ok=False), rng)

@@ -70,6 +70,7 @@ def _stepped(x):
     return x * STEP[0]  # Dynamo guards on the constant: each new value is a new graph
 
 
+@pytest.mark.slow
 def test_past_dynamos_default_limit_every_shape_still_compiles_and_counts():
     fn = inductor.compiled(_stepped, "default")
     config = torch._dynamo.config

@@ -76,7 +76,7 @@ def broken_and_wrong(op, monkeypatch):
         lambda kind, x, w, *, eps: EAGER["rmsnorm"](x, w, eps=eps) * 1.02
 
 
-@pytest.mark.parametrize("op", ["attention", "linear", "elementwise"])
+@pytest.mark.parametrize("op", [pytest.param("attention", marks=pytest.mark.slow), "linear", "elementwise"])
 def test_a_broken_impl_never_widens_the_limit(tmp_path, plugins, monkeypatch, op):
     broken, case, wrong = broken_and_wrong(op, monkeypatch)
     plugins(op, "two_percent_off", wrong)
